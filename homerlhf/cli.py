@@ -1,0 +1,190 @@
+"""The `homerlhf` command: parse, call, print. Work lives in the packages it calls."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    import click.exceptions as click_exc
+
+from homerlhf.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="RLHF (SFT, reward model, PPO) on one consumer GPU.",
+)
+export_app = typer.Typer(no_args_is_help=True, help="Export models to GGUF for the llama.cpp workers.")
+app.add_typer(export_app, name="export")
+
+PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
+ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
+SetOpt = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable).")
+
+
+def not_built(what: str, issue: int) -> None:
+    raise UserError(f"{what} is not built yet (tracked in issue {issue})")
+
+
+def _load(preset: str, config: Optional[Path], overrides: List[str]):
+    from homerlhf.config import load_config
+
+    return load_config(preset, config, overrides)
+
+
+@app.command()
+def presets() -> None:
+    """List the presets: card, GPU memory, default model."""
+    from homerlhf.config import load_config, preset_names
+
+    for name in preset_names():
+        cfg = load_config(name)
+        mem = f"{cfg.card.gpu_gib:g} GiB" if cfg.card.gpu_gib else "CPU only"
+        typer.echo(f"{name:<12} {cfg.card.name:<18} {mem:<9} {cfg.model.name_or_path}")
+
+
+@app.command()
+def train(
+    preset: str = PresetOpt,
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: output_dir)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in the output dir."),
+) -> None:
+    """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
+    from homerlhf.config import check_device
+
+    cfg = _load(preset, config, set_)
+    check_device(cfg)
+    not_built("homerlhf train", 3)
+
+
+@app.command()
+def plan(
+    preset: str = PresetOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id, local dir or builtin table name."),
+    gpu_gib: Optional[float] = typer.Option(None, "--gpu-gib", help="Plan for this much GPU memory."),
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
+) -> None:
+    """Memory plan: bytes per component per PPO phase, verdict and suggestions."""
+    not_built("homerlhf plan", 6)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
+    fast: bool = typer.Option(False, "--fast", help="A couple of minutes instead of about ten (for CI)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
+) -> None:
+    """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
+    not_built("homerlhf demo", 5)
+
+
+@app.command()
+def sft(
+    preset: str = PresetOpt,
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Dataset: builtin:<name>, hub id or file."),
+    out: Path = typer.Option(Path("runs/sft"), "--out", "-o", help="Output directory."),
+) -> None:
+    """Supervised fine-tuning (TRL SFTTrainer, QLoRA)."""
+    not_built("homerlhf sft", 5)
+
+
+@app.command()
+def reward(
+    preset: str = PresetOpt,
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Preference dataset: builtin:<name>, hub id or file."),
+    out: Path = typer.Option(Path("runs/reward"), "--out", "-o", help="Output directory."),
+) -> None:
+    """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker."""
+    not_built("homerlhf reward", 5)
+
+
+@export_app.command("ref")
+def export_ref(
+    model: str = typer.Option(..., "--model", "-m", help="HF model dir or hub id."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output .gguf file."),
+    outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
+    from_nf4: bool = typer.Option(False, "--from-nf4", help="Export the dequantized NF4 base (KL-consistent)."),
+) -> None:
+    """Export a causal LM as the reference model GGUF."""
+    not_built("homerlhf export ref", 4)
+
+
+@export_app.command("reward")
+def export_reward(
+    model: str = typer.Option(..., "--model", "-m", help="Sequence-classification dir or reward run dir."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
+) -> None:
+    """Export a reward model: backbone GGUF + score head (safetensors) + manifest."""
+    not_built("homerlhf export reward", 4)
+
+
+@app.command()
+def worker(
+    role: str = typer.Option(..., "--role", help="ref or reward."),
+    model: Path = typer.Option(..., "--model", "-m", help="GGUF file (ref) or exported reward dir."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (non-loopback needs --token)."),
+    port: int = typer.Option(0, "--port", help="Port (0: pick a free one and print it)."),
+    threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: auto)."),
+    ctx: int = typer.Option(2048, "--ctx", help="Context length."),
+    token: Optional[str] = typer.Option(None, "--token", help="Bearer token required on every request."),
+) -> None:
+    """Serve a reference or reward model from llama.cpp over HTTP (token ids in and out)."""
+    not_built("homerlhf worker", 4)
+
+
+@app.command("app")
+def app_cmd(
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
+    port: int = typer.Option(7860, "--port", help="Port."),
+    share: bool = typer.Option(False, "--share", help="Gradio share link (public; off by default)."),
+) -> None:
+    """Open the Gradio app: data, plan, train, evaluate."""
+    not_built("homerlhf app", 7)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point: every user error is one line on stderr and a non-zero exit, never a traceback."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="homerlhf", standalone_mode=False)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click_exc.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else "", err=False)
+        sys.exit(0)
+    except click_exc.UsageError as exc:
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Preset discovery, YAML loading, dotted overrides and one-line validation errors."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import yaml
+from pydantic import ValidationError
+
+from homerlhf.config.schema import RunConfig
+from homerlhf.errors import UserError
+
+
+def presets_dir() -> Path:
+    """The folder holding ``*.yaml`` presets: the repo's ``presets/``, shipped as ``homerlhf.presets``."""
+    checkout = Path(__file__).resolve().parents[2] / "presets"
+    if checkout.is_dir():  # a source checkout or an editable install
+        return checkout
+    return Path(str(importlib.resources.files("homerlhf.presets")))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {path} (check the path)") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{what} {path} is not valid YAML{where}: fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def load_preset_dict(name: str) -> dict[str, Any]:
+    path = presets_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"unknown preset '{name}'; choose one of: {', '.join(preset_names())}")
+    data = _read_yaml(path, "preset")
+    data.setdefault("preset", name)
+    return data
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` wins; nested mappings merge key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"ppo.kl_coef=0.05"`` -> (["ppo", "kl_coef"], 0.05); the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise UserError(f"--set '{item}' must look like section.key=value, e.g. --set ppo.kl_coef=0.05")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        nested: Any = value
+        for part in reversed(path):
+            nested = {part: nested}
+        data = deep_merge(data, nested)
+    return data
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """The first error as one line: key, what was given, what is allowed."""
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "config"
+    given = err.get("input")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"unknown config key '{key}' (check spelling; `homerlhf train --help` lists sections)"
+    msg = err["msg"]
+    if kind == "value_error":
+        return f"invalid config: {msg.removeprefix('Value error, ')}"
+    if isinstance(given, (dict, list)):
+        return f"config key '{key}': {msg}"
+    return f"config key '{key}': got {given!r}; {msg[0].lower() + msg[1:]}"
+
+
+def validate(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc)) from None
+
+
+def load_config(
+    preset: str = "cpu-tiny",
+    config_file: Optional[str | Path] = None,
+    overrides: Iterable[str] = (),
+) -> RunConfig:
+    """Preset YAML, then the user's YAML, then dotted overrides; validated once."""
+    data = load_preset_dict(preset)
+    if config_file is not None:
+        data = deep_merge(data, _read_yaml(Path(config_file), "config file"))
+    data = apply_overrides(data, overrides)
+    return validate(data)
+
+
+def to_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def from_yaml_file(path: str | Path) -> RunConfig:
+    return validate(_read_yaml(Path(path), "config file"))
+
+
+def check_device(config: RunConfig) -> None:
+    """A GPU preset on a machine without CUDA: one clear line."""
+    if config.card.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(
+            f"preset '{config.preset}' needs a CUDA GPU ({config.card.name}) and none is visible; "
+            "use --preset cpu-tiny on this machine"
+        )

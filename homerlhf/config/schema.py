@@ -1,0 +1,200 @@
+"""The typed run config: one pydantic tree, validated at load and frozen for the whole run.
+
+Every field has a one-line docstring (``description``); ``homerlhf train --help-config`` and the
+Gradio app read them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    # extra="forbid": an unknown key is an error, never silently ignored.
+    # frozen=True: the config is never mutated during a run.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class CardConfig(_Section):
+    """The machine the preset is planned for."""
+
+    name: str = Field("cpu", description="Card name shown in plans, e.g. 'RTX 4090'.")
+    gpu_gib: float = Field(0.0, ge=0, description="GPU memory in GiB (0 for CPU-only).")
+    device: Literal["cuda", "cpu"] = Field("cuda", description="Where the actor and critic train.")
+
+
+class ModelConfig(_Section):
+    name_or_path: str = Field(
+        "builtin:demo-sft",
+        description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).",
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safer).")
+    revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit).")
+
+
+class QuantConfig(_Section):
+    load_in_4bit: bool = Field(True, description="Load the shared base in 4-bit with bitsandbytes.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
+    double_quant: bool = Field(True, description="Quantize the quantization constants too.")
+    compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Matmul dtype: auto = bf16 on CUDA, fp32 on CPU."
+    )
+
+
+class LoraConfig(_Section):
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class ActorConfig(_Section):
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(1e-5, gt=0, description="Actor learning rate.")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="Actor optimizer; the 8-bit ones are bitsandbytes'."
+    )
+
+
+class CriticConfig(_Section):
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(5e-5, gt=0, description="Critic learning rate (LoRA and value head).")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="Critic optimizer."
+    )
+    shared_adapter: bool = Field(
+        False, description="One adapter for actor and critic (cheaper; the losses share weights)."
+    )
+    value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
+
+
+class RolloutConfig(_Section):
+    batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
+    chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
+    max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
+    max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    truncation_penalty: Optional[float] = Field(
+        None, description="Score given to responses that hit max_new_tokens without EOS (None: off)."
+    )
+
+
+class PPOConfig(_Section):
+    iterations: int = Field(100, ge=1, description="PPO iterations (rollout + update).")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's experience.")
+    mini_batch_size: int = Field(16, ge=1, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_range: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
+    clip_range_value: float = Field(0.2, gt=0, description="Value clip epsilon.")
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss (shared adapter only).")
+    kl_coef: float = Field(0.05, ge=0, description="Initial KL penalty coefficient.")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
+    adaptive_kl: bool = Field(False, description="Adapt kl_coef towards target_kl (Ziegler et al.).")
+    target_kl: float = Field(6.0, gt=0, description="Target sequence KL for the adaptive controller.")
+    kl_horizon: int = Field(10000, ge=1, description="Horizon of the adaptive KL controller.")
+    early_stop_kl: Optional[float] = Field(
+        None, gt=0, description="Stop the epochs of an iteration once approx_kl exceeds this."
+    )
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
+    score_norm: bool = Field(False, description="Normalise scores by a running mean/std.")
+    score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+
+
+class BackendConfig(_Section):
+    """Where the reference or reward model runs."""
+
+    backend: Literal["llamacpp", "adapter_off", "hf"] = Field(
+        "llamacpp",
+        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process (reward).",
+    )
+    model: Optional[str] = Field(
+        None, description="Model for this role (ref: default = the policy base; reward: required)."
+    )
+    url: Optional[str] = Field(None, description="Use a running worker at this URL instead of spawning one.")
+    token: Optional[str] = Field(None, description="Bearer token for a remote worker.")
+    outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field("f16", description="GGUF export type.")
+    from_nf4: bool = Field(True, description="Ref: export the dequantized NF4 base (KL-consistent).")
+    threads: int = Field(0, ge=0, description="llama.cpp threads (0: auto).")
+    ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
+    f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
+
+
+class DataConfig(_Section):
+    prompts: str = Field("builtin:demo", description="Prompt dataset: builtin:<name>, hub id or local file.")
+    split: str = Field("train", description="Dataset split.")
+    prompt_column: Optional[str] = Field(None, description="Column holding the prompt (override detection).")
+    chosen_column: Optional[str] = Field(None, description="Column holding the chosen reply.")
+    rejected_column: Optional[str] = Field(None, description="Column holding the rejected reply.")
+    messages_column: Optional[str] = Field(None, description="Column holding a message list.")
+    overlong: Literal["truncate", "drop"] = Field("truncate", description="What to do with too-long rows.")
+    max_rows: Optional[int] = Field(None, ge=1, description="Use at most this many rows.")
+    eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
+
+
+class TrainingConfig(_Section):
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    dynamic_micro_batch: bool = Field(True, description="Halve the micro-batch on CUDA OOM and redo.")
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = Field(True, description="Also write TensorBoard events if installed.")
+    samples_per_iteration: int = Field(4, ge=0, description="Sample generations logged per iteration.")
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(10, ge=1, description="Checkpoint every N iterations (and at stop).")
+    keep: int = Field(3, ge=1, description="Keep the last K checkpoints.")
+
+
+class RunConfig(_Section):
+    """A whole run. Loaded from a preset, then a user YAML, then --set overrides."""
+
+    preset: str = Field("cpu-tiny", description="The preset this config started from.")
+    description: str = Field("", description="One line about the preset.")
+    seed: int = Field(0, description="Seed for python, numpy and torch.")
+    output_dir: str = Field("runs/latest", description="Run directory.")
+    card: CardConfig = CardConfig()
+    model: ModelConfig = ModelConfig()
+    quant: QuantConfig = QuantConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    ppo: PPOConfig = PPOConfig()
+    ref: BackendConfig = BackendConfig()
+    reward: BackendConfig = BackendConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
+    data: DataConfig = DataConfig()
+    training: TrainingConfig = TrainingConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        if self.ppo.mini_batch_size > self.rollout.batch_size:
+            raise ValueError(
+                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                f"({self.rollout.batch_size})"
+            )
+        if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
+            raise ValueError(
+                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
+            )
+        if self.ref.backend == "hf":
+            raise ValueError("ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'")
+        if self.reward.backend == "adapter_off":
+            raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
+        if not self.reward.model and not self.reward.url:
+            raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        return self

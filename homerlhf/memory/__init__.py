@@ -1,0 +1,1 @@
+"""The memory planner, runtime peak measurement, dynamic micro-batching."""

@@ -1,0 +1,1 @@
+"""PPO: pure math, rollout, experience, the trainer loop, KL controllers."""

@@ -1,0 +1,1 @@
+"""Pipeline stages: sft, reward, ppo and the demo orchestration."""

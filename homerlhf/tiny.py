@@ -1,0 +1,120 @@
+"""Tiny tokenizers and models built from code alone, seeded: the offline stand-ins for real checkpoints.
+
+Everything is written with ``save_pretrained`` so the rest of homerlhf loads it exactly like a model
+from the hub (``AutoTokenizer.from_pretrained(dir)``, ``AutoModelForCausalLM.from_pretrained(dir)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from homerlhf.data import builtin
+
+PAD, EOS, BOS = "<|pad|>", "<|end|>", "<|begin|>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+# transformers maps a qwen2 checkpoint to Qwen2Tokenizer, which adds this token when it is missing.
+UNK = "<|endoftext|>"
+
+# One turn is <|role|>text<|end|>; generation stops at <|end|> (the eos token).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+Arch = Literal["llama", "qwen2"]
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on the builtin corpus, with pad/eos and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS, BOS, *ROLE_TOKENS, UNK],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Repeating the corpus does not change BPE merges but keeps counts clear of ties with 1.
+    tok.train_from_iterator(builtin.corpus() * 3, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token=UNK,
+        additional_special_tokens=ROLE_TOKENS,
+        padding_side="left",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4):
+    """A small Llama or Qwen2 config (GQA: 4 query heads, 2 key/value heads)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        return Qwen2Config(**common, rope_theta=10000.0, use_sliding_window=False)
+    raise ValueError(f"unknown tiny architecture {arch!r}; use 'llama' or 'qwen2'")
+
+
+def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **shape) -> Path:
+    """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    config = model_config(arch, len(tokenizer), **shape)
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = tokenizer.bos_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_sequence_classifier(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **shape) -> Path:
+    """A tiny ``*ForSequenceClassification`` (num_labels 1): a reward-model shaped checkpoint."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    config = model_config(arch, len(tokenizer), **shape)
+    config.num_labels = 1
+    config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,1 @@
+"""GGUF export, the llama.cpp worker server, its client and process lifecycle."""

@@ -1,0 +1,90 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from homerlhf.config import RunConfig, from_yaml_file, load_config, preset_names, presets_dir, to_yaml
+from homerlhf.config.loader import apply_overrides
+from homerlhf.errors import UserError
+
+EXPECTED = {"4090", "3090", "4080", "4060ti-16g", "3060-12g", "t4-colab", "a100-80g", "cpu-tiny"}
+
+
+def preset_files():
+    return sorted(presets_dir().rglob("*.yaml"))
+
+
+def test_all_eight_presets_present():
+    assert set(preset_names()) == EXPECTED
+    assert {p.stem for p in preset_files()} == EXPECTED
+
+
+@pytest.mark.parametrize("path", preset_files(), ids=lambda p: p.stem)
+def test_preset_validates_and_round_trips(path: Path, tmp_path):
+    cfg = load_config(path.stem)
+    assert cfg.preset == path.stem
+    if path.stem == "cpu-tiny":
+        assert cfg.card.device == "cpu"
+    else:
+        assert cfg.card.device == "cuda" and cfg.card.gpu_gib > 0
+        assert "/" in cfg.model.name_or_path  # a hub id
+    out = tmp_path / "resolved.yaml"
+    out.write_text(to_yaml(cfg))
+    assert from_yaml_file(out) == cfg
+
+
+def test_user_yaml_then_overrides_win(tmp_path):
+    user = tmp_path / "run.yaml"
+    user.write_text(yaml.safe_dump({"ppo": {"kl_coef": 0.1, "gamma": 0.9}}))
+    cfg = load_config("cpu-tiny", user, ["ppo.kl_coef=0.05", "rollout.top_k=5"])
+    assert cfg.ppo.kl_coef == 0.05
+    assert cfg.ppo.gamma == 0.9
+    assert cfg.rollout.top_k == 5
+
+
+def test_config_is_frozen():
+    cfg = load_config("cpu-tiny")
+    with pytest.raises(Exception):
+        cfg.ppo.kl_coef = 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["ppo.kl_coef=abc"], "ppo.kl_coef"),
+        (["ppo.nope=1"], "unknown config key 'ppo.nope'"),
+        (["rollout.top_p=2"], "rollout.top_p"),
+        (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
+        (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
+        (["ppo"], "section.key=value"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, fragment):
+    with pytest.raises(UserError) as err:
+        load_config("cpu-tiny", None, overrides)
+    msg = str(err.value)
+    assert fragment in msg
+    assert "\n" not in msg
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(UserError, match="unknown preset 'nope'.*cpu-tiny"):
+        load_config("nope")
+
+
+def test_bad_yaml_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config("cpu-tiny", bad)
+    with pytest.raises(UserError, match="not found"):
+        load_config("cpu-tiny", tmp_path / "missing.yaml")
+
+
+def test_override_values_parse_as_yaml():
+    data = apply_overrides({}, ["a.b=1", "a.c=true", "a.d=[x, y]", "a.e=hello"])
+    assert data == {"a": {"b": 1, "c": True, "d": ["x", "y"], "e": "hello"}}
+
+
+def test_defaults_validate():
+    RunConfig()
