@@ -13,6 +13,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Builtin models and GGUF exports go to a per-session cache, never the user's."""
+    if "HOMERLHF_CACHE" not in os.environ:
+        os.environ["HOMERLHF_CACHE"] = str(tmp_path_factory.mktemp("homerlhf-cache"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     from homerlhf.tiny import build_causal_lm
