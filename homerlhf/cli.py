@@ -124,7 +124,10 @@ def export_ref(
     from_nf4: bool = typer.Option(False, "--from-nf4", help="Export the dequantized NF4 base (KL-consistent)."),
 ) -> None:
     """Export a causal LM as the reference model GGUF."""
-    not_built("homerlhf export ref", 4)
+    from homerlhf.workers.export import export_ref as _export_ref
+
+    path = _export_ref(model, out, outtype=outtype, from_nf4=from_nf4)
+    typer.echo(f"wrote {path}")
 
 
 @export_app.command("reward")
@@ -134,7 +137,10 @@ def export_reward(
     outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
 ) -> None:
     """Export a reward model: backbone GGUF + score head (safetensors) + manifest."""
-    not_built("homerlhf export reward", 4)
+    from homerlhf.workers.export import export_reward as _export_reward
+
+    path = _export_reward(model, out, outtype=outtype)
+    typer.echo(f"wrote {path}")
 
 
 @app.command()
@@ -146,9 +152,17 @@ def worker(
     threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: auto)."),
     ctx: int = typer.Option(2048, "--ctx", help="Context length."),
     token: Optional[str] = typer.Option(None, "--token", help="Bearer token required on every request."),
+    f32_kv_cache: bool = typer.Option(False, "--f32-kv-cache", help="F32 KV cache (HF-exact) instead of F16."),
+    batch_tokens: int = typer.Option(0, "--batch-tokens", help="Tokens per llama.cpp decode (0: max(ctx, 1024))."),
+    parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process is gone."),
 ) -> None:
     """Serve a reference or reward model from llama.cpp over HTTP (token ids in and out)."""
-    not_built("homerlhf worker", 4)
+    from homerlhf.workers.server import ROLES, serve
+
+    if role not in ROLES:
+        raise UserError(f"--role {role!r} is not known; use ref or reward")
+    serve(role, model, host=host, port=port, threads=threads, ctx=ctx, token=token,
+          f32_kv_cache=f32_kv_cache, parent_pid=parent_pid, batch_tokens=batch_tokens)
 
 
 @app.command("app")
@@ -156,9 +170,16 @@ def app_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
     port: int = typer.Option(7860, "--port", help="Port."),
     share: bool = typer.Option(False, "--share", help="Gradio share link (public; off by default)."),
+    preset: str = typer.Option("cpu-tiny", "--preset", "-p", help="Preset selected when the page opens."),
+    runs_root: Path = typer.Option(Path("runs"), "--runs", help="Folder where new runs go and old ones are listed."),
 ) -> None:
     """Open the Gradio app: data, plan, train, evaluate."""
-    not_built("homerlhf app", 7)
+    from homerlhf.app.ui import launch
+
+    if host not in ("127.0.0.1", "localhost", "::1") or share:
+        typer.echo("warning: the app can start training runs and write files; anyone who reaches it can too",
+                   err=True)
+    launch(host=host, port=port, share=share, default_preset=preset, runs_root=str(runs_root))
 
 
 def main(argv: Optional[List[str]] = None) -> None:
