@@ -1,0 +1,73 @@
+"""What every tab shares: turning errors into readable UI messages, and the override text format."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable
+
+from homerlhf.errors import UserError
+
+log = logging.getLogger("homerlhf.app")
+
+
+def error_text(exc: BaseException) -> str:
+    """One readable line for the UI: the UserError message, or the exception type and message."""
+    if isinstance(exc, UserError):
+        return str(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def error_box(message: str) -> str:
+    """Markdown for the per-tab message box."""
+    return f"**Error:** {message}" if message else ""
+
+
+def guarded(n_outputs: int, error_index: int | None = None) -> Callable:
+    """Wrap a Gradio handler so that no exception reaches the browser as a stack trace.
+
+    On error the handler's outputs are left unchanged (``gr.update()``), except the one at
+    ``error_index`` (the tab's Markdown message box), which gets the message; a ``gr.Warning``
+    toast shows it too. Unexpected errors are logged with their traceback on the server.
+    """
+    import gradio as gr
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the UI must never show a traceback
+                if not isinstance(exc, UserError):
+                    log.exception("handler %s failed", fn.__name__)
+                message = error_text(exc)
+                gr.Warning(message)
+                outs = [gr.update() for _ in range(n_outputs)]
+                if error_index is not None:
+                    outs[error_index] = error_box(message)
+                return outs[0] if n_outputs == 1 else tuple(outs)
+
+        return inner
+
+    return wrap
+
+
+def parse_overrides(text: str) -> list[str]:
+    """The overrides box: one ``section.key=value`` per line (values may hold spaces); ``#`` starts a
+    comment line."""
+    items = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            raise UserError(f"override '{line}' must look like section.key=value, e.g. ppo.kl_coef=0.05")
+        items.append(line)
+    return items
+
+
+def set_override(text: str, key: str, value: str) -> str:
+    """The overrides text with ``key=value`` replacing any earlier setting of ``key``."""
+    kept = [item for item in parse_overrides(text) if item.split("=", 1)[0] != key]
+    return "\n".join([*kept, f"{key}={value}"])

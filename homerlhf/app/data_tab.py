@@ -1,0 +1,183 @@
+"""The Data tab: pick a builtin dataset, a hub id or an uploaded file; see what the loader made of it.
+
+Loading and normalising is :mod:`homerlhf.data.load`; this tab only shows its ``LoadReport``, a
+length histogram and a few normalised records, and hands the chosen source to the run config.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from homerlhf.app.common import error_box, guarded, set_override
+from homerlhf.errors import UserError
+
+KINDS = {"prompts (PPO)": "prompt", "prompt/completion (SFT)": "sft", "preferences (reward model)": "preference"}
+# The config key each kind of dataset goes into.
+KIND_KEYS = {"prompt": "data.prompts", "sft": "sft.data", "preference": "rm.data"}
+N_SHOWN = 5
+
+
+def builtin_names() -> list[str]:
+    from homerlhf.data.load import BUILTIN
+
+    return list(BUILTIN)
+
+
+def default_kind(source: str) -> str:
+    if "pairs" in source:
+        return "preference"
+    if source.endswith("-sft"):
+        return "sft"
+    return "prompt"
+
+
+def uploads_dir() -> Path:
+    from homerlhf.paths import cache_dir
+
+    return cache_dir("app", "uploads")
+
+
+def keep_upload(path: str) -> str:
+    """Copy a Gradio upload (a temp file that Gradio may delete) to the app's uploads folder."""
+    src = Path(path)
+    dest = uploads_dir() / src.name
+    shutil.copyfile(src, dest)
+    return str(dest)
+
+
+def _text_of(messages) -> str:
+    if isinstance(messages, list):
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages)
+    return str(messages)
+
+
+def record_lengths(records: list[dict]) -> dict[str, list[int]]:
+    """Characters per field (prompt, completion/chosen/rejected), summed over the field's messages."""
+    out: dict[str, list[int]] = {}
+    for record in records:
+        for name, messages in record.items():
+            n = sum(len(m.get("content", "")) for m in messages) if isinstance(messages, list) else len(str(messages))
+            out.setdefault(name, []).append(n)
+    return out
+
+
+def length_figure(lengths: dict[str, list[int]]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3), layout="constrained")
+    ax = fig.subplots()
+    for name, values in lengths.items():
+        ax.hist(values, bins=30, alpha=0.6, label=f"{name} (n={len(values)})")
+    ax.set_xlabel("length (characters)")
+    ax.set_ylabel("rows")
+    ax.set_title("Length per field")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def report_markdown(report) -> str:
+    lines = [
+        f"**Source:** `{report.source}`  ",
+        f"**Detected format:** {report.format} → {report.kind} records  ",
+        f"**Rows:** {report.n_rows} · **usable:** {report.n_usable} · **bad:** {report.n_bad}"
+        f" · truncated: {report.n_truncated} · dropped as too long: {report.n_dropped}",
+    ]
+    if report.n_bad and not report.bad_examples:
+        lines.append("(no examples of bad rows kept)")
+    return "\n".join(lines)
+
+
+def bad_rows_table(report) -> list[list]:
+    return [[b["row"], b["reason"], b["value"]] for b in report.bad_examples]
+
+
+def sample_table(records: list[dict], n: int = N_SHOWN) -> list[list]:
+    rows = []
+    for record in records[:n]:
+        rows.append([_text_of(record.get("prompt")), _text_of(next((record[k] for k in ("completion", "chosen") if k in record), "")),
+                     _text_of(record.get("rejected", ""))])
+    return rows
+
+
+def resolve_source(mode: str, builtin: Optional[str], hub_id: str, upload: Optional[str]) -> str:
+    if mode == "builtin":
+        if not builtin:
+            raise UserError("pick a builtin dataset")
+        return builtin
+    if mode == "hub id":
+        if not (hub_id or "").strip():
+            raise UserError("type a hub dataset id, e.g. trl-lib/ultrafeedback_binarized")
+        return hub_id.strip()
+    if not upload:
+        raise UserError("upload a .jsonl, .json, .csv or .parquet file first")
+    return keep_upload(upload)
+
+
+def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional[int] = None):
+    """(records, report) through the project's loader, with this tab's split and row cap."""
+    from homerlhf.config.schema import DataConfig
+    from homerlhf.data.load import load_records
+
+    cfg = DataConfig(split=split or "train", max_rows=int(max_rows) if max_rows else None)
+    return load_records(source, kind, cfg)
+
+
+def build(overrides_box) -> None:
+    """Lay out the tab inside the current ``gr.Blocks``; ``overrides_box`` is the Plan tab's."""
+    import gradio as gr
+
+    gr.Markdown("### Dataset\nPick a builtin dataset, type a hub id, or upload a file. "
+                "The loader detects the format and shows what it kept and why it dropped rows.")
+    with gr.Row():
+        mode = gr.Radio(["builtin", "hub id", "upload"], value="builtin", label="Source", elem_id="data-mode")
+        kind_label = gr.Dropdown(list(KINDS), value="prompts (PPO)", label="Use as", elem_id="data-kind")
+    with gr.Row():
+        builtin = gr.Dropdown(builtin_names(), value="builtin:demo", label="Builtin dataset", elem_id="data-builtin")
+        hub_id = gr.Textbox(label="Hub dataset id", placeholder="org/name", elem_id="data-hub")
+        split = gr.Textbox("train", label="Split", elem_id="data-split")
+        max_rows = gr.Number(None, label="Max rows (empty: all)", precision=0, elem_id="data-max-rows")
+    upload = gr.File(label="Upload .jsonl / .json / .csv / .parquet", file_types=[".jsonl", ".json", ".csv", ".parquet"],
+                     type="filepath", elem_id="data-upload")
+    with gr.Row():
+        load_btn = gr.Button("Load and inspect", variant="primary", elem_id="data-load")
+        use_btn = gr.Button("Use for training", elem_id="data-use")
+    message = gr.Markdown(elem_id="data-message")
+    report_md = gr.Markdown(elem_id="data-report")
+    with gr.Row():
+        hist = gr.Plot(label="Length histogram", elem_id="data-hist")
+        bad = gr.Dataframe(headers=["row", "reason", "value"], label="Bad rows (first few)", wrap=True,
+                           interactive=False, elem_id="data-bad")
+    samples = gr.Dataframe(headers=["prompt", "reply / chosen", "rejected"], label=f"First {N_SHOWN} normalised records",
+                           wrap=True, interactive=False, elem_id="data-samples")
+    chosen_source = gr.State("")
+
+    def on_builtin(name):
+        kind = default_kind(name or "")
+        return next(label for label, k in KINDS.items() if k == kind)
+
+    builtin.change(on_builtin, builtin, kind_label)
+
+    @guarded(6, error_index=0)
+    def on_load(mode, builtin, hub_id, upload, kind_label, split, max_rows):
+        source = resolve_source(mode, builtin, hub_id, upload)
+        records, report = load_for_ui(source, KINDS[kind_label], split, max_rows)
+        return ("", report_markdown(report), length_figure(record_lengths(records)), bad_rows_table(report),
+                sample_table(records), source)
+
+    load_btn.click(on_load, [mode, builtin, hub_id, upload, kind_label, split, max_rows],
+                   [message, report_md, hist, bad, samples, chosen_source])
+
+    @guarded(2, error_index=0)
+    def on_use(source, kind_label, overrides):
+        if not source:
+            raise UserError("load a dataset first (Load and inspect)")
+        key = KIND_KEYS[KINDS[kind_label]]
+        return f"Set `{key}={source}` in the Plan tab's overrides.", set_override(overrides, key, source)
+
+    use_btn.click(on_use, [chosen_source, kind_label, overrides_box], [message, overrides_box])
+

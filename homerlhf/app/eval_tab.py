@@ -1,0 +1,125 @@
+"""The Evaluate tab: chat with the trained actor and the reference side by side, see the reward
+model's score under each answer, and record which is better: the human feedback loop closes here.
+
+Each message is a fresh single-turn prompt for both models (so every judgement is one
+prompt/chosen/rejected record); the chat windows keep the history for reading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from homerlhf.app import chat, preferences, runs
+from homerlhf.app.common import guarded
+from homerlhf.errors import UserError
+
+LEFT_LABEL = "Actor (trained adapter)"
+RIGHT_LABEL = "Reference (adapter off)"
+
+
+def checkpoint_choices(run_dir: str) -> list[str]:
+    return [str(p) for p in runs.list_checkpoints(run_dir)] if run_dir else []
+
+
+def score_markdown(answer: chat.Answer) -> str:
+    return "reward score: n/a" if answer.score is None else f"reward score: **{answer.score:+.4f}**"
+
+
+def counts_markdown(run_dir: str) -> str:
+    pairs, ties = preferences.count(run_dir)
+    return (f"{pairs} preference pair(s) in `{Path(run_dir) / preferences.PAIRS_FILE}`, {ties} tie(s) in "
+            f"`{preferences.TIES_FILE}`. Train a reward model on them: "
+            f"`homerlhf reward --data {Path(run_dir) / preferences.PAIRS_FILE}`")
+
+
+def build(run_dir_shared) -> None:
+    import gradio as gr
+
+    gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
+                "the reference — the base with the adapter off (right). Pick the better answer to add a "
+                "preference record for `homerlhf reward`.")
+    with gr.Row():
+        run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="eval-run-dir")
+        checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
+        refresh_btn = gr.Button("Refresh checkpoints", elem_id="eval-refresh")
+    with gr.Accordion("Sampling", open=False):
+        with gr.Row():
+            max_new = gr.Slider(1, 512, value=48, step=1, label="max new tokens", elem_id="eval-max-new")
+            temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="temperature", elem_id="eval-temperature")
+            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top p", elem_id="eval-top-p")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="top k (0: off)", elem_id="eval-top-k")
+            seed = gr.Number(0, precision=0, label="seed", elem_id="eval-seed")
+    with gr.Row():
+        with gr.Column():
+            left_chat = gr.Chatbot(label=LEFT_LABEL, height=320, elem_id="eval-left")
+            left_score = gr.Markdown(elem_id="eval-left-score")
+        with gr.Column():
+            right_chat = gr.Chatbot(label=RIGHT_LABEL, height=320, elem_id="eval-right")
+            right_score = gr.Markdown(elem_id="eval-right-score")
+    with gr.Row():
+        message = gr.Textbox(placeholder="Ask something…", show_label=False, scale=5, elem_id="eval-message")
+        send_btn = gr.Button("Send", variant="primary", elem_id="eval-send")
+    with gr.Row():
+        left_btn = gr.Button("◀ Left better", elem_id="eval-left-better")
+        tie_btn = gr.Button("Tie", elem_id="eval-tie")
+        right_btn = gr.Button("Right better ▶", elem_id="eval-right-better")
+    info = gr.Markdown(elem_id="eval-info")
+    last = gr.State(None)  # the exchange waiting for a judgement
+
+    def sync_run(shared):
+        choices = checkpoint_choices(shared)
+        return shared, gr.update(choices=choices, value=choices[0] if choices else None)
+
+    run_dir_shared.change(sync_run, run_dir_shared, [run_dir, checkpoint])
+
+    def on_refresh(run_dir):
+        choices = checkpoint_choices(run_dir)
+        note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
+        return gr.update(choices=choices, value=choices[0] if choices else None), note
+
+    refresh_btn.click(on_refresh, run_dir, [checkpoint, info])
+    run_dir.submit(on_refresh, run_dir, [checkpoint, info])
+
+    @guarded(7, error_index=4)
+    def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
+        if not run_dir:
+            raise UserError("give a run directory (or start/attach one in the Train tab)")
+        if not ckpt:
+            raise UserError("pick a checkpoint (Refresh checkpoints); a run writes one every checkpoint.every iterations")
+        if not Path(ckpt).is_dir():
+            raise UserError(f"checkpoint not found: {ckpt}")
+        sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
+        models = chat.get_models(run_dir, ckpt)
+        left, right = models.answer_both(text, sampling)
+        user = {"role": "user", "content": text}
+        left_hist = [*(left_hist or []), user, {"role": "assistant", "content": left.text or "(empty answer)"}]
+        right_hist = [*(right_hist or []), user, {"role": "assistant", "content": right.text or "(empty answer)"}]
+        pending = {"prompt": text, "left": left.text, "right": right.text, "left_score": left.score,
+                   "right_score": right.score, "checkpoint": str(ckpt), "run_dir": run_dir,
+                   "sampling": sampling.__dict__}
+        return (left_hist, right_hist, score_markdown(left), score_markdown(right),
+                "Which answer is better?", pending, "")
+
+    send_outputs = [left_chat, right_chat, left_score, right_score, info, last, message]
+    send_inputs = [run_dir, checkpoint, message, left_chat, right_chat, max_new, temperature, top_p, top_k, seed]
+    send_btn.click(on_send, send_inputs, send_outputs)
+    message.submit(on_send, send_inputs, send_outputs)
+
+    def judge(choice):
+        @guarded(2, error_index=0)
+        def on_judge(pending):
+            if not pending:
+                raise UserError("send a message first; each answer pair can be judged once")
+            path = preferences.record_preference(
+                pending["run_dir"], pending["prompt"], pending["left"], pending["right"], choice,
+                left_source="actor", right_source="reference",
+                left_score=pending["left_score"], right_score=pending["right_score"],
+                extra={"checkpoint": pending["checkpoint"], "sampling": pending["sampling"]},
+            )
+            return f"Recorded **{choice}** in `{path}`. " + counts_markdown(pending["run_dir"]), None
+
+        return on_judge
+
+    left_btn.click(judge("left"), last, [info, last])
+    right_btn.click(judge("right"), last, [info, last])
+    tie_btn.click(judge("tie"), last, [info, last])

@@ -1,0 +1,258 @@
+"""The Plan tab: pick a preset (a card) and a model, see the memory plan per PPO phase as a stacked
+bar chart, a table and a verdict; apply the planner's suggestion; see the equivalent
+``homerlhf train`` command; save the run config as YAML.
+
+The numbers are :mod:`homerlhf.memory.planner`'s; this tab lays them out and keeps the run
+settings (preset, model, overrides) that the Data and Train tabs share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from homerlhf.app import runs
+from homerlhf.app.common import guarded, parse_overrides, set_override
+from homerlhf.errors import UserError
+
+
+@dataclass
+class Settings:
+    """The run settings components, created before the tabs and rendered in this one."""
+
+    preset: Any
+    model: Any
+    overrides: Any
+    gpu_gib: Any
+    preset_model: Any  # gr.State: the preset's own model, to tell a user's choice from the default
+
+
+def preset_model_of(preset: str) -> str:
+    from homerlhf.config import load_config
+
+    return load_config(preset).model.name_or_path
+
+
+def settings_components(default_preset: str) -> Settings:
+    import gradio as gr
+
+    from homerlhf.config import preset_names
+
+    model = preset_model_of(default_preset)
+    return Settings(
+        preset=gr.Dropdown(preset_names(), value=default_preset, label="Preset (card)", render=False,
+                           elem_id="plan-preset"),
+        model=gr.Textbox(model, label="Model (hub id, local dir or builtin:<name>)", render=False,
+                         elem_id="plan-model"),
+        overrides=gr.Textbox("", lines=4, label="Overrides (one section.key=value per line)", render=False,
+                             placeholder="ppo.iterations=20\nrollout.batch_size=16", elem_id="plan-overrides"),
+        gpu_gib=gr.Number(0, label="Plan for GPU GiB (0: the preset's card)", render=False,
+                          elem_id="plan-gpu-gib"),
+        preset_model=gr.State(model),
+    )
+
+
+def run_overrides(model: str, overrides_text: str, preset_model: Optional[str]) -> list[str]:
+    """The overrides, plus ``model.name_or_path`` when the model differs from the preset's."""
+    items = parse_overrides(overrides_text)
+    model = (model or "").strip()
+    if model and model != preset_model and not any(i.startswith("model.name_or_path=") for i in items):
+        items.insert(0, f"model.name_or_path={model}")
+    return items
+
+
+def resolved_config(preset: str, model: str, overrides_text: str, preset_model: Optional[str]):
+    from homerlhf.config import load_config
+
+    return load_config(preset, None, run_overrides(model, overrides_text, preset_model))
+
+
+def card_markdown(preset: str) -> str:
+    from homerlhf.config import load_config
+
+    cfg = load_config(preset)
+    mem = f"{cfg.card.gpu_gib:g} GiB GPU" if cfg.card.gpu_gib else "CPU only"
+    return (f"**{cfg.card.name}** · {mem} · trains on `{cfg.card.device}` · default model "
+            f"`{cfg.model.name_or_path}`  \n{cfg.description}")
+
+
+def command_text(preset: str, model: str, overrides_text: str, preset_model: Optional[str],
+                 out: Optional[str] = None) -> str:
+    items = run_overrides(model, overrides_text, preset_model)
+    return runs.format_command(runs.train_argv(preset, out or "runs/my-run", None, items))
+
+
+# -- the planner, laid out ----------------------------------------------------------------------
+
+
+def compute_plan(cfg, gpu_gib: Optional[float]):
+    """The planner's ``Plan`` for this config (its model shape resolved without any download)."""
+    from homerlhf.memory import planner
+    from homerlhf.memory.shapes import resolve_shape
+
+    shape = resolve_shape(cfg.model.name_or_path, cfg.model.revision)
+    budget = float(gpu_gib) if gpu_gib else None
+    return planner.plan(cfg, shape, budget)
+
+
+def plan_dict(plan) -> dict:
+    if hasattr(plan, "to_dict"):
+        return plan.to_dict()
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(plan) if is_dataclass(plan) else dict(plan)
+
+
+def plan_table(plan) -> tuple[list[str], list[list]]:
+    """(headers, rows): one row per component, one column per phase, GiB."""
+    data = plan_dict(plan)
+    phases = data["phases"]
+    names = [p["name"] for p in phases]
+    components: list[str] = []
+    for phase in phases:
+        for comp in phase["components"]:
+            if comp not in components:
+                components.append(comp)
+    gib = 1024**3
+    rows = [[comp, *[round(p["components"].get(comp, 0) / gib, 3) for p in phases]] for comp in components]
+    rows.append(["total", *[round(p["total_bytes"] / gib, 3) for p in phases]])
+    return ["component (GiB)", *names], rows
+
+
+def verdict_markdown(plan) -> str:
+    data = plan_dict(plan)
+    verdict = data.get("verdict", "")
+    fits = data.get("fits")
+    mark = "✅" if fits else ("❌" if fits is False else "ℹ️")
+    lines = [f"### {mark} {verdict}"]
+    suggestion = data.get("suggestion")
+    if suggestion:
+        lines.append(f"**Suggestion:** {suggestion_text(suggestion)}")
+    return "\n\n".join(lines)
+
+
+def suggestion_overrides(plan) -> list[str]:
+    """The planner's suggestion as ``section.key=value`` items ([] when there is none)."""
+    suggestion = plan_dict(plan).get("suggestion")
+    if not suggestion:
+        return []
+    if isinstance(suggestion, dict):
+        items = suggestion.get("overrides", suggestion.get("set", suggestion))
+    else:
+        items = suggestion
+    if isinstance(items, dict):
+        return [f"{k}={_yaml_value(v)}" for k, v in items.items()]
+    return [str(i) for i in items]
+
+
+def suggestion_text(suggestion) -> str:
+    if isinstance(suggestion, dict) and "overrides" in suggestion:
+        reason = suggestion.get("reason") or suggestion.get("text") or ""
+        items = suggestion["overrides"]
+        items = [f"{k}={_yaml_value(v)}" for k, v in items.items()] if isinstance(items, dict) else items
+        return f"{reason} `{' '.join(items)}`".strip()
+    if isinstance(suggestion, dict):
+        return "`" + " ".join(f"{k}={_yaml_value(v)}" for k, v in suggestion.items()) + "`"
+    if isinstance(suggestion, (list, tuple)):
+        return "`" + " ".join(map(str, suggestion)) + "`"
+    return str(suggestion)
+
+
+def _yaml_value(value) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def plan_figure(plan):
+    from homerlhf.memory import planner
+
+    return planner.plan_figure(plan)
+
+
+def save_yaml(cfg, path: str) -> Path:
+    from homerlhf.config import to_yaml
+
+    if not (path or "").strip():
+        raise UserError("give a file name for the YAML, e.g. runs/my-run.yaml")
+    out = Path(path.strip()).expanduser()
+    if out.suffix not in (".yaml", ".yml"):
+        raise UserError(f"{out} should end in .yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(to_yaml(cfg))
+    return out
+
+
+# -- layout ---------------------------------------------------------------------------------
+
+
+def build(settings: Settings):
+    """Lay out the tab. Returns (load handler, its inputs, its outputs) for the page's load event."""
+    import gradio as gr
+
+    gr.Markdown("### Plan\nA preset is a memory plan for one card. The planner adds up the bytes of every "
+                "component in each PPO phase and says whether it fits.")
+    with gr.Row():
+        settings.preset.render()
+        settings.model.render()
+        settings.gpu_gib.render()
+    card = gr.Markdown(elem_id="plan-card")
+    settings.overrides.render()
+    with gr.Row():
+        plan_btn = gr.Button("Plan", variant="primary", elem_id="plan-run")
+        apply_btn = gr.Button("Apply suggestion", elem_id="plan-apply")
+    message = gr.Markdown(elem_id="plan-message")
+    verdict = gr.Markdown(elem_id="plan-verdict")
+    chart = gr.Plot(label="Memory per phase", elem_id="plan-chart")
+    table = gr.Dataframe(label="Bytes per component and phase (GiB)", interactive=False, elem_id="plan-table")
+    command = gr.Code(label="Equivalent command", language="shell", interactive=False, lines=2, elem_id="plan-command")
+    with gr.Row():
+        yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
+        save_btn = gr.Button("Save YAML", elem_id="plan-save")
+    suggestion = gr.State([])
+    s = settings
+    inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
+
+    def on_preset(preset, model, preset_model):
+        new_default = preset_model_of(preset)
+        # Keep a model the user typed; follow the preset when it was the old preset's default.
+        new_model = new_default if (model or "").strip() in ("", preset_model) else model
+        return card_markdown(preset), new_model, new_default
+
+    s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [card, s.model, s.preset_model])
+
+    @guarded(6, error_index=0)
+    def on_plan(preset, model, overrides, preset_model, gpu_gib):
+        cfg = resolved_config(preset, model, overrides, preset_model)
+        plan = compute_plan(cfg, gpu_gib)
+        headers, rows = plan_table(plan)
+        return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=rows, headers=headers),
+                command_text(preset, model, overrides, preset_model), suggestion_overrides(plan))
+
+    plan_outputs = [message, verdict, chart, table, command, suggestion]
+    plan_btn.click(on_plan, inputs, plan_outputs)
+
+    @guarded(2, error_index=0)
+    def on_apply(items, overrides):
+        if not items:
+            raise UserError("no suggestion to apply: the plan fits, or run Plan first")
+        for item in items:
+            key, _, value = item.partition("=")
+            overrides = set_override(overrides, key, value)
+        return f"Applied: `{' '.join(items)}`", overrides
+
+    apply_btn.click(on_apply, [suggestion, s.overrides], [message, s.overrides]).then(on_plan, inputs, plan_outputs)
+
+    @guarded(1, error_index=0)
+    def on_save(preset, model, overrides, preset_model, path):
+        out = save_yaml(resolved_config(preset, model, overrides, preset_model), path)
+        return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
+
+    save_btn.click(on_save, [s.preset, s.model, s.overrides, s.preset_model, yaml_path], message)
+
+    def on_load(preset, model, overrides, preset_model, gpu_gib):
+        """What the page shows when it opens: the card and the plan of the current settings."""
+        return (card_markdown(preset), *on_plan(preset, model, overrides, preset_model, gpu_gib))
+
+    return on_load, inputs, [card, *plan_outputs]

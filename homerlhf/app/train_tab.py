@@ -1,0 +1,208 @@
+"""The Train tab: start a run as a detached ``homerlhf train`` process, stop it, attach to a run
+directory, and watch it live (plots, progress with ETA, latest samples, worker status, log)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from homerlhf.app import monitor, runs
+from homerlhf.app.common import guarded
+from homerlhf.app.plan_tab import run_overrides
+from homerlhf.errors import UserError
+
+POLL_S = 2.0
+
+
+def default_run_dir(root: str = "runs") -> str:
+    return str(Path(root) / time.strftime("app-%Y%m%d-%H%M%S"))
+
+
+def total_iterations(run_dir: Path, argv: list[str]) -> Optional[int]:
+    """``ppo.iterations`` of the run: from its resolved config, else from the command's overrides."""
+    cfg = runs.run_config(run_dir)
+    if cfg is not None:
+        return cfg.ppo.iterations
+    try:
+        from homerlhf.config import load_config
+
+        preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "cpu-tiny"
+        sets = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
+        return load_config(preset, None, sets).ppo.iterations
+    except (UserError, ValueError, IndexError):
+        return None
+
+
+def worker_urls(run_dir: Path) -> dict[str, str]:
+    """Role -> URL of the run's ref/reward workers ('' for in-process backends)."""
+    import json
+
+    urls: dict[str, str] = {}
+    cfg = runs.run_config(run_dir)
+    if cfg is not None:
+        for role in ("ref", "reward"):
+            backend = getattr(cfg, role)
+            if backend.backend == "llamacpp" or backend.url:
+                urls[role] = backend.url or ""
+            else:
+                urls[role] = ""
+    # A trainer that spawns its own workers records where they listen.
+    for name in ("workers.json", "app/workers.json"):
+        try:
+            data = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        for role, value in (data.items() if isinstance(data, dict) else []):
+            url = value.get("url") if isinstance(value, dict) else value
+            if isinstance(url, str):
+                urls[role] = url
+    return urls
+
+
+def worker_table(run_dir: Path, status: runs.RunStatus) -> list[list]:
+    cfg = runs.run_config(run_dir)
+    rows = []
+    for role, url in worker_urls(run_dir).items():
+        backend = getattr(cfg, role).backend if cfg is not None and role in ("ref", "reward") else "?"
+        if not url:
+            rows.append([role, backend, "(in the trainer process)", "-", None])
+        elif not status.running:
+            rows.append([role, backend, url, "run not running", None])
+        else:
+            up, latency, detail = monitor.check_worker(url)
+            rows.append([role, backend, url, "up" if up else f"down ({detail})",
+                         None if latency is None else round(latency, 1)])
+    return rows
+
+
+def status_markdown(status: runs.RunStatus) -> str:
+    text = f"**Run:** `{status.run_dir}` — {status.message()}"
+    if status.state == "crashed":
+        text += "\n\nThe log below shows why. Fix the setting it names and start again."
+    return text
+
+
+def poll(run_dir: str, last_n: int = -1) -> tuple:
+    """Everything the monitor shows for ``run_dir``: (status md, progress md, figure, samples,
+    workers, log, n_rows). The figure and samples are None when the row count is still ``last_n``
+    (nothing new to draw)."""
+    if not run_dir:
+        return ("No run attached: start one or attach to a run directory.", "", None, [], [], "", 0)
+    path = Path(run_dir)
+    status = runs.run_status(path)
+    rows = monitor.read_jsonl(path / runs.METRICS_FILE)
+    total = total_iterations(path, status.argv)
+    prog = monitor.progress(rows, total, started_at=status.started_at,
+                            now=status.ended_at if status.ended_at and not status.running else None)
+    changed = len(rows) != last_n
+    figure = monitor.metrics_figure(rows) if changed else None
+    samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
+    return (status_markdown(status), f"**Progress:** {prog.line()}", figure, samples,
+            worker_table(path, status), status.log_tail[-3000:], len(rows))
+
+
+def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs") -> None:
+    """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components."""
+    import gradio as gr
+
+    gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
+                "never stops it. Stop asks it to save a checkpoint, then exit.")
+    with gr.Row():
+        run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir")
+        overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
+    command = gr.Code(label="Command", language="shell", interactive=False, lines=2, elem_id="train-command")
+    with gr.Row():
+        start_btn = gr.Button("Start training", variant="primary", elem_id="train-start")
+        stop_btn = gr.Button("Stop (checkpoint first)", variant="stop", elem_id="train-stop")
+        kill_btn = gr.Button("Force stop", elem_id="train-kill")
+    with gr.Row():
+        runs_dd = gr.Dropdown([], label="Existing runs", allow_custom_value=True, scale=3, elem_id="train-runs")
+        refresh_btn = gr.Button("Refresh list", elem_id="train-refresh")
+        attach_btn = gr.Button("Attach", elem_id="train-attach")
+    message = gr.Markdown(elem_id="train-message")
+    status_md = gr.Markdown(elem_id="train-status")
+    progress_md = gr.Markdown(elem_id="train-progress")
+    plot = gr.Plot(label="Metrics", elem_id="train-plot")
+    samples = gr.Dataframe(headers=["iteration", "prompt", "response", "score"], label="Latest samples",
+                           wrap=True, interactive=False, elem_id="train-samples")
+    workers = gr.Dataframe(headers=["role", "backend", "url", "status", "latency ms"], label="Workers",
+                           interactive=False, elem_id="train-workers")
+    with gr.Accordion("Training log (tail)", open=False):
+        log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
+    attached = gr.State("")
+    n_rows = gr.State(-1)
+    timer = gr.Timer(POLL_S)
+
+    def show_command(preset, model, overrides, preset_model, run_dir, overwrite):
+        try:
+            items = run_overrides(model, overrides, preset_model)
+        except UserError as exc:
+            return f"# {exc}"
+        return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite))
+
+    cmd_inputs = [preset, model, overrides, preset_model_state, run_dir, overwrite]
+    for comp in (preset, model, overrides, run_dir, overwrite):
+        comp.change(show_command, cmd_inputs, command)
+
+    monitor_outputs = [status_md, progress_md, plot, samples, workers, log_box, n_rows]
+
+    def refresh(run_dir, last_n):
+        out = list(poll(run_dir, last_n))
+        if run_dir and out[2] is None:  # no new iteration: leave the plot and samples as they are
+            out[2], out[3] = gr.update(), gr.update()
+        return tuple(out)
+
+    @guarded(3, error_index=0)
+    def on_start(preset, model, overrides, preset_model, run_dir, overwrite):
+        if not (run_dir or "").strip():
+            raise UserError("give a run directory")
+        from homerlhf.config import load_config
+
+        items = run_overrides(model, overrides, preset_model)
+        load_config(preset, None, items)  # a bad setting is reported here, not in a crashed run
+        path = Path(run_dir.strip())
+        if path.exists() and (path / runs.METRICS_FILE).exists() and not overwrite:
+            raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
+        status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
+        return f"Started: {status.message()}", str(path), str(path)
+
+    start_btn.click(on_start, cmd_inputs, [message, attached, run_dir_shared]).then(
+        refresh, [attached, n_rows], monitor_outputs)
+
+    @guarded(1, error_index=0)
+    def on_stop(run_dir):
+        if not run_dir:
+            raise UserError("no run attached")
+        return runs.stop_run(run_dir)
+
+    @guarded(1, error_index=0)
+    def on_kill(run_dir):
+        if not run_dir:
+            raise UserError("no run attached")
+        return runs.stop_run(run_dir, force=True)
+
+    stop_btn.click(on_stop, attached, message)
+    kill_btn.click(on_kill, attached, message)
+
+    def on_refresh(run_dir):
+        found: list[str] = []
+        for root in (Path(run_dir).parent if run_dir else None, Path(runs_root)):
+            if root is not None:
+                found += [str(p) for p in runs.list_runs(root) if str(p) not in found]
+        return gr.update(choices=found, value=found[0] if found else None)
+
+    refresh_btn.click(on_refresh, run_dir, runs_dd)
+
+    @guarded(4, error_index=0)
+    def on_attach(choice):
+        path = Path((choice or "").strip())
+        if not choice or not path.is_dir():
+            raise UserError(f"no run directory at '{choice}'; pick one from the list or type a path")
+        if not runs.is_run_dir(path):
+            raise UserError(f"{path} holds no run (no metrics.jsonl, checkpoints or config)")
+        return f"Attached to `{path}`.", str(path), str(path), -1
+
+    attach_btn.click(on_attach, runs_dd, [message, attached, run_dir_shared, n_rows]).then(
+        refresh, [attached, n_rows], monitor_outputs)
+    timer.tick(refresh, [attached, n_rows], monitor_outputs, show_progress="hidden")
