@@ -37,12 +37,29 @@ class Sampling:
     seed: int = 0
 
 
-def reward_backend(cfg, run_dir: Path):
-    """The run's reward model as a ``RewardBackend``: its live worker when one answers, else built
-    from ``cfg.reward`` the way the trainer builds it."""
-    from homerlhf.app.adapters import make_reward_backend
+def reward_backend(cfg, run_dir: Path, tokenizer):
+    """The run's reward model as a ``RewardBackend``, built the way the trainer builds it.
 
-    return make_reward_backend(cfg, run_dir)
+    For ``llamacpp`` the run's own worker is reused while it answers (no second copy of the
+    model); otherwise a worker of our own is started on the same exported model.
+    """
+    from homerlhf.stages.builtin import resolve_model
+
+    rc = cfg.reward
+    if rc.backend == "hf":
+        from homerlhf.ppo.backends import HFReward
+
+        return HFReward(resolve_model(rc.model), trust_remote_code=cfg.model.trust_remote_code)
+    from homerlhf.workers.backends import connect, llamacpp_reward
+    from homerlhf.workers.vocab import tokenizer_fingerprint
+
+    live = runs.worker_urls(run_dir).get("reward")
+    if live and not rc.url and runs.run_status(run_dir).running:
+        try:
+            return connect("reward", url=live, fingerprint=tokenizer_fingerprint(tokenizer))
+        except Exception:  # noqa: BLE001 - the run's worker went away: start our own below
+            pass
+    return llamacpp_reward(cfg, tokenizer, run_dir=None)
 
 
 class EvalModels:
@@ -72,7 +89,7 @@ class EvalModels:
         self.model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
         self.model.set_adapter(ACTOR)
         self.model.eval()
-        self.reward = reward_backend(cfg, self.run_dir) if with_reward else None
+        self.reward = reward_backend(cfg, self.run_dir, self.tokenizer) if with_reward else None
         # Generation mutates no weights, but peft's adapter switch is global to the model.
         self.lock = threading.Lock()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -163,10 +164,10 @@ def run_status(run_dir: str | Path) -> RunStatus:
     if ended is not None:
         status.returncode = ended.get("returncode")
         status.ended_at = ended.get("ended_at")
-        if status.returncode == 0:
+        if launch.get("stop_requested"):
+            status.state = "stopped"  # the user asked; exit 0 (checkpointed) or 130 (interrupted)
+        elif status.returncode == 0:
             status.state = "finished"
-        elif launch.get("stop_requested"):
-            status.state = "stopped"
         else:
             status.state = "crashed"
     elif status.pid is None or not _alive(status.pid, launch.get("launcher_started_at")):
@@ -201,7 +202,8 @@ def start_run(
     command = [*(program or homerlhf_program()), *argv]
     launcher = [sys.executable, "-m", "homerlhf.app.runs", str(app_dir), "--", *command]
     with open(app_dir / LOG_FILE, "ab") as log:
-        log.write(f"\n$ {format_command(argv)}\n".encode())
+        shown = format_command(argv) if program is None else shlex.join(command)
+        log.write(f"\n$ {shown}\n".encode())
         log.flush()
         proc = subprocess.Popen(
             launcher,
@@ -331,3 +333,30 @@ def run_config(run_dir: str | Path):
             except UserError:
                 continue
     return None
+
+
+# The line a llama.cpp worker prints when it listens (homerlhf.workers.server.READY_PREFIX).
+_READY = re.compile(r"homerlhf worker ready .*?url=(\S+)")
+
+
+def worker_urls(run_dir: str | Path) -> dict[str, str]:
+    """Role -> URL of the run's ref/reward backends: ``''`` for in-process ones (adapter_off, hf),
+    the configured ``url`` of a remote worker, else the last address its local worker announced
+    in ``RUN_DIR/workers/<role>.log`` (a restarted worker announces again)."""
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
+    urls: dict[str, str] = {}
+    for role in ("ref", "reward"):
+        backend = getattr(cfg, role, None) if cfg is not None else None
+        if backend is not None and backend.backend != "llamacpp":
+            urls[role] = ""
+            continue
+        if backend is not None and backend.url:
+            urls[role] = backend.url
+            continue
+        found = _READY.findall(tail(run_dir / "workers" / f"{role}.log", 20000))
+        if found:
+            urls[role] = found[-1]
+        elif backend is not None:
+            urls[role] = "(starting)"
+    return urls

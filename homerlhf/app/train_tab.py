@@ -34,41 +34,17 @@ def total_iterations(run_dir: Path, argv: list[str]) -> Optional[int]:
         return None
 
 
-def worker_urls(run_dir: Path) -> dict[str, str]:
-    """Role -> URL of the run's ref/reward workers ('' for in-process backends)."""
-    import json
-
-    urls: dict[str, str] = {}
-    cfg = runs.run_config(run_dir)
-    if cfg is not None:
-        for role in ("ref", "reward"):
-            backend = getattr(cfg, role)
-            if backend.backend == "llamacpp" or backend.url:
-                urls[role] = backend.url or ""
-            else:
-                urls[role] = ""
-    # A trainer that spawns its own workers records where they listen.
-    for name in ("workers.json", "app/workers.json"):
-        try:
-            data = json.loads((run_dir / name).read_text())
-        except (OSError, ValueError):
-            continue
-        for role, value in (data.items() if isinstance(data, dict) else []):
-            url = value.get("url") if isinstance(value, dict) else value
-            if isinstance(url, str):
-                urls[role] = url
-    return urls
-
-
 def worker_table(run_dir: Path, status: runs.RunStatus) -> list[list]:
     cfg = runs.run_config(run_dir)
     rows = []
-    for role, url in worker_urls(run_dir).items():
+    for role, url in runs.worker_urls(run_dir).items():
         backend = getattr(cfg, role).backend if cfg is not None and role in ("ref", "reward") else "?"
         if not url:
             rows.append([role, backend, "(in the trainer process)", "-", None])
         elif not status.running:
             rows.append([role, backend, url, "run not running", None])
+        elif url.startswith("("):  # no address announced yet: the worker is still loading
+            rows.append([role, backend, "-", "starting", None])
         else:
             up, latency, detail = monitor.check_worker(url)
             rows.append([role, backend, url, "up" if up else f"down ({detail})",

@@ -1,0 +1,100 @@
+"""The monitor's parsing, panel grouping, ETA and worker checks, without a browser."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from homerlhf.app import monitor
+
+
+def test_read_jsonl_skips_torn_and_bad_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iteration": 1, "score_mean": 0.5}\n[1, 2]\nnot json\n\n{"iteration": 2, "score_mean": 0.7}\n{"iter')
+    rows = monitor.read_jsonl(path)
+    assert rows == [{"iteration": 1, "score_mean": 0.5}, {"iteration": 2, "score_mean": 0.7}]
+    assert monitor.read_jsonl(path, last=1) == [{"iteration": 2, "score_mean": 0.7}]
+    assert monitor.read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_every_trainer_metric_of_interest_lands_in_its_panel():
+    from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS
+
+    panels = dict(monitor.panel_keys(METRIC_DESCRIPTIONS))
+    assert panels["Score / reward"] == ["score_mean", "reward_mean"]
+    assert panels["KL and kl_coef"] == ["kl_mean", "kl_coef"]
+    assert panels["Policy and value loss"] == ["policy_loss", "value_loss"]
+    assert panels["Entropy"] == ["entropy"]
+    assert panels["Clip fraction"] == ["policy_clipfrac", "value_clipfrac"]
+    assert set(panels["Tokens / s"]) == {"tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_update"}
+    assert set(panels["Memory (GiB)"]) == {"peak_mem_generation_gib", "peak_mem_scoring_gib", "peak_mem_update_gib"}
+
+
+def test_series_skips_missing_and_non_finite_values():
+    rows = [{"iteration": 1, "kl_mean": 0.1}, {"iteration": 2}, {"iteration": 3, "kl_mean": None},
+            {"iteration": 4, "kl_mean": float("nan")}, {"iteration": 5, "kl_mean": 0.4}]
+    assert monitor.series(rows, "kl_mean") == ([1, 5], [0.1, 0.4])
+    # No iteration logged: the row's position (1-based) stands in.
+    assert monitor.series([{"x": 1.0}, {"x": 2.0}], "x") == ([1, 2], [1.0, 2.0])
+
+
+def test_figure_draws_one_point_per_logged_iteration():
+    rows = [{"iteration": i, "score_mean": i * 0.1, "kl_mean": 0.01 * i, "policy_loss": 1.0 / i} for i in (1, 2, 3)]
+    fig = monitor.metrics_figure(rows)
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    assert set(lines) == {"score_mean", "kl_mean", "policy_loss"}
+    assert list(lines["score_mean"].get_xdata()) == [1, 2, 3]
+    assert list(lines["policy_loss"].get_ydata()) == pytest.approx([1.0, 0.5, 1 / 3])
+    assert monitor.metrics_figure([]).axes  # an empty run still draws the empty panels
+
+
+def test_progress_eta_from_iteration_times():
+    # 3 of 10 iterations, the last ones took 4, 6, 5 s: mean 5 s, 7 left -> ETA 35 s.
+    rows = [{"iteration": i, "time_iteration_s": t} for i, t in ((1, 4.0), (2, 6.0), (3, 5.0))]
+    prog = monitor.progress(rows, total=10, started_at=1000.0, now=1100.0)
+    assert prog.iteration == 3
+    assert prog.elapsed_s == pytest.approx(100.0)
+    assert prog.eta_s == pytest.approx(35.0)
+    assert prog.line() == "iteration 3/10 · 30% · elapsed 1m40s · ETA 0m35s"
+
+
+def test_progress_eta_from_wall_clock_when_no_timing_is_logged():
+    # 4 of 12 iterations in 80 s since start: 20 s each, 8 left -> 160 s.
+    prog = monitor.progress([{"iteration": 4}], total=12, started_at=1000.0, now=1080.0)
+    assert prog.eta_s == pytest.approx(160.0)
+    assert monitor.progress([], total=12, started_at=1000.0, now=1010.0).line() == "iteration 0/12 · 0% · elapsed 0m10s"
+
+
+def test_latest_samples_newest_first():
+    rows = [{"iteration": 1, "prompt": "p1", "response": "r1", "score": 0.25},
+            {"iteration": 2, "prompt": "p2", "response": "r2", "score": -1.0}]
+    assert monitor.latest_samples(rows) == [[2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        ok = self.path == "/health"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(json.dumps({"status": "ok"}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_check_worker_up_and_down():
+    server = HTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        up, latency, detail = monitor.check_worker(url)
+        assert up and latency is not None and latency >= 0 and detail == "HTTP 200"
+    finally:
+        server.shutdown()
+        server.server_close()
+    up, latency, detail = monitor.check_worker(url, timeout=1.0)
+    assert not up and latency is None and "Connect" in detail
