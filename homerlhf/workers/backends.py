@@ -132,16 +132,17 @@ def cache_key(kind: str, model_dir: Path, **options) -> str:
     return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
 
 
-def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None) -> Path:
+def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device: str = "cpu") -> Path:
     """The reference GGUF for ``model``, exported once into the cache."""
     from homerlhf.paths import cache_dir
     from homerlhf.workers.export import export_ref, resolve_model_dir
 
     model_dir = resolve_model_dir(model)
-    options = {"outtype": outtype, "from_nf4": from_nf4, "quant": quant.model_dump() if (from_nf4 and quant) else None}
+    options = {"outtype": outtype, "from_nf4": from_nf4,
+               "quant": quant.model_dump() if (from_nf4 and quant) else None, "device": device if from_nf4 else None}
     path = cache_dir("gguf", cache_key("ref", model_dir, **options)) / "ref.gguf"
     if not path.exists():
-        export_ref(str(model_dir), path, outtype=outtype, from_nf4=from_nf4, quant=quant)  # atomic rename inside
+        export_ref(str(model_dir), path, outtype=outtype, from_nf4=from_nf4, quant=quant, device=device)  # atomic
     return path
 
 
@@ -187,7 +188,7 @@ def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_
     fingerprint = tokenizer_fingerprint(tokenizer)
     if rc.url:
         return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint)
-    gguf = cached_ref_gguf(rc.model or policy_model_path, rc.outtype, rc.from_nf4, cfg.quant)
+    gguf = cached_ref_gguf(rc.model or policy_model_path, rc.outtype, rc.from_nf4, cfg.quant, cfg.card.device)
     return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint)
 
 

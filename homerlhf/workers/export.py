@@ -142,28 +142,24 @@ def checkpoint_tensors(model_dir: Path) -> dict[str, _Tensor]:
     return tensors
 
 
-def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None) -> dict[str, _Tensor]:
+def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu") -> dict[str, _Tensor]:
     """The checkpoint's tensors with every 4-bit linear weight replaced by its NF4 dequantization.
 
-    The model is loaded exactly as the policy base is (bitsandbytes 4-bit, ``quant`` settings, on
-    CPU in float32), so the dequantized weights are bit-for-bit what the actor computes with.
+    The model is loaded with the policy's own 4-bit settings and dtype (``homerlhf.models.policy``:
+    ``quant`` and the dtype it implies on ``device``), so the dequantized weights are what the actor
+    computes with. Loading happens on CPU: bitsandbytes quantizes the same values the same way.
     """
     import bitsandbytes as bnb
-    import torch
     from bitsandbytes.functional import dequantize_4bit
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
     from homerlhf.config.schema import QuantConfig
+    from homerlhf.models.policy import compute_dtype, quantization_config
 
     quant = quant or QuantConfig()
-    bnb_config = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=quant.quant_type,
-        bnb_4bit_use_double_quant=quant.double_quant,
-        bnb_4bit_compute_dtype=torch.float32,
-    )
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, quantization_config=bnb_config, dtype=torch.float32, device_map="cpu"
+        model_dir, quantization_config=quantization_config(quant, device),
+        dtype=compute_dtype(quant, device), device_map="cpu",
     )
     tensors = checkpoint_tensors(model_dir)
     n_quantized = 0
@@ -449,8 +445,14 @@ def export_ref(
     outtype: str = "f16",
     from_nf4: bool = False,
     quant: Optional["QuantConfig"] = None,
+    device: str = "cpu",
 ) -> Path:
-    """Exports a causal LM as the reference GGUF; with ``from_nf4`` its dequantized NF4 weights."""
+    """Exports a causal LM as the reference GGUF; with ``from_nf4`` its dequantized NF4 weights.
+
+    ``quant``/``device``: the policy's 4-bit settings and training device (they fix the dtype the
+    base is quantized from). With ``quant.load_in_4bit`` off the actor is not quantized, so neither
+    is the export.
+    """
     if outtype not in OUTTYPES:
         raise UserError(f"outtype {outtype!r} is not supported; use one of {', '.join(OUTTYPES)}")
     model_dir = resolve_model_dir(str(model))
@@ -458,7 +460,9 @@ def export_ref(
     _gguf_arch(config, model_dir)
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         raise UserError(f"{model_dir} is a sequence classifier; export it with `homerlhf export reward`")
-    tensors = nf4_tensors(model_dir, quant) if from_nf4 else checkpoint_tensors(model_dir)
+    if from_nf4 and quant is not None and not quant.load_in_4bit:
+        from_nf4 = False
+    tensors = nf4_tensors(model_dir, quant, device) if from_nf4 else checkpoint_tensors(model_dir)
     if "lm_head.weight" not in tensors and not config.get("tie_word_embeddings", False):
         raise UserError(f"{model_dir} has no lm_head.weight; export ref needs a causal LM checkpoint")
     return write_gguf(Path(out_path), model_dir, tensors, outtype, role="ref")
