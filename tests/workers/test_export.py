@@ -1,0 +1,144 @@
+"""GGUF export: q8_0 stays close, the NF4 export is KL-consistent with the 4-bit actor, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from homerlhf.errors import UserError
+from homerlhf.workers.export import export_ref, export_reward, permute_qk
+
+IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
+
+
+def llama_cpp_logits(gguf_path, ids) -> np.ndarray:
+    """(T, V) logits of llama.cpp for ``ids`` (F32 KV cache)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(gguf_path), logits_all=True, type_k=0, type_v=0, n_ctx=64, verbose=False)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float64)
+    finally:
+        llm.close()
+
+
+def mean_kl(logits_p: np.ndarray, logits_q: np.ndarray) -> float:
+    """Mean over positions of KL(p || q) in nats, from (T, V) logits."""
+    logp = torch.log_softmax(torch.as_tensor(logits_p, dtype=torch.float64), -1)
+    logq = torch.log_softmax(torch.as_tensor(logits_q, dtype=torch.float64), -1)
+    return float((logp.exp() * (logp - logq)).sum(-1).mean())
+
+
+def test_permute_qk_interleaves_rotate_half_pairs():
+    # One head of dim 4: HF rows [x0, x1, y0, y1] (rotate-half halves) -> llama.cpp [x0, y0, x1, y1].
+    w = np.arange(8, dtype=np.float32).reshape(4, 2)
+    assert permute_qk(w, 1)[:, 0].tolist() == [0, 4, 2, 6]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_q8_0_export_loads_and_stays_close(arch, tiny_llama_dir, tiny_qwen2_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_llama_dir if arch == "llama" else tiny_qwen2_dir
+    path = export_ref(str(model_dir), tmp_path / "q8.gguf", outtype="q8_0")
+    f32 = export_ref(str(model_dir), tmp_path / "f32.gguf", outtype="f32")
+    assert path.stat().st_size < 0.4 * f32.stat().st_size  # really quantized
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf = model(torch.tensor([IDS])).logits[0].double().numpy()
+    q8 = llama_cpp_logits(path, IDS)
+    kl = mean_kl(hf, q8)
+    print(f"{arch} q8_0: max |logit diff| {np.abs(q8 - hf).max():.2e}, KL(HF || q8_0) {kl:.2e} nats/token")
+    assert np.abs(q8 - hf).max() < 0.05 and kl < 1e-3
+
+
+def test_from_nf4_export_is_kl_consistent_with_the_4bit_actor(tiny_llama_dir, tmp_path):
+    """KL(actor at step 0 || reference): the NF4 base (LoRA B = 0 adds nothing) vs the llama.cpp ref."""
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.config.schema import QuantConfig
+    from homerlhf.models.policy import quantization_config
+
+    quant = QuantConfig(compute_dtype="fp32")
+    actor = AutoModelForCausalLM.from_pretrained(
+        tiny_llama_dir, quantization_config=quantization_config(quant, "cpu"), dtype=torch.float32, device_map="cpu"
+    ).eval()
+    assert any(type(m).__name__ == "Linear4bit" for m in actor.modules())
+    with torch.no_grad():
+        actor_logits = actor(torch.tensor([IDS])).logits[0].double().numpy()
+    nf4_ref = export_ref(str(tiny_llama_dir), tmp_path / "nf4.gguf", outtype="f32", from_nf4=True, quant=quant)
+    plain_ref = export_ref(str(tiny_llama_dir), tmp_path / "plain.gguf", outtype="f32")
+    kl_nf4 = mean_kl(actor_logits, llama_cpp_logits(nf4_ref, IDS))
+    kl_plain = mean_kl(actor_logits, llama_cpp_logits(plain_ref, IDS))
+    print(f"KL(actor NF4 || ref): --from-nf4 export {kl_nf4:.2e} nats/token, plain export {kl_plain:.2e} nats/token")
+    assert kl_nf4 <= 1e-3
+    assert kl_nf4 < kl_plain / 10  # the NF4 export is what makes it consistent
+
+
+def test_reward_export_writes_head_and_manifest(llama_rm_dir, llama_rm_export, tiny_llama_dir):
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer
+
+    from homerlhf.workers.vocab import tokenizer_fingerprint
+
+    manifest = json.loads((llama_rm_export / "manifest.json").read_text())
+    assert manifest["architecture"] == "llama" and manifest["hidden_size"] == 128
+    assert manifest["outtype"] == "f32" and manifest["format_version"] == 1
+    assert manifest["vocab_fingerprint"] == tokenizer_fingerprint(AutoTokenizer.from_pretrained(tiny_llama_dir))
+    head = load_file(str(llama_rm_export / "score_head.safetensors"))
+    assert head["weight"].shape == (1, 128) and "bias" not in head
+
+
+def test_reward_export_from_a_reward_run_dir(llama_rm_dir, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(llama_rm_dir, run / "model")
+    out = export_reward(str(run), tmp_path / "out", outtype="f16")
+    assert json.loads((out / "manifest.json").read_text())["source"] == str(run / "model")
+
+
+def _multi_label_dir(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.tiny import model_config
+
+    config = model_config("llama", 512, hidden=32, layers=1)
+    config.num_labels = 3
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "multi")
+    return tmp_path / "multi"
+
+
+def test_clear_errors(tmp_path, tiny_llama_dir, llama_rm_dir):
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    cases = [
+        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: llama, mistral, qwen2, qwen3"),
+        (lambda: export_ref(str(tmp_path / "nope"), tmp_path / "x.gguf"), "does not exist"),
+        (lambda: export_ref("some-org/some-model", tmp_path / "x.gguf"), "not found locally and the hub is unreachable"),
+        (lambda: export_ref(str(tmp_path / "adapter"), tmp_path / "x.gguf"), "LoRA adapter"),
+        (lambda: export_ref(str(tiny_llama_dir), tmp_path / "x.gguf", outtype="q4_k"), "f32, f16, bf16, q8_0"),
+        (lambda: export_ref(str(llama_rm_dir), tmp_path / "x.gguf"), "export reward"),
+        (lambda: export_reward(str(tiny_llama_dir), tmp_path / "r"), "ForSequenceClassification"),
+        (lambda: export_reward(str(_multi_label_dir(tmp_path)), tmp_path / "r"), "exactly one"),
+    ]
+    for call, words in cases:
+        with pytest.raises(UserError, match=words.replace("(", r"\(")):
+            call()
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_cli_export_ref_reports_user_errors(tmp_path, capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "ref", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r.gguf")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does not exist" in err and "Traceback" not in err
