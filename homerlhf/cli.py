@@ -78,8 +78,24 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
 ) -> None:
-    """Memory plan: bytes per component per PPO phase, verdict and suggestions."""
-    not_built("homerlhf plan", 6)
+    """Memory plan: bytes per component per PPO phase, verdict and suggestions (offline)."""
+    import json
+
+    from homerlhf.memory.planner import plan as make_plan
+    from homerlhf.memory.render import print_plan, save_plan_figure, shape_for
+
+    if gpu_gib is not None and gpu_gib <= 0:
+        raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
+    cfg = _load(preset, config, set_)
+    result = make_plan(cfg, shape_for(cfg, model), gpu_gib)
+    if plot is not None:
+        save_plan_figure(result, plot)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_plan(result)
+        if plot is not None:
+            typer.echo(f"chart: {plot}")
 
 
 @app.command()

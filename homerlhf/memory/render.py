@@ -1,0 +1,119 @@
+"""A plan for people: per-phase tables (rich), and a stacked bar chart (matplotlib) for the CLI and app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from homerlhf.errors import UserError
+from homerlhf.memory.planner import GIB, Plan
+from homerlhf.memory.shapes import ModelShape, resolve_shape
+
+KIND_ORDER = ("weights", "adapters", "optimizer", "gradients", "buffers", "kv_cache", "activations", "logits", "overhead")
+KIND_COLORS = {
+    "weights": "#4c72b0", "adapters": "#55a868", "optimizer": "#8172b2", "gradients": "#ccb974",
+    "buffers": "#937860", "kv_cache": "#dd8452", "activations": "#c44e52", "logits": "#da8bc3", "overhead": "#8c8c8c",
+}
+
+
+def shape_for(cfg, model: Optional[str] = None) -> ModelShape:
+    """The shape of ``model`` (default: the config's model), offline."""
+    return resolve_shape(model or cfg.model.name_or_path, revision=None if model else cfg.model.revision)
+
+
+def _gib(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def print_plan(plan: Plan, console=None) -> None:
+    """One table per phase, a summary, the verdict and (when it does not fit) the suggestion."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console(width=110)
+    shape = plan.shape
+    s = plan.settings
+    console.print(
+        f"Memory plan: {plan.model} ({plan.params['total'] / 1e9:.2f} B params, {shape['source']}) "
+        f"on {plan.card}" + (f" ({plan.gpu_gib:g} GiB)" if plan.gpu_gib and "GiB" not in plan.card else "")
+        + f", preset {plan.preset}",
+        highlight=False,
+    )
+    console.print(
+        f"rollout chunk {s['rollout.chunk_size']} x ({s['rollout.max_prompt_len']} + {s['rollout.max_new_tokens']}) tokens, "
+        f"micro-batch {s['ppo.micro_batch_size']}, log-prob chunk {s['ppo.logprob_chunk_size']}, "
+        f"checkpointing {'on' if s['training.gradient_checkpointing'] else 'off'}, "
+        f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}",
+        highlight=False,
+    )
+    for phase in plan.phases:
+        table = Table(title=f"{phase.name}: peak at {phase.moment}", title_justify="left", show_footer=True)
+        table.add_column("component", footer="total")
+        table.add_column("GiB", justify="right", footer=_gib(phase.total_gib))
+        table.add_column("note", footer=f"allocated (torch): {_gib(phase.allocated_gib)} GiB")
+        for comp in phase.components:
+            note = comp.note + ("" if comp.in_allocator else ("; " if comp.note else "") + "outside the torch allocator")
+            table.add_row(escape(comp.name), _gib(comp.gib), escape(note))
+        console.print(table)
+    summary = Table(title="phases", title_justify="left")
+    for col in ("phase", "peak moment", "allocated GiB", "total GiB"):
+        summary.add_column(col, justify="left" if col in ("phase", "peak moment") else "right")
+    for phase in plan.phases:
+        mark = " <- peak" if phase.name == plan.peak.name else ""
+        summary.add_row(phase.name + mark, phase.moment, _gib(phase.allocated_gib), _gib(phase.total_gib))
+    console.print(summary)
+    console.print(("OK: " if plan.fits or plan.fits is None else "NO: ") + plan.verdict(), highlight=False)
+    if plan.fits is False:
+        if plan.suggestion is None:
+            console.print("no setting in the search fits: use a smaller model or a larger card", highlight=False)
+        else:
+            sug = plan.suggestion
+            args = " ".join(f"--set {a}" for a in sug.set_args)
+            console.print(
+                f"suggestion (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): {args}", highlight=False
+            )
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False)
+
+
+def plan_figure(plan: Plan):
+    """A matplotlib Figure: one stacked bar per phase (GiB by kind of component), the card as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    names = [p.name for p in plan.phases]
+    bottoms = [0.0] * len(names)
+    for kind in KIND_ORDER:
+        heights = [sum(c.bytes for c in p.components if c.kind == kind) / GIB for p in plan.phases]
+        if not any(heights):
+            continue
+        ax.bar(names, heights, bottom=bottoms, label=kind.replace("_", " "), color=KIND_COLORS[kind], width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=9)
+    if plan.gpu_gib > 0:
+        ax.axhline(plan.gpu_gib, color="black", linestyle="--", linewidth=1)
+        ax.text(len(names) - 0.5, plan.gpu_gib, f" {plan.card}: {plan.gpu_gib:g} GiB", va="bottom", ha="right", fontsize=9)
+        ax.set_ylim(0, max(plan.gpu_gib, max(bottoms)) * 1.12)
+    ax.set_ylabel("GiB")
+    ax.set_title(f"{plan.model} — preset {plan.preset}", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+def save_plan_figure(plan: Plan, path: str | Path) -> Path:
+    out = Path(path)
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UserError(f"--plot {out}: use a .png, .svg or .pdf file name")
+    if not out.parent.is_dir():
+        raise UserError(f"--plot {out}: folder {out.parent} does not exist; create it or pick another path")
+    try:
+        plan_figure(plan).savefig(out, dpi=120)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror}; pick a writable path") from None
+    return out
