@@ -1,0 +1,115 @@
+"""Client and lifecycle: restart after kill -9 with every sample answered once, no orphan workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from homerlhf.errors import UserError
+from homerlhf.workers.backends import connect
+from homerlhf.workers.process import WorkerProcess
+
+
+def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _same(got: list[list[float]], want: list[list[float]]) -> bool:
+    """Same samples in the same order, each with its own log-probs (a duplicate or a loss shifts them)."""
+    return len(got) == len(want) and all(
+        len(g) == len(w) and max(abs(a - b) for a, b in zip(g, w)) < 1e-6 for g, w in zip(got, want)
+    )
+
+
+def test_kill_9_between_and_during_requests(llama_f32_gguf, tmp_path, samples):
+    prompts, responses = samples
+    # 40 samples = 3 HTTP requests per call (16 per request): a kill lands between or inside them.
+    many_p, many_r = prompts * 10, responses * 10
+    backend = connect("ref", process=WorkerProcess("ref", llama_f32_gguf, ctx=64, f32_kv_cache=True,
+                                                   threads=1, log_path=tmp_path / "ref.log"))
+    try:
+        want = backend.logprobs(many_p, many_r)
+        first_pid = backend.health()["pid"]
+
+        os.kill(first_pid, signal.SIGKILL)  # between requests
+        assert _same(backend.logprobs(many_p, many_r), want)
+        second_pid = backend.health()["pid"]
+        assert second_pid != first_pid and backend.client.restarts == 1
+
+        # During requests: 3 calls of 200 samples (13 requests each) are in flight when the kill lands.
+        futures = [backend.submit_logprobs(many_p * 5, many_r * 5) for _ in range(3)]
+        time.sleep(0.05)
+        os.kill(second_pid, signal.SIGKILL)
+        results = [f.result(timeout=120) for f in futures]
+        assert all(_same(got, want * 5) for got in results)  # every sample has its own result, once
+        assert backend.client.restarts == 2
+        assert _wait_gone(first_pid, 1) and _wait_gone(second_pid, 1)
+        last_pid = backend.health()["pid"]
+    finally:
+        backend.close()
+    assert _wait_gone(last_pid, 10)  # close() stops the worker
+
+
+def test_vocabulary_mismatch_is_a_clear_error(llama_f32_gguf, tmp_path):
+    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log")
+    with pytest.raises(UserError, match="different vocabulary"):
+        connect("ref", process=proc, fingerprint="0" * 64)
+    assert not proc.alive()  # a failed connect stops what it started
+
+
+def test_worker_that_cannot_start_reports_its_stderr(tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF not really")
+    proc = WorkerProcess("ref", broken, ctx=64, log_path=tmp_path / "ref.log", startup_timeout=60)
+    with pytest.raises(UserError, match="exited with code") as info:
+        proc.start()
+    assert "its last lines" in str(info.value) and len(str(info.value).splitlines()) > 1
+    assert not proc.alive()
+
+
+OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from homerlhf.workers.backends import connect
+    from homerlhf.workers.process import WorkerProcess
+    backend = connect("ref", process=WorkerProcess("ref", sys.argv[1], ctx=64, threads=1, log_path=sys.argv[2]))
+    print(backend.health()["pid"], flush=True)
+    if sys.argv[3] == "sleep":
+        time.sleep(600)
+    # "exit": leave without close(); the atexit hook must stop the worker.
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["kill -9", "exit without close"])
+def test_no_worker_outlives_its_owner(llama_f32_gguf, tmp_path, how):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(llama_f32_gguf), str(tmp_path / "ref.log"), "sleep" if how == "kill -9" else "exit"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        worker_pid = int(owner.stdout.readline())
+        assert psutil.pid_exists(worker_pid)
+        if how == "kill -9":
+            owner.kill()
+        owner.wait(timeout=60)
+        assert _wait_gone(worker_pid, 15), f"worker {worker_pid} outlived its owner ({how})"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
