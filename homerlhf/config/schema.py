@@ -188,6 +188,9 @@ class RunConfig(_Section):
             )
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
             raise ValueError(
+    max_nonfinite_steps: int = Field(
+        5, ge=1, description="Stop the run after this many optimizer steps in a row with a NaN/inf loss or gradient."
+    )
                 f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )

@@ -1,0 +1,412 @@
+"""Full PPO checkpoints: atomic writes, the last K kept, exact resume, resume-compatibility checks.
+
+A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
+
+- ``actor/``, ``critic/``            the LoRA adapters in peft format (no ``critic/`` when shared)
+- ``value_head.safetensors``         the critic's fp32 value head
+- ``optimizers.pt``                  ``{name: optimizer.state_dict()}`` (and ``schedulers.pt``)
+- ``rng.pt``                         python, numpy, torch, CUDA and named ``torch.Generator`` states
+- ``trainer_state.json``             iteration, data cursor, KL controller, score normaliser, the
+                                     byte offsets of ``metrics.jsonl``/``samples.jsonl`` at save time
+                                     and the config fingerprint
+- ``config.yaml``                    the resolved run config
+- ``MANIFEST.json``                  every file above with its size and sha256, written last
+
+It is written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
+then renamed into place and the parent fsynced. A crash at any moment therefore leaves either the
+previous checkpoints untouched plus a ``.tmp-`` directory (ignored and later removed), or a
+complete new one: a directory named ``iter_*`` whose manifest matches its files. ``.pt`` files are
+our own tensors and plain containers and are loaded with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+
+from homerlhf.errors import UserError
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "MANIFEST.json"
+FORMAT_VERSION = 1
+LOG_FILES = ("metrics.jsonl", "samples.jsonl")
+_NAME = re.compile(r"^iter_(\d{6,})$")
+
+# Config keys whose change makes a checkpoint unusable: other weights, other tensor shapes, other
+# optimizer state layout, or a data cursor that points into another dataset. Everything else
+# (ppo.iterations, learning rates, kl_coef, logging, checkpoint cadence, ...) may change on resume.
+INCOMPATIBLE_KEYS = (
+    "model.name_or_path",
+    "model.revision",
+    "quant.load_in_4bit",
+    "quant.quant_type",
+    "quant.double_quant",
+    "quant.compute_dtype",
+    "actor.lora.r",
+    "actor.lora.alpha",
+    "actor.lora.target_modules",
+    "actor.optimizer",
+    "critic.lora.r",
+    "critic.lora.alpha",
+    "critic.lora.target_modules",
+    "critic.optimizer",
+    "critic.shared_adapter",
+    "data.prompts",
+    "data.split",
+)
+
+# Fault injection for the crash-during-save test: with HOMERLHF_FAULT_KILL_IN_CHECKPOINT=N the
+# process SIGKILLs itself while checkpoint N is half written (adapters on disk, no manifest).
+FAULT_ENV = "HOMERLHF_FAULT_KILL_IN_CHECKPOINT"
+
+
+# -- small file helpers ------------------------------------------------------------------------
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dotted(data: Mapping[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+# -- config fingerprint and the resume check ---------------------------------------------------
+def config_fingerprint(config) -> str:
+    """sha256 over the values of ``INCOMPATIBLE_KEYS``: equal fingerprints resume safely."""
+    data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
+    subset = {key: _dotted(data, key) for key in INCOMPATIBLE_KEYS}
+    return hashlib.sha256(json.dumps(subset, sort_keys=True).encode()).hexdigest()
+
+
+def incompatible_difference(saved, new) -> Optional[tuple[str, Any, Any]]:
+    """The first ``(key, saved_value, new_value)`` among ``INCOMPATIBLE_KEYS`` that differs, or None.
+
+    ``saved``/``new``: ``RunConfig`` or its ``model_dump(mode="json")`` dict.
+    """
+    saved_d = saved.model_dump(mode="json") if hasattr(saved, "model_dump") else saved
+    new_d = new.model_dump(mode="json") if hasattr(new, "model_dump") else new
+    for key in INCOMPATIBLE_KEYS:
+        old_value, new_value = _dotted(saved_d, key), _dotted(new_d, key)
+        if old_value != new_value:
+            return key, old_value, new_value
+    return None
+
+
+def check_resume_compatible(saved, new, where: str | Path) -> None:
+    """Raise a one-line ``UserError`` naming the first incompatible key that changed."""
+    diff = incompatible_difference(saved, new)
+    if diff is not None:
+        key, old_value, new_value = diff
+        raise UserError(
+            f"cannot resume {where}: config key '{key}' differs from the checkpoint's "
+            f"({old_value!r} there, {new_value!r} now); drop that change, or start a new run with --out"
+        )
+
+
+# -- RNG ---------------------------------------------------------------------------------------
+def capture_rng_state(generators: Optional[Mapping[str, torch.Generator]] = None) -> dict[str, Any]:
+    """Every random state a PPO iteration draws from, as tensors and plain containers."""
+    version, mt_state, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(mt_state), "gauss": gauss},
+        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generators": {name: gen.get_state() for name, gen in (generators or {}).items()},
+    }
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any], generators: Optional[Mapping[str, torch.Generator]] = None) -> None:
+    """Inverse of :func:`capture_rng_state`. CUDA states are restored only when as many GPUs exist."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npst = state["numpy"]
+    np.random.set_state((npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    cuda_states = state.get("cuda") or []
+    if cuda_states and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
+        torch.cuda.set_rng_state_all(cuda_states)
+    saved_generators = state.get("generators", {})
+    for name, gen in (generators or {}).items():
+        if name in saved_generators:
+            gen.set_state(saved_generators[name])
+
+
+# -- the metrics / samples logs ---------------------------------------------------------------
+def log_offsets(run_dir: str | Path) -> dict[str, int]:
+    """Byte size of each append-only log in the run dir (0 for one not written yet)."""
+    run_dir = Path(run_dir)
+    return {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOG_FILES}
+
+
+def truncate_logs(run_dir: str | Path, offsets: Mapping[str, int]) -> None:
+    """Cut each log back to its size at checkpoint time: rows of iterations after the checkpoint
+    are redone by the resumed run, so keeping them would duplicate them."""
+    run_dir = Path(run_dir)
+    for name, size in offsets.items():
+        path = run_dir / name
+        if not path.exists():
+            if size:
+                raise UserError(f"cannot resume {run_dir}: {name} is missing but the checkpoint counted "
+                                f"{size} bytes of it; restore the file or start a new run with --out")
+            continue
+        if path.stat().st_size < size:
+            raise UserError(f"cannot resume {run_dir}: {name} is shorter than when the checkpoint was written; "
+                            "restore the file or start a new run with --out")
+        with open(path, "r+b") as fh:
+            fh.truncate(size)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+# -- finding checkpoints -----------------------------------------------------------------------
+def read_manifest(ckpt: Path) -> Optional[dict[str, Any]]:
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT_VERSION else None
+
+
+def is_complete(ckpt: str | Path, verify_hashes: bool = False) -> bool:
+    """A manifest is present and every file it lists exists with its recorded size (and hash)."""
+    ckpt = Path(ckpt)
+    manifest = read_manifest(ckpt)
+    if manifest is None:
+        return False
+    for rel, meta in manifest.get("files", {}).items():
+        path = ckpt / rel
+        if not path.is_file() or path.stat().st_size != meta["bytes"]:
+            return False
+        if verify_hashes and _sha256(path) != meta["sha256"]:
+            return False
+    return True
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found) if is_complete(p)]
+
+
+def latest_complete_checkpoint(run_dir: str | Path) -> Optional[Path]:
+    """The newest complete checkpoint, or None. Half-written ones (``.tmp-*``, or no manifest) are skipped."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+# -- saving ------------------------------------------------------------------------------------
+def _maybe_fault(iteration: int) -> None:
+    if os.environ.get(FAULT_ENV) == str(iteration):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    iteration: int,
+    *,
+    policy,
+    optimizers: Mapping[str, Any],
+    config,
+    trainer_state: Mapping[str, Any],
+    stateful: Optional[Mapping[str, Any]] = None,
+    schedulers: Optional[Mapping[str, Any]] = None,
+    rng_state: Optional[Mapping[str, Any]] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+    log_sizes: Optional[Mapping[str, int]] = None,
+    keep: int = 3,
+) -> Path:
+    """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``.
+
+    ``policy``: has ``save(dir)`` (adapters in peft format + ``value_head.safetensors``).
+    ``optimizers``/``schedulers``: name -> object with ``state_dict()``.
+    ``stateful``: name -> object with ``state_dict()`` returning JSON-able data (KL controller,
+    score normaliser). ``trainer_state``: JSON-able counters (data cursor, ...).
+    ``rng_state``: a :func:`capture_rng_state` result (default: captured now, with ``generators``);
+    a caller that checkpoints the state from before an abandoned half iteration passes its own.
+    ``log_sizes``: byte offsets of the logs (default: their sizes now).
+    """
+    from homerlhf.config import to_yaml
+
+    run_dir = Path(run_dir)
+    root = run_dir / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(iteration)
+    final = root / name
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+    policy.save(tmp)
+    _maybe_fault(iteration)
+    torch.save({k: opt.state_dict() for k, opt in optimizers.items()}, tmp / "optimizers.pt")
+    if schedulers:
+        torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
+    torch.save(dict(rng_state) if rng_state is not None else capture_rng_state(generators), tmp / "rng.pt")
+    state = {
+        "format": FORMAT_VERSION,
+        "iteration": iteration,
+        "trainer": dict(trainer_state),
+        "stateful": {k: obj.state_dict() for k, obj in (stateful or {}).items()},
+        "logs": dict(log_sizes) if log_sizes is not None else log_offsets(run_dir),
+        "config_fingerprint": config_fingerprint(config),
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    (tmp / "config.yaml").write_text(to_yaml(config))
+
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        _fsync_file(path)
+        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(sub)
+    # The manifest last: until it exists, nothing here counts as a checkpoint.
+    manifest = tmp / MANIFEST
+    manifest.write_text(json.dumps({"format": FORMAT_VERSION, "iteration": iteration, "files": files}, indent=1))
+    _fsync_file(manifest)
+    _fsync_dir(tmp)
+
+    if final.exists():  # the same iteration saved again (a stop right after a periodic save)
+        old = root / f".old-{name}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints, and leftovers of interrupted saves."""
+    root = Path(run_dir) / CHECKPOINTS
+    complete = list_checkpoints(run_dir)
+    for old in complete[: max(len(complete) - keep, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for leftover in root.glob(".tmp-*"):
+        if not leftover.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".old-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+# -- loading -----------------------------------------------------------------------------------
+def load_adapters(policy, ckpt: str | Path) -> None:
+    """Copy the checkpoint's adapter weights and value head into an already built ``policy``."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    ckpt = Path(ckpt)
+    adapters = ["actor"] if policy.shared_adapter else ["actor", "critic"]
+    for adapter in adapters:
+        path = ckpt / adapter / "adapter_model.safetensors"
+        if not path.is_file():
+            raise UserError(f"checkpoint {ckpt} has no {adapter} adapter ({path.name}); "
+                            "it was written with another critic.shared_adapter setting")
+        weights = load_file(str(path), device=str(policy.device))
+        result = set_peft_model_state_dict(policy.model, weights, adapter_name=adapter)
+        unexpected = getattr(result, "unexpected_keys", None) or []
+        if unexpected:
+            raise UserError(f"checkpoint {ckpt}: {adapter} adapter does not fit the model "
+                            f"(unexpected key {unexpected[0]}); resume with the run's own model and LoRA settings")
+    policy.load_value_head(ckpt / "value_head.safetensors")
+
+
+def load_checkpoint(
+    ckpt: str | Path,
+    *,
+    policy=None,
+    optimizers: Optional[Mapping[str, Any]] = None,
+    stateful: Optional[Mapping[str, Any]] = None,
+    schedulers: Optional[Mapping[str, Any]] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote into the given live objects.
+
+    Returns the ``trainer_state.json`` dict (``iteration``, ``trainer`` counters, ``logs`` offsets).
+    """
+    ckpt = Path(ckpt)
+    if not is_complete(ckpt):
+        raise UserError(f"{ckpt} is not a complete checkpoint (no valid {MANIFEST}); "
+                        "use latest_complete_checkpoint(run_dir) or resume the run dir itself")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    device = policy.device if policy is not None else "cpu"
+    if policy is not None:
+        load_adapters(policy, ckpt)
+    if optimizers:
+        saved = torch.load(ckpt / "optimizers.pt", map_location=device, weights_only=True)
+        for name, opt in optimizers.items():
+            opt.load_state_dict(saved[name])
+    if schedulers:
+        saved = torch.load(ckpt / "schedulers.pt", map_location="cpu", weights_only=True)
+        for name, sched in schedulers.items():
+            sched.load_state_dict(saved[name])
+    for name, obj in (stateful or {}).items():
+        obj.load_state_dict(state["stateful"][name])
+    if restore_rng:
+        restore_rng_state(torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True), generators)
+    return state
+
+
+def saved_config(ckpt: str | Path):
+    """The resolved ``RunConfig`` a checkpoint was written with."""
+    from homerlhf.config import from_yaml_file
+
+    return from_yaml_file(Path(ckpt) / "config.yaml")
+
+
+def find_resume_checkpoint(run_dir: str | Path) -> Path:
+    """The checkpoint ``--resume RUN_DIR`` continues from, or a one-line error saying why there is none."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"--resume {run_dir}: no such run directory; give the --out of an earlier run")
+    ckpt = latest_complete_checkpoint(run_dir)
+    if ckpt is None:
+        raise UserError(f"--resume {run_dir}: the run has no complete checkpoint yet; start it again with "
+                        "--overwrite (checkpoints are written every checkpoint.every iterations and at stop)")
+    return ckpt

@@ -1,0 +1,159 @@
+"""Checkpoints: complete round trip into a real PolicyModel, atomicity, pruning, resume checks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from homerlhf.config import load_config
+from homerlhf.errors import UserError
+from homerlhf.ppo import checkpoint as C
+from homerlhf.ppo.kl import AdaptiveKLController
+from homerlhf.ppo.running import RunningMoments
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config("cpu-tiny", overrides=["ref.backend=adapter_off", "quant.load_in_4bit=false"])
+
+
+@pytest.fixture(scope="module")
+def policy(cfg, tiny_llama_dir):
+    from homerlhf.models.policy import PolicyModel
+
+    return PolicyModel.from_config(cfg, str(tiny_llama_dir))
+
+
+def _params(policy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.actor_parameters() + policy.critic_parameters()]
+
+
+def _save(run_dir, iteration, policy, cfg, opts, **kw):
+    return C.save_checkpoint(run_dir, iteration, policy=policy, optimizers=opts, config=cfg,
+                             trainer_state={"data_cursor": iteration * 7}, **kw)
+
+
+def test_round_trip_restores_weights_optimizer_controllers_and_rng(policy, cfg, tmp_path):
+    torch.manual_seed(1)
+    for p in policy.actor_parameters() + policy.critic_parameters():
+        p.data.normal_()
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    loss = sum((p ** 2).sum() for p in policy.actor_parameters())
+    loss.backward()
+    opt.step()
+    kl, moments = AdaptiveKLController(0.1, 6.0, 100), RunningMoments()
+    kl.update(9.0, 10)
+    moments.update(torch.tensor([1.0, 2.0, 4.0]))
+    gen = torch.Generator().manual_seed(5)
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n')
+
+    ckpt = _save(tmp_path, 3, policy, cfg, {"actor": opt}, stateful={"kl": kl, "moments": moments},
+                 generators={"shuffle": gen})
+    want = _params(policy)
+    want_opt = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    want_draws = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=gen))
+
+    for p in policy.actor_parameters() + policy.critic_parameters():
+        p.data.zero_()
+    opt2 = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    kl2, moments2, gen2 = AdaptiveKLController(0.1, 6.0, 100), RunningMoments(), torch.Generator()
+    state = C.load_checkpoint(ckpt, policy=policy, optimizers={"actor": opt2},
+                              stateful={"kl": kl2, "moments": moments2}, generators={"shuffle": gen2})
+
+    assert max((a - b).abs().max().item() for a, b in zip(want, _params(policy))) == 0.0
+    for key, value in want_opt.items():
+        assert torch.equal(opt2.state_dict()["state"][0][key], value)
+    assert (kl2.value, moments2.mean, moments2.m2, moments2.count) == (kl.value, moments.mean, moments.m2, moments.count)
+    got_draws = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=gen2))
+    assert got_draws[:2] == want_draws[:2]
+    assert torch.equal(got_draws[2], want_draws[2]) and torch.equal(got_draws[3], want_draws[3])
+    assert state["iteration"] == 3 and state["trainer"] == {"data_cursor": 21}
+    assert state["logs"] == {"metrics.jsonl": len('{"iteration": 1}\n'), "samples.jsonl": 0}
+    assert C.is_complete(ckpt, verify_hashes=True)
+    assert C.saved_config(ckpt) == cfg
+
+
+def test_keeps_last_k_and_resaving_an_iteration_replaces_it(policy, cfg, tmp_path):
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    for it in (1, 2, 3, 4):
+        _save(tmp_path, it, policy, cfg, {"actor": opt}, keep=2)
+    assert [p.name for p in C.list_checkpoints(tmp_path)] == ["iter_000003", "iter_000004"]
+    _save(tmp_path, 4, policy, cfg, {"actor": opt}, keep=2)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] and \
+        sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_000003", "iter_000004"]
+
+
+def test_interrupted_save_never_looks_complete(policy, cfg, tmp_path):
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    good = _save(tmp_path, 1, policy, cfg, {"actor": opt})
+
+    class Crash(Exception):
+        pass
+
+    original = torch.save
+
+    def save_then_crash(obj, path, *a, **k):  # dies after the adapters are on disk, like a kill -9
+        original(obj, path, *a, **k)
+        raise Crash
+
+    torch.save = save_then_crash
+    try:
+        with pytest.raises(Crash):
+            _save(tmp_path, 2, policy, cfg, {"actor": opt})
+    finally:
+        torch.save = original
+    leftovers = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    assert any(name.startswith(".tmp-iter_000002") for name in leftovers)
+    assert C.latest_complete_checkpoint(tmp_path) == good
+    assert C.find_resume_checkpoint(tmp_path) == good
+
+    # A directory with the right name but a file cut short is not complete either.
+    broken = tmp_path / "checkpoints" / "iter_000009"
+    import shutil
+
+    shutil.copytree(good, broken)
+    with open(broken / "optimizers.pt", "r+b") as fh:
+        fh.truncate(10)
+    assert not C.is_complete(broken)
+    assert C.latest_complete_checkpoint(tmp_path) == good
+    (good / C.MANIFEST).unlink()
+    assert C.latest_complete_checkpoint(tmp_path) is None
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        C.find_resume_checkpoint(tmp_path)
+
+
+def test_resume_compatibility_names_the_key(cfg):
+    from homerlhf.config.loader import validate
+
+    data = cfg.model_dump(mode="json")
+    C.check_resume_compatible(cfg, validate({**data, "ppo": {**data["ppo"], "iterations": 99}}), "runs/x")
+    for key, value in [("actor.lora.r", 4), ("critic.lora.target_modules", ["q_proj"]),
+                       ("model.name_or_path", "other"), ("quant.load_in_4bit", True),
+                       ("critic.shared_adapter", True)]:
+        new = json.loads(json.dumps(data))
+        node = new
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+        with pytest.raises(UserError, match=f"config key '{key}' differs") as info:
+            C.check_resume_compatible(cfg, validate(new), "runs/x")
+        assert "\n" not in str(info.value)
+        assert C.config_fingerprint(cfg) != C.config_fingerprint(validate(new))
+
+
+def test_truncate_logs_cuts_rows_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iteration": 1}\n{"iteration": 2}\n')
+    offsets = C.log_offsets(tmp_path)
+    with path.open("a") as fh:
+        fh.write('{"iteration": 3}\n{"itera')  # a row of a later iteration and a torn write
+    C.truncate_logs(tmp_path, offsets)
+    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
+    path.write_text("")
+    with pytest.raises(UserError, match="shorter than when the checkpoint"):
+        C.truncate_logs(tmp_path, offsets)
