@@ -145,6 +145,9 @@ class TrainingConfig(_Section):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     dynamic_micro_batch: bool = Field(True, description="Halve the micro-batch on CUDA OOM and redo.")
+    max_nonfinite_steps: int = Field(
+        5, ge=1, description="Stop the run after this many optimizer steps in a row with a NaN/inf loss or gradient."
+    )
 
 
 class LoggingConfig(_Section):
@@ -188,9 +191,6 @@ class RunConfig(_Section):
             )
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
             raise ValueError(
-    max_nonfinite_steps: int = Field(
-        5, ge=1, description="Stop the run after this many optimizer steps in a row with a NaN/inf loss or gradient."
-    )
                 f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
