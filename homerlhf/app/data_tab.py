@@ -140,7 +140,7 @@ def build(overrides_box) -> None:
         builtin = gr.Dropdown(builtin_names(), value="builtin:demo", label="Builtin dataset", elem_id="data-builtin")
         hub_id = gr.Textbox(label="Hub dataset id", placeholder="org/name", elem_id="data-hub")
         split = gr.Textbox("train", label="Split", elem_id="data-split")
-        max_rows = gr.Number(None, label="Max rows (empty: all)", precision=0, elem_id="data-max-rows")
+        max_rows = gr.Number(0, label="Max rows (0: all)", precision=0, elem_id="data-max-rows")
     upload = gr.File(label="Upload .jsonl / .json / .csv / .parquet", file_types=[".jsonl", ".json", ".csv", ".parquet"],
                      type="filepath", elem_id="data-upload")
     with gr.Row():

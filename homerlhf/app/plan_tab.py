@@ -80,95 +80,60 @@ def card_markdown(preset: str) -> str:
 def command_text(preset: str, model: str, overrides_text: str, preset_model: Optional[str],
                  out: Optional[str] = None) -> str:
     items = run_overrides(model, overrides_text, preset_model)
-    return runs.format_command(runs.train_argv(preset, out or "runs/my-run", None, items))
+    return runs.format_command(runs.train_argv(preset, out or "runs/my-run", None, items), multiline=True)
 
 
 # -- the planner, laid out ----------------------------------------------------------------------
 
 
 def compute_plan(cfg, gpu_gib: Optional[float]):
-    """The planner's ``Plan`` for this config (its model shape resolved without any download)."""
-    from homerlhf.memory import planner
-    from homerlhf.memory.shapes import resolve_shape
+    """The planner's ``Plan`` for this config (its model shape resolved without any download).
 
-    shape = resolve_shape(cfg.model.name_or_path, cfg.model.revision)
-    budget = float(gpu_gib) if gpu_gib else None
-    return planner.plan(cfg, shape, budget)
+    ``gpu_gib`` 0 or None plans for the preset's card."""
+    from homerlhf.memory.planner import plan
+    from homerlhf.memory.render import shape_for
 
-
-def plan_dict(plan) -> dict:
-    if hasattr(plan, "to_dict"):
-        return plan.to_dict()
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(plan) if is_dataclass(plan) else dict(plan)
+    return plan(cfg, shape_for(cfg), float(gpu_gib) if gpu_gib else None)
 
 
 def plan_table(plan) -> tuple[list[str], list[list]]:
-    """(headers, rows): one row per component, one column per phase, GiB."""
-    data = plan_dict(plan)
-    phases = data["phases"]
-    names = [p["name"] for p in phases]
-    components: list[str] = []
-    for phase in phases:
-        for comp in phase["components"]:
-            if comp not in components:
-                components.append(comp)
-    gib = 1024**3
-    rows = [[comp, *[round(p["components"].get(comp, 0) / gib, 3) for p in phases]] for comp in components]
-    rows.append(["total", *[round(p["total_bytes"] / gib, 3) for p in phases]])
-    return ["component (GiB)", *names], rows
-
-
-def verdict_markdown(plan) -> str:
-    data = plan_dict(plan)
-    verdict = data.get("verdict", "")
-    fits = data.get("fits")
-    mark = "✅" if fits else ("❌" if fits is False else "ℹ️")
-    lines = [f"### {mark} {verdict}"]
-    suggestion = data.get("suggestion")
-    if suggestion:
-        lines.append(f"**Suggestion:** {suggestion_text(suggestion)}")
-    return "\n\n".join(lines)
+    """(headers, rows): one row per component, one column per phase, and the totals; in GiB, or
+    in MiB when the whole plan is under 1 GiB (tiny models would read as all zeros)."""
+    unit, scale = ("GiB", 1.0) if plan.peak_gib >= 1 else ("MiB", 1024.0)
+    names: list[str] = []
+    for phase in plan.phases:
+        names += [c.name for c in phase.components if c.name not in names]
+    rows = []
+    for name in names:
+        per_phase = [sum(c.gib for c in phase.components if c.name == name) * scale for phase in plan.phases]
+        rows.append([name, *[round(v, 3) for v in per_phase]])
+    rows.append(["total", *[round(phase.total_gib * scale, 3) for phase in plan.phases]])
+    return [f"component ({unit})", *[f"{p.name} ({p.moment})" for p in plan.phases]], rows
 
 
 def suggestion_overrides(plan) -> list[str]:
-    """The planner's suggestion as ``section.key=value`` items ([] when there is none)."""
-    suggestion = plan_dict(plan).get("suggestion")
-    if not suggestion:
-        return []
-    if isinstance(suggestion, dict):
-        items = suggestion.get("overrides", suggestion.get("set", suggestion))
-    else:
-        items = suggestion
-    if isinstance(items, dict):
-        return [f"{k}={_yaml_value(v)}" for k, v in items.items()]
-    return [str(i) for i in items]
+    """The planner's suggestion as ``section.key=value`` items ([] when it fits or none fits)."""
+    return list(plan.suggestion.set_args) if plan.suggestion is not None else []
 
 
-def suggestion_text(suggestion) -> str:
-    if isinstance(suggestion, dict) and "overrides" in suggestion:
-        reason = suggestion.get("reason") or suggestion.get("text") or ""
-        items = suggestion["overrides"]
-        items = [f"{k}={_yaml_value(v)}" for k, v in items.items()] if isinstance(items, dict) else items
-        return f"{reason} `{' '.join(items)}`".strip()
-    if isinstance(suggestion, dict):
-        return "`" + " ".join(f"{k}={_yaml_value(v)}" for k, v in suggestion.items()) + "`"
-    if isinstance(suggestion, (list, tuple)):
-        return "`" + " ".join(map(str, suggestion)) + "`"
-    return str(suggestion)
-
-
-def _yaml_value(value) -> str:
-    import yaml
-
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+def verdict_markdown(plan) -> str:
+    mark = {True: "✅ ", False: "❌ ", None: ""}[plan.fits]
+    lines = [f"**{mark}{plan.verdict()}**"]
+    if plan.fits is False:
+        if plan.suggestion is None:
+            lines.append("No setting in the search fits: use a smaller model or a larger card.")
+        else:
+            sug = plan.suggestion
+            lines.append(f"**Suggestion** (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): "
+                         f"`{' '.join(sug.set_args)}` — press *Apply suggestion*.")
+    lines += [f"Note: {note}" for note in plan.notes]
+    return "\n\n".join(lines)
 
 
 def plan_figure(plan):
-    from homerlhf.memory import planner
+    from homerlhf.memory.render import plan_figure as figure
 
-    return planner.plan_figure(plan)
+    return figure(plan)
 
 
 def save_yaml(cfg, path: str) -> Path:
@@ -205,7 +170,7 @@ def build(settings: Settings):
     message = gr.Markdown(elem_id="plan-message")
     verdict = gr.Markdown(elem_id="plan-verdict")
     chart = gr.Plot(label="Memory per phase", elem_id="plan-chart")
-    table = gr.Dataframe(label="Bytes per component and phase (GiB)", interactive=False, elem_id="plan-table")
+    table = gr.Dataframe(label="Memory per component and phase", interactive=False, elem_id="plan-table")
     command = gr.Code(label="Equivalent command", language="shell", interactive=False, lines=2, elem_id="plan-command")
     with gr.Row():
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")

@@ -55,9 +55,20 @@ def train_argv(
     return argv
 
 
-def format_command(argv: Sequence[str]) -> str:
-    """What a user would type: ``homerlhf train --preset cpu-tiny ...``, shell-quoted."""
-    return shlex.join(["homerlhf", *argv])
+def format_command(argv: Sequence[str], multiline: bool = False) -> str:
+    """What a user would type: ``homerlhf train --preset cpu-tiny ...``, shell-quoted; with
+    ``multiline`` one option per line (backslash continuations) for reading."""
+    text = shlex.join(["homerlhf", *argv])
+    if not multiline:
+        return text
+    words = [shlex.quote(w) for w in ["homerlhf", *argv]]
+    lines: list[str] = []
+    for word in words:
+        if word.startswith("--") or not lines:
+            lines.append(word)
+        else:
+            lines[-1] += " " + word
+    return " \\\n    ".join(lines)
 
 
 @dataclass

@@ -78,8 +78,9 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
             worker_table(path, status), status.log_tail[-3000:], len(rows))
 
 
-def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs") -> None:
-    """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components."""
+def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs"):
+    """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components.
+    Returns (handler, inputs, outputs) for the page's load event (it fills in the command)."""
     import gradio as gr
 
     gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
@@ -115,7 +116,7 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
             items = run_overrides(model, overrides, preset_model)
         except UserError as exc:
             return f"# {exc}"
-        return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite))
+        return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite), multiline=True)
 
     cmd_inputs = [preset, model, overrides, preset_model_state, run_dir, overwrite]
     for comp in (preset, model, overrides, run_dir, overwrite):
@@ -182,3 +183,4 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     attach_btn.click(on_attach, runs_dd, [message, attached, run_dir_shared, n_rows]).then(
         refresh, [attached, n_rows], monitor_outputs)
     timer.tick(refresh, [attached, n_rows], monitor_outputs, show_progress="hidden")
+    return show_command, cmd_inputs, command

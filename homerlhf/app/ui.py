@@ -45,11 +45,12 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
             with gr.Tab("Plan", id="plan", elem_id="tab-plan"):
                 on_load = plan_tab.build(settings)
             with gr.Tab("Train", id="train", elem_id="tab-train"):
-                train_tab.build(settings.preset, settings.model, settings.overrides, settings.preset_model,
-                                run_dir_shared, runs_root=runs_root)
+                on_load_train = train_tab.build(settings.preset, settings.model, settings.overrides,
+                                                settings.preset_model, run_dir_shared, runs_root=runs_root)
             with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
                 eval_tab.build(run_dir_shared)
         blocks.load(*on_load)
+        blocks.load(*on_load_train)
     return blocks
 
 
