@@ -1,0 +1,78 @@
+"""The trainer's factories: cached export, local worker with its log in the run dir, reward run dirs, url."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from homerlhf.config import load_config
+from homerlhf.errors import UserError
+from homerlhf.workers.backends import connect, llamacpp_reference, llamacpp_reward
+from homerlhf.workers.process import WorkerProcess
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples):
+    from homerlhf.paths import cache_dir
+
+    cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true"])
+    assert cfg.ref.from_nf4 and cfg.ref.outtype == "f32"
+    backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
+    try:
+        health = backend.health()
+        assert health["role"] == "ref" and health["n_ctx"] == cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+        assert health["f32_kv_cache"] is True
+        got = backend.submit_logprobs(*samples).result(timeout=60)
+        assert [len(x) for x in got] == [len(r) for r in samples[1]]
+        exports = sorted(cache_dir("gguf").glob("ref-*/ref.gguf"))
+        stamp = [p.stat().st_mtime_ns for p in exports]
+    finally:
+        backend.close()
+    assert (tmp_path / "run" / "workers" / "ref.log").exists()
+    again = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
+    again.close()
+    assert [p.stat().st_mtime_ns for p in sorted(cache_dir("gguf").glob("ref-*/ref.gguf"))] == stamp  # reused
+
+
+def test_reward_factory_uses_a_run_dirs_own_export_and_remote_url(llama_rm_dir, llama_rm_export, tokenizer, tmp_path, samples):
+    run = tmp_path / "reward-run"
+    shutil.copytree(llama_rm_dir, run / "model")
+    shutil.copytree(llama_rm_export, run / "gguf")
+    cfg = load_config("cpu-tiny", None, [f"reward.model={run}"])
+    local = llamacpp_reward(cfg, tokenizer, tmp_path / "ppo")
+    try:
+        assert local.client.process.model == run / "gguf"
+        want = local.score(*samples)
+        remote_cfg = load_config("cpu-tiny", None, [f"reward.url={local.client.url}"])
+        remote = llamacpp_reward(remote_cfg, tokenizer, tmp_path / "ppo")
+        assert remote.client.process is None
+        assert remote.score(*samples) == pytest.approx(want, abs=1e-6)
+        remote.close()
+        wrong_role = load_config("cpu-tiny", None, [f"ref.url={local.client.url}", "ref.from_nf4=false"])
+        with pytest.raises(UserError, match="serves role 'reward'"):
+            llamacpp_reference(wrong_role, "unused", tokenizer, tmp_path / "ppo")
+    finally:
+        local.close()
+
+
+def test_remote_worker_with_token(llama_f32_gguf, tokenizer, tmp_path):
+    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log")
+    command = proc.command
+    proc.command = lambda: command() + ["--token", "tok"]
+    owner = connect("ref", process=proc, token="tok")
+    try:
+        with pytest.raises(UserError, match="rejected the token"):
+            llamacpp_reference(load_config("cpu-tiny", None, [f"ref.url={proc.url}"]), "unused", tokenizer, tmp_path)
+        cfg = load_config("cpu-tiny", None, [f"ref.url={proc.url}", "ref.token=tok"])
+        remote = llamacpp_reference(cfg, "unused", tokenizer, tmp_path)
+        assert remote.logprobs([[2, 3]], [[4, 5]])[0] == pytest.approx(owner.logprobs([[2, 3]], [[4, 5]])[0], abs=1e-6)
+        remote.close()
+    finally:
+        owner.close()
