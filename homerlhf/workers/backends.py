@@ -35,6 +35,12 @@ class _WorkerBackend:
     client: WorkerClient
     _executor: Optional[ThreadPoolExecutor] = None
 
+    def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds) -> list:
+        out: list = []
+        for body in self._chunks(prompt_ids, response_ids):
+            out.extend(self.client.post(path, body)[key])
+        return out
+
     def _submit(self, fn, *args) -> Future:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=SUBMIT_THREADS, thread_name_prefix=type(self).__name__)
@@ -64,10 +70,7 @@ class LlamaCppReference(_WorkerBackend, ReferenceBackend):
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         if len(prompt_ids) == 0:
             return []
-        out: list[list[float]] = []
-        for body in self._chunks(prompt_ids, response_ids):
-            out.extend(self.client.post("/logprobs", body)["logprobs"])
-        return out
+        return self._post_all("/logprobs", "logprobs", prompt_ids, response_ids)
 
 
 class LlamaCppReward(_WorkerBackend, RewardBackend):
@@ -79,10 +82,7 @@ class LlamaCppReward(_WorkerBackend, RewardBackend):
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
         if len(prompt_ids) == 0:
             return []
-        out: list[float] = []
-        for body in self._chunks(prompt_ids, response_ids):
-            out.extend(self.client.post("/score", body)["scores"])
-        return out
+        return self._post_all("/score", "scores", prompt_ids, response_ids)
 
 
 # --------------------------------------------------------------------------- connecting

@@ -69,7 +69,10 @@ def read_gguf_info(path: Path) -> ModelInfo:
     """Name, architecture and vocabulary of a GGUF (vocabulary cut to the tokenizer's own size)."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as exc:  # wrong magic, truncated file, unreadable
+        raise UserError(f"{path} is not a readable GGUF file ({exc}); export it again with homerlhf export") from None
     fields = reader.fields
 
     def value(key, default=None):
@@ -100,13 +103,29 @@ def check_bind(host: str, token: Optional[str]) -> None:
         raise UserError(f"refusing to bind {host} without --token; pass --token SECRET (clients send it as a Bearer token) or bind 127.0.0.1")
 
 
+_LOG_STATE = {"callback": None, "printing": False}
+
+
 def _quiet_llama_logs() -> None:
-    """Only llama.cpp's warnings and errors reach stderr (its info lines run to hundreds)."""
-    import logging
+    """Only llama.cpp's warnings and errors reach stderr (its info lines run to hundreds).
 
-    import llama_cpp._logger  # noqa: F401  installs llama-cpp-python's log callback
+    Our own callback: llama-cpp-python's maps an older ggml level enum and lets info lines through.
+    """
+    import llama_cpp
 
-    logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
+    if _LOG_STATE["callback"] is not None:
+        return
+
+    @llama_cpp.llama_log_callback
+    def _log(level, text, user_data):
+        # ggml.h: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line).
+        if level != 5:
+            _LOG_STATE["printing"] = level in (3, 4)
+        if _LOG_STATE["printing"]:
+            sys.stderr.write(text.decode("utf-8", "replace"))
+
+    _LOG_STATE["callback"] = _log  # llama.cpp keeps calling it: it must never be collected
+    llama_cpp.llama_log_set(_log, None)
 
 
 class Engine:
