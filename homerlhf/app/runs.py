@@ -253,6 +253,7 @@ def stop_run(run_dir: str | Path, force: bool = False) -> str:
         return f"nothing to stop: the run is {status.message()}"
     launch_path = run_dir / APP_DIR / LAUNCH_FILE
     launch = _read_json(launch_path) or {}
+    again = "stop_requested" in launch
     launch["stop_requested"] = time.time()
     _write_json_atomic(launch_path, launch)
     sig = signal.SIGKILL if force else signal.SIGINT
@@ -262,7 +263,9 @@ def stop_run(run_dir: str | Path, force: bool = False) -> str:
         return "the run had already ended"
     if force:
         return "killed the run (no final checkpoint)"
-    return "asked the run to stop; it saves a checkpoint first"
+    if again:
+        return "asked again: the run aborts at once (resume from its last checkpoint)"
+    return "asked the run to stop; it saves a checkpoint first (Stop again aborts at once)"
 
 
 def wait_for(run_dir: str | Path, timeout: float) -> RunStatus:
