@@ -486,7 +486,7 @@ def plan(
         model=shape.name,
         shape=shape.to_dict(),
         preset=cfg.preset,
-        card=cfg.card.name if gpu_gib is None else f"{budget:g} GiB GPU",
+        card=cfg.card.name if gpu_gib is None else "GPU",
         device=cfg.card.device,
         gpu_gib=budget,
         settings=settings_of(cfg),

@@ -36,7 +36,7 @@ def print_plan(plan: Plan, console=None) -> None:
     s = plan.settings
     console.print(
         f"Memory plan: {plan.model} ({plan.params['total'] / 1e9:.2f} B params, {shape['source']}) "
-        f"on {plan.card}" + (f" ({plan.gpu_gib:g} GiB)" if plan.gpu_gib and "GiB" not in plan.card else "")
+        f"on {plan.card}" + (f" ({plan.gpu_gib:g} GiB)" if plan.gpu_gib else "")
         + f", preset {plan.preset}",
         highlight=False,
     )

@@ -1,0 +1,59 @@
+"""`homerlhf plan` as a user meets it: offline, a table per phase, JSON, a chart, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "homerlhf.cli", "plan", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_offline_plan_from_the_builtin_table_prints_a_table_per_phase():
+    out = run("--preset", "4090", "--model", "Qwen/Qwen2.5-7B")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for phase in ("generation: peak at", "scoring: peak at", "update: peak at"):
+        assert phase in text
+    for component in ("base linear weights (NF4)", "KV cache", "LoRA actor", "optimizer states actor", "CUDA context"):
+        assert component in text
+    assert "OK: fits RTX 4090 (24 GiB)" in text
+    assert "Traceback" not in out.stderr
+
+
+def test_json_is_valid_and_complete_and_the_chart_is_written(tmp_path):
+    chart = tmp_path / "plan.png"
+    out = run("--preset", "4090", "--model", "Qwen/Qwen2.5-7B", "--gpu-gib", "10", "--json", "--plot", str(chart))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["model"] == "Qwen/Qwen2.5-7B" and data["gpu_gib"] == 10
+    assert [p["name"] for p in data["phases"]] == ["generation", "scoring", "update"]
+    assert all(p["components"] and p["total_gib"] > 0 for p in data["phases"])
+    assert data["fits"] is False and data["headroom_gib"] < 0
+    assert data["suggestion"]["peak_gib"] <= 10 and data["suggestion"]["set_args"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plan_that_does_not_fit_prints_the_suggestion():
+    out = run("--preset", "4090", "--gpu-gib", "10")
+    assert out.returncode == 0, out.stderr
+    assert "NO: does NOT fit" in out.stdout and "suggestion" in out.stdout and "--set " in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--preset", "4090", "--model", "acme/unknown-13b"], "unknown model 'acme/unknown-13b'"),
+        (["--preset", "4090", "--gpu-gib", "0"], "--gpu-gib must be > 0"),
+        (["--preset", "4090", "--plot", "plan.txt"], "use a .png"),
+    ],
+)
+def test_bad_input_is_one_line(args, fragment):
+    out = run(*args)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert fragment in out.stderr and "Traceback" not in out.stderr
