@@ -141,6 +141,49 @@ class DataConfig(_Section):
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
 
 
+class SFTConfig(_Section):
+    """``homerlhf sft``: supervised fine-tuning with TRL's SFTTrainer (loss on completions only)."""
+
+    base: Optional[str] = Field(None, description="Model to fine-tune (default: model.name_or_path).")
+    data: str = Field("builtin:demo-sft", description="SFT dataset: builtin:<name>, hub id or local file.")
+    method: Literal["qlora", "lora", "full"] = Field(
+        "qlora",
+        description="qlora: LoRA (actor.lora) on a 4-bit base; lora: on a full-precision base; full: all weights (tiny models).",
+    )
+    epochs: float = Field(1.0, gt=0, description="Passes over the training data.")
+    max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
+    grad_accum: int = Field(4, ge=1, description="Micro-batches per optimizer step.")
+    max_len: int = Field(1024, ge=8, description="Tokens per sequence (prompt + completion).")
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
+
+
+class RewardTrainConfig(_Section):
+    """``homerlhf reward``: a Bradley-Terry reward model with TRL's RewardTrainer."""
+
+    base: Optional[str] = Field(None, description="Model the reward model starts from (default: model.name_or_path).")
+    data: str = Field("builtin:demo-pairs", description="Preference dataset: builtin:<name>, hub id or local file.")
+    eval_data: Optional[str] = Field(
+        None, description="Held-out preference dataset (default: a data.eval_fraction split of rm.data)."
+    )
+    method: Literal["qlora", "lora", "full"] = Field(
+        "qlora", description="qlora: LoRA + score head on a 4-bit base; lora: full-precision base; full: all weights."
+    )
+    lora: LoraConfig = LoraConfig()
+    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
+    max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (adapter and score head).")
+    batch_size: int = Field(4, ge=1, description="Pairs per forward/backward.")
+    grad_accum: int = Field(4, ge=1, description="Micro-batches per optimizer step.")
+    max_len: int = Field(1024, ge=8, description="Tokens per sequence (prompt + reply), left-truncated.")
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
+    center_rewards_coef: Optional[float] = Field(
+        None, ge=0, description="Penalty on mean reward squared, keeps scores centred (None: off)."
+    )
+    export_gguf: bool = Field(True, description="Export the trained RM for the llama.cpp worker (OUT/gguf).")
+
+
 class TrainingConfig(_Section):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -178,6 +221,8 @@ class RunConfig(_Section):
     ref: BackendConfig = BackendConfig()
     reward: BackendConfig = BackendConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
     data: DataConfig = DataConfig()
+    sft: SFTConfig = SFTConfig()
+    rm: RewardTrainConfig = RewardTrainConfig()
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

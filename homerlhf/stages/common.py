@@ -1,0 +1,170 @@
+"""What the SFT and reward stages share: model loading (4-bit or not), LoRA, trainer arguments,
+merging an adapter into the full-precision base, and the run directory's files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import torch
+
+from homerlhf.errors import UserError
+
+Method = Literal["qlora", "lora", "full"]
+
+
+def prepare_out(out: Path, marker: str, overwrite: bool) -> Path:
+    """The run directory, empty of an earlier run unless ``overwrite`` (then that run is removed)."""
+    out = Path(out)
+    if (out / marker).exists() or (out / "model").exists():
+        if not overwrite:
+            raise UserError(f"{out} already holds a run; pass --overwrite or choose another --out")
+        for name in ("model", "adapter", "gguf", "trainer", marker):
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def on_cuda(cfg) -> bool:
+    return cfg.card.device == "cuda" and torch.cuda.is_available()
+
+
+def train_dtype(cfg) -> torch.dtype:
+    """Weights dtype of a full-precision base: bf16 where the GPU has it, fp32 on CPU."""
+    if on_cuda(cfg):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def compute_dtype(cfg) -> torch.dtype:
+    name = cfg.quant.compute_dtype
+    if name == "auto":
+        return train_dtype(cfg)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def quantization_config(cfg):
+    """bitsandbytes NF4/FP4 config from ``cfg.quant`` (used by method 'qlora')."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=cfg.quant.quant_type,
+        bnb_4bit_use_double_quant=cfg.quant.double_quant,
+        bnb_4bit_compute_dtype=compute_dtype(cfg),
+    )
+
+
+def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
+    """``auto_cls.from_pretrained(base)`` in 4-bit for qlora, full precision otherwise."""
+    load_kwargs: dict[str, Any] = dict(trust_remote_code=cfg.model.trust_remote_code, **kwargs)
+    if method == "qlora":
+        if not cfg.quant.load_in_4bit:
+            raise UserError("method 'qlora' needs quant.load_in_4bit=true; use method 'lora' for a full-precision base")
+        load_kwargs["quantization_config"] = quantization_config(cfg)
+        load_kwargs["dtype"] = compute_dtype(cfg)
+        load_kwargs["device_map"] = {"": 0} if on_cuda(cfg) else "cpu"
+    else:
+        load_kwargs["dtype"] = train_dtype(cfg)
+    try:
+        model = auto_cls.from_pretrained(base, **load_kwargs)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load model '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
+    if method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=cfg.training.gradient_checkpointing
+        )
+    return model
+
+
+def load_tokenizer(base: str, cfg):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the tokenizer of '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
+    if tokenizer.pad_token is None:  # many base models ship without one; eos is the usual stand-in
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def lora_config(lora, task_type: str):
+    """peft LoraConfig from a ``LoraConfig`` section; SEQ_CLS also trains the score head in full."""
+    from peft import LoraConfig
+
+    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+        task_type=task_type, bias="none",
+    )
+
+
+def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
+    """Keyword arguments shared by TRL's SFTConfig and RewardConfig, from an sft/rm section."""
+    use_bf16 = on_cuda(cfg) and torch.cuda.is_bf16_supported()
+    return dict(
+        output_dir=str(out / "trainer"),
+        num_train_epochs=section.epochs,
+        max_steps=section.max_steps or -1,
+        learning_rate=section.lr,
+        per_device_train_batch_size=section.batch_size,
+        per_device_eval_batch_size=section.batch_size,
+        gradient_accumulation_steps=section.grad_accum,
+        warmup_steps=section.warmup_ratio,  # a float < 1 is a fraction of the steps
+        weight_decay=cfg.training.weight_decay,
+        gradient_checkpointing=cfg.training.gradient_checkpointing and section.method != "full",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=not on_cuda(cfg),
+        bf16=use_bf16,
+        fp16=on_cuda(cfg) and not use_bf16,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=not cfg.logging.progress,
+        dataloader_num_workers=0,
+    )
+
+
+def save_merged(auto_cls, base: str, adapter_dir: Path, out_dir: Path, cfg, tokenizer, **kwargs) -> None:
+    """The adapter merged into the full-precision base, saved for ``from_pretrained``."""
+    from peft import PeftModel
+
+    # Merge on the CPU: the trainer may still hold the GPU, and the merge is one pass of additions.
+    model = auto_cls.from_pretrained(
+        base, dtype=train_dtype(cfg), trust_remote_code=cfg.model.trust_remote_code, **kwargs
+    )
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+class Timer:
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = round(time.perf_counter() - self.start, 2)
+
+
+def train_loss(trainer) -> Optional[float]:
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    return float(losses[-1]) if losses else None
