@@ -142,3 +142,25 @@ def test_cli_export_ref_reports_user_errors(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not exist" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3"])
+def test_mistral_and_qwen3_exports_match_hf(arch, tmp_path):
+    """Mistral (llama graph, q/k permuted) and Qwen3 (q/k norms, head_dim != H / heads, tied embeddings)."""
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
+
+    from homerlhf.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    config_cls, head_dim, tied = (MistralConfig, 32, False) if arch == "mistral" else (Qwen3Config, 48, True)
+    config = config_cls(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                        max_position_embeddings=256, tie_word_embeddings=tied)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path / arch)
+    tok.save_pretrained(tmp_path / arch)
+    gguf = export_ref(str(tmp_path / arch), tmp_path / f"{arch}.gguf", outtype="f32")
+    with torch.no_grad():
+        hf = model(torch.tensor([IDS])).logits[0].double().numpy()
+    assert np.abs(llama_cpp_logits(gguf, IDS) - hf).max() < 1e-3
