@@ -313,12 +313,12 @@ def _add_tokenizer(writer, tokenizer, arch: str, vocab_size: int) -> int:
     unk_id = tokenizer.unk_token_id
     types = []
     for i, tok in enumerate(tokens):
-        if i in added:
-            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
-        elif spm and i == unk_id:
+        if spm and i == unk_id:
             types.append(gguf.TokenType.UNKNOWN)
-        elif spm and _BYTE_TOKEN.match(tok):
+        elif spm and _BYTE_TOKEN.match(tok):  # byte-fallback pieces, even when listed as added tokens
             types.append(gguf.TokenType.BYTE)
+        elif i in added:
+            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
         else:
             types.append(gguf.TokenType.NORMAL)
     # The embedding may be padded past the tokenizer (e.g. to a multiple of 64): unused ids.

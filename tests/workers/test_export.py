@@ -164,3 +164,40 @@ def test_mistral_and_qwen3_exports_match_hf(arch, tmp_path):
     with torch.no_grad():
         hf = model(torch.tensor([IDS])).logits[0].double().numpy()
     assert np.abs(llama_cpp_logits(gguf, IDS) - hf).max() < 1e-3
+
+
+def test_sentencepiece_style_vocabulary(tmp_path):
+    """A byte-fallback BPE vocabulary (Llama-2/Mistral style) exports as "llama" and loads in llama.cpp."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from homerlhf.data import builtin
+    from homerlhf.tiny import model_config
+    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.vocab import tokenizer_fingerprint, vocab_fingerprint
+
+    spm = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace()
+    spm.decoder = decoders.Metaspace()
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False)
+    spm.train_from_iterator(builtin.corpus(), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=spm, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    config = model_config("llama", len(tok), hidden=64, layers=1)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = None, 1, 2
+    torch.manual_seed(6)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path / "spm")
+    tok.save_pretrained(tmp_path / "spm")
+
+    gguf = export_ref(str(tmp_path / "spm"), tmp_path / "spm.gguf", outtype="f32")
+    fields = GGUFReader(str(gguf)).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama"
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert types[0] == 2 and types[3] == 6 and types[258] == 6  # <unk> UNKNOWN, <0x00>/<0xFF> BYTE
+    assert vocab_fingerprint(read_gguf_info(gguf).tokens) == tokenizer_fingerprint(tok)
+    ids = [1, 300, 301, 350, 7, 399, 260, 270]
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0].double().numpy()
+    assert np.abs(llama_cpp_logits(gguf, ids) - hf).max() < 1e-3
