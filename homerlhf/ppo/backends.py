@@ -58,3 +58,124 @@ class CallableReward(RewardBackend):
 
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
         return [float(self.fn(list(p), list(r))) for p, r in zip(prompt_ids, response_ids)]
+
+
+def _completed(fn, *args) -> Future:
+    future: Future = Future()
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+        future.set_exception(exc)
+    return future
+
+
+def _left_padded(prompt_ids: TokenIds, response_ids: TokenIds, pad_id: int, device):
+    """Prompt + response per sample, left-padded: (B, L) ids and mask; the last column is real."""
+    import torch
+
+    rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+class AdapterOffReference(ReferenceBackend):
+    """The policy's own 4-bit base with every adapter disabled: no extra memory, exact base weights.
+
+    It shares the policy's modules, so it must not run concurrently with a policy forward:
+    ``submit_logprobs`` computes in the caller's thread and returns a finished future.
+    """
+
+    def __init__(self, policy, batch_size: int = 8):
+        self.policy = policy  # a homerlhf.models.policy.PolicyModel
+        self.batch_size = batch_size
+
+    def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
+        import torch
+
+        out: list[list[float]] = []
+        pad = self.policy.tokenizer.pad_token_id
+        for start in range(0, len(prompt_ids), self.batch_size):
+            prompts = prompt_ids[start:start + self.batch_size]
+            responses = response_ids[start:start + self.batch_size]
+            width = max(len(r) for r in responses)
+            # Responses right-padded to a common width, prompts left-padded: the policy's layout.
+            p_ids, p_mask = _left_padded(prompts, [[] for _ in prompts], pad, self.policy.device)
+            r_ids = torch.full((len(responses), width), pad, dtype=torch.long)
+            r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+            for i, r in enumerate(responses):
+                r_ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+                r_mask[i, :len(r)] = 1
+            ids = torch.cat([p_ids, r_ids.to(p_ids.device)], dim=1)
+            mask = torch.cat([p_mask, r_mask.to(p_ids.device)], dim=1)
+            lp = self.policy.reference_logprobs(ids, mask, width)
+            out.extend(row[:len(r)].tolist() for row, r in zip(lp.float().cpu(), responses))
+        return out
+
+    def submit_logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> "Future[list[list[float]]]":
+        return _completed(self.logprobs, prompt_ids, response_ids)
+
+
+class HFReward(RewardBackend):
+    """An in-process HF ``*ForSequenceClassification`` (num_labels 1): the score at the last token.
+
+    ``model_path`` is an HF model dir, a hub id, or a reward-stage run dir (its ``model/`` is used).
+    Scores in a worker thread, so it overlaps the policy's GPU work.
+    """
+
+    def __init__(self, model_path: str, device: str = "cpu", dtype=None, batch_size: int = 8,
+                 trust_remote_code: bool = False):
+        import torch
+        from pathlib import Path
+
+        from transformers import AutoModelForSequenceClassification
+
+        from homerlhf.errors import UserError
+
+        path = Path(model_path)
+        if (path / "model").is_dir():
+            path = path / "model"
+        try:
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                str(path) if path.exists() else model_path,
+                dtype=dtype or torch.float32,
+                trust_remote_code=trust_remote_code,
+            ).to(device)
+        except OSError as exc:
+            raise UserError(
+                f"cannot load reward model '{model_path}': {str(exc).splitlines()[0]} "
+                "(give a reward run dir, an HF sequence-classification dir or a hub id)"
+            ) from None
+        if self.model.config.num_labels != 1:
+            raise UserError(
+                f"reward model '{model_path}' has {self.model.config.num_labels} labels; a reward model "
+                "needs num_labels=1 (train one with `homerlhf reward`)"
+            )
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.device = device
+        self.batch_size = batch_size
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.source_path = str(path)
+
+    def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
+        import torch
+
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        scores: list[float] = []
+        with torch.no_grad():
+            for start in range(0, len(prompt_ids), self.batch_size):
+                ids, mask = _left_padded(prompt_ids[start:start + self.batch_size],
+                                         response_ids[start:start + self.batch_size], self.pad_id, self.device)
+                hidden = backbone(
+                    input_ids=ids, attention_mask=mask,
+                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False,
+                ).last_hidden_state
+                # Left padding puts every row's last real token in the last column; pooling it
+                # ourselves avoids HF's pad-id search, which misfires when pad == eos.
+                scores.extend(self.model.score(hidden[:, -1]).float().squeeze(-1).cpu().tolist())
+        return scores

@@ -1,0 +1,77 @@
+"""Log-probs of taken tokens, computed over sequence chunks.
+
+Real vocabularies have 128k-256k entries: the fp32 logits of a (B, L, V) batch would dwarf the rest
+of a step. We run the backbone once for hidden states, then apply the LM head and a log-softmax to
+``chunk_size`` positions at a time. When gradients are on, each chunk is checkpointed so backward
+recomputes its logits instead of keeping every chunk's logits alive until then.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from homerlhf.ppo.math import entropy_from_logits
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as generation assigns them.
+
+    attention_mask: (B, L) 1 on real tokens. Returns (B, L) long; padded slots get 0 (ignored).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _chunk_logprobs(lm_head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    logits = lm_head(hidden).float()  # (B, c, V): the only full-vocab tensor, one chunk at a time
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # Entropy is a metric, never a loss term here: no graph for it.
+    entropy = entropy_from_logits(logits.detach())
+    return logprobs, entropy
+
+
+def chunked_logprobs(
+    lm_head: Callable[[Tensor], Tensor],
+    hidden: Tensor,
+    targets: Tensor,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """Log-prob and entropy of the next-token distribution at each position, chunk by chunk.
+
+    hidden: (B, T, H) hidden states whose next-token prediction is ``targets``.
+    targets: (B, T) long, the taken token at each position.
+    Returns ``(logprobs, entropy)``, both (B, T) fp32; equal to
+    ``log_softmax(lm_head(hidden)).gather(targets)`` computed in one piece.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    logprobs, entropies = [], []
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    for start in range(0, hidden.shape[1], chunk_size):
+        h = hidden[:, start : start + chunk_size]
+        t = targets[:, start : start + chunk_size]
+        if grad:
+            lp, ent = checkpoint(_chunk_logprobs, lm_head, h, t, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(lm_head, h, t)
+        logprobs.append(lp)
+        entropies.append(ent)
+    return torch.cat(logprobs, dim=1), torch.cat(entropies, dim=1)
+
+
+def response_hidden(hidden: Tensor, response_len: int) -> Tensor:
+    """The hidden states that predict the response tokens.
+
+    hidden: (B, P + T, H) for a left-padded prompt followed by a right-padded response of length T.
+    Position ``P + t - 1`` predicts response token ``t``. Returns (B, T, H).
+    """
+    total = hidden.shape[1]
+    return hidden[:, total - response_len - 1 : total - 1]
+
+
+def naive_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """Reference implementation for tests: logits (B, T, V), targets (B, T) -> (B, T)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

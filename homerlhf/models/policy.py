@@ -1,0 +1,291 @@
+"""The policy: one frozen 4-bit base shared by a LoRA ``actor``, a LoRA ``critic`` and a value head.
+
+The base is loaded once in NF4 (bitsandbytes, double quant) and frozen. Two peft adapters sit on it;
+``set_adapter`` picks which one a forward uses, and ``disable_adapter()`` gives the untouched base,
+which is the reference model when ``ref.backend == "adapter_off"``. The value head is a small fp32
+``Linear(hidden, 1)`` on the critic's final hidden state. With ``critic.shared_adapter`` there is a
+single adapter (named ``actor``) and one forward gives both log-probs and values.
+
+Sequences everywhere are a left-padded prompt (B, P) followed by a right-padded response (B, T);
+``attention_mask`` covers both, so padded slots change nothing.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor, nn
+
+from homerlhf.config.schema import LoraConfig, QuantConfig, RunConfig
+from homerlhf.errors import UserError
+from homerlhf.models.logprobs import chunked_logprobs, position_ids_from_mask, response_hidden
+
+ACTOR = "actor"
+CRITIC = "critic"
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def compute_dtype(quant: QuantConfig, device: str) -> torch.dtype:
+    """``auto`` is bf16 on CUDA (fast tensor cores) and fp32 on CPU (bf16 matmuls are slow there)."""
+    if quant.compute_dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return _DTYPES[quant.compute_dtype]
+
+
+def quantization_config(quant: QuantConfig, device: str):
+    """The bitsandbytes 4-bit config, or None when ``quant.load_in_4bit`` is off."""
+    if not quant.load_in_4bit:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant.quant_type,
+        bnb_4bit_use_double_quant=quant.double_quant,
+        bnb_4bit_compute_dtype=compute_dtype(quant, device),
+    )
+
+
+def peft_lora_config(lora: LoraConfig):
+    from peft import LoraConfig as PeftLoraConfig
+
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None):
+    """The policy tokenizer, left-padding (generation), with a pad token (eos when the model has none)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code, revision=revision)
+    except OSError as exc:
+        raise UserError(
+            f"cannot load a tokenizer from '{model_path}': {str(exc).splitlines()[0]} "
+            "(give a local HF model dir, a cached hub id, or builtin:<name>)"
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_base(model_path: str, cfg: RunConfig):
+    """The causal LM in 4-bit (or full precision when ``quant.load_in_4bit`` is off), frozen."""
+    from transformers import AutoModelForCausalLM
+
+    device = cfg.card.device
+    dtype = compute_dtype(cfg.quant, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path,
+            quantization_config=quantization_config(cfg.quant, device),
+            device_map={"": 0} if device == "cuda" else "cpu",
+            dtype=dtype,
+            trust_remote_code=cfg.model.trust_remote_code,
+            revision=cfg.model.revision,
+        )
+    except OSError as exc:
+        raise UserError(
+            f"cannot load model '{model_path}': {str(exc).splitlines()[0]} "
+            "(give a local HF model dir, a cached hub id, or builtin:<name>)"
+        ) from None
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+class ValueHead(nn.Module):
+    """V(s) from the critic's final hidden state: fp32 ``Linear(hidden, 1)``."""
+
+    def __init__(self, hidden_size: int, init_std: float = 0.0):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1, dtype=torch.float32)
+        # Zero init: the first value estimates are 0, so early advantages are just the rewards.
+        if init_std > 0:
+            nn.init.normal_(self.linear.weight, std=init_std)
+        else:
+            nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden: (B, T, H) any float dtype -> values (B, T) fp32."""
+        return self.linear(hidden.float()).squeeze(-1)
+
+
+class PolicyModel:
+    """The shared 4-bit base with its adapters and value head, and the forwards PPO needs.
+
+    Every forward takes ``input_ids``/``attention_mask`` of shape (B, P + T) (left-padded prompt,
+    right-padded response) and ``response_len`` T, and returns per-response-token tensors (B, T).
+    """
+
+    def __init__(self, model, value_head: ValueHead, tokenizer, *, shared_adapter: bool, logprob_chunk_size: int):
+        self.model = model  # peft PeftModel
+        self.value_head = value_head
+        self.tokenizer = tokenizer
+        self.shared_adapter = shared_adapter
+        self.logprob_chunk_size = logprob_chunk_size
+        inner = model.get_base_model()
+        self.backbone = getattr(inner, inner.base_model_prefix)  # the decoder, LoRA injected in place
+        self.lm_head = inner.get_output_embeddings()
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        tokenizer = tokenizer or load_tokenizer(
+            model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision
+        )
+        base = load_base(model_path, cfg)
+        checkpointing = cfg.training.gradient_checkpointing
+        if cfg.quant.load_in_4bit:
+            base = prepare_model_for_kbit_training(
+                base,
+                use_gradient_checkpointing=checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False},
+            )
+        elif checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base.enable_input_require_grads()
+        model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
+        if not cfg.critic.shared_adapter:
+            model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
+        model.set_adapter(ACTOR)
+        hidden = base.config.get_text_config().hidden_size
+        value_head = ValueHead(hidden, cfg.critic.value_head_init_std).to(base.device)
+        return cls(
+            model,
+            value_head,
+            tokenizer,
+            shared_adapter=cfg.critic.shared_adapter,
+            logprob_chunk_size=cfg.ppo.logprob_chunk_size,
+        )
+
+    # -- parameters ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.value_head.linear.weight.device
+
+    def adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
+        """The LoRA parameters of one adapter (by name in the module path: ``lora_A.<adapter>``)."""
+        marker = f".{adapter}."
+        return [p for n, p in self.model.named_parameters() if "lora_" in n and marker in n]
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return self.adapter_parameters(ACTOR)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The critic LoRA (none when shared) and the value head."""
+        lora = [] if self.shared_adapter else self.adapter_parameters(CRITIC)
+        return lora + list(self.value_head.parameters())
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+        self.value_head.train(mode)
+
+    def eval(self) -> None:
+        self.train(False)
+
+    @contextmanager
+    def use_adapter(self, adapter: str) -> Iterator[None]:
+        """Make ``adapter`` the one forwards go through (peft also makes it the trainable one).
+
+        It stays active after the block: a backward that follows the forward must still see its
+        adapter's parameters as trainable.
+        """
+        if self.model.active_adapter != adapter:
+            self.model.set_adapter(adapter)
+        yield
+
+    # -- forwards -----------------------------------------------------------------------------
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Final hidden states (B, L, H) of the backbone with the active adapter(s)."""
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
+        return out.last_hidden_state
+
+    def _logprobs(self, hidden: Tensor, input_ids: Tensor, response_len: int) -> tuple[Tensor, Tensor]:
+        targets = input_ids[:, input_ids.shape[1] - response_len :]
+        return chunked_logprobs(self.lm_head, response_hidden(hidden, response_len), targets, self.logprob_chunk_size)
+
+    def actor_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor]:
+        """(logprobs, entropy) of the response tokens under the actor, each (B, T)."""
+        with self.use_adapter(ACTOR):
+            hidden = self.hidden_states(input_ids, attention_mask)
+            return self._logprobs(hidden, input_ids, response_len)
+
+    def critic_values(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
+        """V(prompt + response[:t]) for each response position t: (B, T) fp32."""
+        with self.use_adapter(ACTOR if self.shared_adapter else CRITIC):
+            hidden = self.hidden_states(input_ids, attention_mask)
+            return self.value_head(response_hidden(hidden, response_len))
+
+    def actor_logprobs_and_values(
+        self, input_ids: Tensor, attention_mask: Tensor, response_len: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(logprobs, entropy, values), each (B, T): one forward when the adapter is shared."""
+        if not self.shared_adapter:
+            logprobs, entropy = self.actor_logprobs(input_ids, attention_mask, response_len)
+            return logprobs, entropy, self.critic_values(input_ids, attention_mask, response_len)
+        with self.use_adapter(ACTOR):
+            hidden = self.hidden_states(input_ids, attention_mask)
+            logprobs, entropy = self._logprobs(hidden, input_ids, response_len)
+            return logprobs, entropy, self.value_head(response_hidden(hidden, response_len))
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
+        """Log-probs (B, T) under the base with every adapter off: the KL reference."""
+        with self.model.disable_adapter():
+            hidden = self.hidden_states(input_ids, attention_mask)
+            return self._logprobs(hidden, input_ids, response_len)[0]
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, **sampling) -> Tensor:
+        """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
+
+        ``sampling``: HF generate kwargs (max_new_tokens, temperature, top_p, top_k, ...). Positions
+        after a row's EOS hold the pad id.
+        """
+        with self.use_adapter(ACTOR):
+            out = self.model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                do_sample=True,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+                use_cache=True,
+                **sampling,
+            )
+        return out[:, prompt_ids.shape[1] :]
+
+    # -- saving -------------------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> None:
+        """Adapters in peft format (``out_dir/actor``, ``out_dir/critic``) and ``value_head.safetensors``."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        adapters = [ACTOR] if self.shared_adapter else [ACTOR, CRITIC]
+        self.model.save_pretrained(str(out), selected_adapters=adapters)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
+                  str(out / "value_head.safetensors"))
+
+    def load_value_head(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        self.value_head.load_state_dict(load_file(str(path), device=str(self.device)))

@@ -1,0 +1,119 @@
+"""What one PPO iteration learns from: ids, masks, log-probs, values, scores and advantages.
+
+Tensors only, detached: no autograd graph survives the rollout. Chunks generated separately have
+different prompt and response widths; ``Experience.cat`` pads them to a common shape (prompts on
+the left, responses on the right), and ``trimmed`` drops columns that are padding in every row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+# Fields padded on the left (prompt block) and on the right (response block) when concatenating.
+_PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+_RESPONSE_FIELDS = (
+    "response_ids", "response_mask", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns", "kl",
+)
+
+
+@dataclass
+class Experience:
+    prompt_ids: Tensor  # (B, P) long, left-padded
+    prompt_mask: Tensor  # (B, P) long, 1 on prompt tokens
+    response_ids: Tensor  # (B, T) long, right-padded
+    response_mask: Tensor  # (B, T) long, 1 on response tokens up to and including EOS
+    logprobs: Tensor  # (B, T) log pi_old(a_t | s_t) of the actor that sampled
+    ref_logprobs: Tensor  # (B, T) log pi_ref(a_t | s_t)
+    values: Tensor  # (B, T) V_old(s_t) of the critic at rollout time
+    scores: Tensor  # (B,) reward-model score (after truncation penalty / normalisation)
+    truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
+    raw_scores: Optional[Tensor] = None  # (B,) reward-model score as returned
+    rewards: Optional[Tensor] = None  # (B, T) KL-shaped per-token rewards
+    kl: Optional[Tensor] = None  # (B, T) per-token KL estimate used in the rewards
+    advantages: Optional[Tensor] = None  # (B, T) GAE advantages (whitened if configured)
+    returns: Optional[Tensor] = None  # (B, T) GAE returns, the critic's targets
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor) and value.requires_grad:
+                setattr(self, f.name, value.detach())
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def response_len(self) -> int:
+        return self.response_ids.shape[1]
+
+    def sequences(self) -> tuple[Tensor, Tensor]:
+        """``(input_ids, attention_mask)``, each (B, P + T)."""
+        return (
+            torch.cat([self.prompt_ids, self.response_ids], dim=1),
+            torch.cat([self.prompt_mask, self.response_mask], dim=1),
+        )
+
+    def select(self, index: Tensor) -> "Experience":
+        """The rows at ``index`` (1-D long)."""
+        return replace(self, **{
+            f.name: getattr(self, f.name)[index.to(self.prompt_ids.device)]
+            for f in fields(self) if getattr(self, f.name) is not None
+        })
+
+    def trimmed(self) -> "Experience":
+        """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
+        prompt_keep = int(self.prompt_mask.any(dim=0).long().argmax()) if self.prompt_mask.any() else 0
+        response_used = self.response_mask.any(dim=0).nonzero()
+        response_keep = int(response_used.max()) + 1 if len(response_used) else 1
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name in _PROMPT_FIELDS:
+                out[f.name] = value[:, prompt_keep:]
+            elif f.name in _RESPONSE_FIELDS:
+                out[f.name] = value[:, :response_keep]
+        return replace(self, **out)
+
+    def to(self, device) -> "Experience":
+        return replace(self, **{
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if getattr(self, f.name) is not None
+        })
+
+    @classmethod
+    def cat(cls, parts: list["Experience"], pad_id: int) -> "Experience":
+        """Concatenate along the batch, padding prompts on the left and responses on the right."""
+        width_p = max(p.prompt_ids.shape[1] for p in parts)
+        width_t = max(p.response_ids.shape[1] for p in parts)
+        out = {}
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            if any(v is None for v in values):
+                out[f.name] = None
+                continue
+            padded = []
+            for v in values:
+                fill = pad_id if f.name in ("prompt_ids", "response_ids") else 0
+                if f.name in _PROMPT_FIELDS:
+                    v = torch.nn.functional.pad(v, (width_p - v.shape[1], 0), value=fill)
+                elif f.name in _RESPONSE_FIELDS:
+                    v = torch.nn.functional.pad(v, (0, width_t - v.shape[1]), value=fill)
+                padded.append(v)
+            out[f.name] = torch.cat(padded, dim=0)
+        return cls(**out)
+
+    def minibatches(self, size: int, generator: torch.Generator) -> Iterator["Experience"]:
+        """Shuffled mini-batches of ``size`` rows (the last may be smaller), each trimmed of padding."""
+        order = torch.randperm(len(self), generator=generator)
+        for start in range(0, len(self), size):
+            yield self.select(order[start : start + size]).trimmed()
+
+    def split(self, size: int) -> Iterator["Experience"]:
+        """Consecutive micro-batches of ``size`` rows, in order, each trimmed of padding."""
+        for start in range(0, len(self), size):
+            yield self.select(torch.arange(start, min(start + size, len(self)))).trimmed()

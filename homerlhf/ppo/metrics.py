@@ -1,0 +1,118 @@
+"""Per-iteration metrics: one JSON line each in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), samples.
+
+Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means and
+``docs/ppo_details.md`` documents every name in it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+METRIC_DESCRIPTIONS: dict[str, str] = {
+    "iteration": "PPO iteration number, starting at 1.",
+    "score_mean": "Mean reward-model score of the iteration's responses (after truncation penalty, before normalisation).",
+    "score_std": "Standard deviation of those scores.",
+    "score_used_mean": "Mean score that entered the rewards (after normalisation and clipping, if on).",
+    "reward_mean": "Mean over sequences of the summed KL-shaped per-token rewards.",
+    "kl_mean": "Mean over sequences of the summed per-token KL(actor || reference) estimate, in nats.",
+    "kl_per_token": "The same KL estimate averaged over response tokens.",
+    "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
+    "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
+    "value_mean": "Mean critic value over response tokens at rollout.",
+    "return_mean": "Mean GAE return over response tokens (the critic's target).",
+    "policy_loss": "Clipped surrogate policy loss, averaged over optimizer steps.",
+    "value_loss": "Clipped value loss, averaged over optimizer steps.",
+    "policy_clipfrac": "Fraction of response tokens whose policy ratio was clipped.",
+    "value_clipfrac": "Fraction of response tokens whose value update was clipped.",
+    "approx_kl": "k3 estimate of KL(old policy || new policy) during the update, averaged over steps.",
+    "explained_variance": "1 - Var[returns - values] / Var[returns] at rollout: how well the critic predicts.",
+    "grad_norm_actor": "Actor gradient norm before clipping, averaged over steps.",
+    "grad_norm_critic": "Critic (LoRA + value head) gradient norm before clipping, averaged over steps.",
+    "optimizer_steps": "Optimizer steps taken this iteration.",
+    "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
+    "micro_batch_size": "Micro-batch size in use at the end of the iteration (lower after an OOM backoff).",
+    "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",
+    "response_length_mean": "Mean response length in tokens (EOS included).",
+    "truncated_fraction": "Fraction of responses that hit rollout.max_new_tokens without EOS.",
+    "time_generation_s": "Wall seconds spent sampling responses.",
+    "time_scoring_s": "Wall seconds computing old log-probs and values with the actor and critic.",
+    "time_reference_reward_wait_s": "Wall seconds waiting for reference log-probs and scores after the last chunk.",
+    "time_advantages_s": "Wall seconds for rewards, GAE and whitening.",
+    "time_update_s": "Wall seconds for the PPO epochs (forward, backward, optimizer steps).",
+    "time_iteration_s": "Wall seconds for the whole iteration.",
+    "tokens_per_s_generation": "Response tokens sampled per second of generation.",
+    "tokens_per_s_scoring": "Prompt + response tokens scored per second by actor and critic.",
+    "tokens_per_s_update": "Prompt + response tokens trained on per second of update (all epochs).",
+    "peak_mem_generation_gib": "Peak memory during generation, GiB (CUDA: max allocated; CPU: process RSS).",
+    "peak_mem_scoring_gib": "Peak memory during scoring, GiB (CUDA: max allocated; CPU: process RSS).",
+    "peak_mem_update_gib": "Peak memory during the update, GiB (CUDA: max allocated; CPU: process RSS).",
+    "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
+}
+
+
+def _clean(value: Any) -> Any:
+    """Floats that JSON cannot hold (nan, inf) become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends a row per iteration to ``metrics.jsonl`` and samples to ``samples.jsonl``."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # TensorBoard is optional: metrics.jsonl is the record
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def log(self, row: dict[str, Any]) -> None:
+        unknown = set(row) - set(METRIC_DESCRIPTIONS)
+        if unknown:  # a name must be documented before it is logged
+            raise KeyError(f"undocumented metric names: {sorted(unknown)}")
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        if self._tb is not None:
+            step = int(row["iteration"])
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "iteration" and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def log_samples(self, iteration: int, samples: Iterable[dict[str, Any]]) -> None:
+        with self.samples_path.open("a") as fh:
+            for sample in samples:
+                fh.write(json.dumps({"iteration": iteration, **{k: _clean(v) for k, v in sample.items()}}) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``RUN_DIR/metrics.jsonl`` (empty when there is none)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def progress_postfix(row: dict[str, Any]) -> dict[str, str]:
+    """The few numbers the progress bar shows."""
+    return {"score": f"{row['score_mean']:.3f}", "kl": f"{row['kl_mean']:.3f}"}
+
+
+def optional_float(value: Optional[float]) -> float:
+    return float("nan") if value is None else float(value)

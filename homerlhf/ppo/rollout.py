@@ -1,0 +1,95 @@
+"""Rollout: batched sampling with the actor from left-padded prompts.
+
+A rollout batch is a left-padded prompt block (B, P) and a right-padded response block (B, T) whose
+mask is 1 up to and including each row's EOS. Rows that hit ``max_new_tokens`` without EOS are
+``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from homerlhf.config.schema import RolloutConfig
+from homerlhf.ppo.math import truncation_penalized_scores
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: Tensor  # (B, P) long, left-padded with the pad id
+    prompt_mask: Tensor  # (B, P) long, 1 on prompt tokens
+    response_ids: Tensor  # (B, T) long, right-padded with the pad id after EOS
+    response_mask: Tensor  # (B, T) long, 1 up to and including EOS
+    truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def prompt_lists(self) -> list[list[int]]:
+        """Prompt ids without padding, one list per sample (what backends take)."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.prompt_ids, self.prompt_mask)]
+
+    def response_lists(self) -> list[list[int]]:
+        """Response ids up to and including EOS, one list per sample."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
+
+    def sequences(self) -> tuple[Tensor, Tensor]:
+        """``(input_ids, attention_mask)``, each (B, P + T): prompt then response."""
+        input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
+        attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return input_ids, attention_mask
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """Token lists -> ``(ids, mask)``, each (B, max_len), padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq):
+            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def response_mask_and_truncated(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
+    """From raw generated ids (B, T): mask (B, T) long, 1 up to and including the first EOS,
+    and truncated (B,) bool, True where a row has no EOS."""
+    is_eos = response_ids == eos_id
+    # Tokens strictly after the first EOS have a positive count of EOS before them.
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    mask = (eos_before == 0).long()
+    truncated = ~is_eos.any(dim=1)
+    return mask, truncated
+
+
+def sampling_kwargs(rollout: RolloutConfig) -> dict:
+    """HF ``generate`` sampling settings from the config (top_k 0 and top_p 1 mean off)."""
+    return {
+        "max_new_tokens": rollout.max_new_tokens,
+        "temperature": rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k if rollout.top_k > 0 else None,
+    }
+
+
+def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
+    """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``."""
+    tokenizer = policy.tokenizer
+    # Left truncation keeps the end of a prompt, where the generation prompt (assistant tag) sits.
+    prompts = [list(p)[-rollout.max_prompt_len :] for p in prompts]
+    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id, device=policy.device)
+    policy.eval()
+    response_ids = policy.generate(prompt_ids, prompt_mask, **sampling_kwargs(rollout))
+    response_mask, truncated = response_mask_and_truncated(response_ids, tokenizer.eos_token_id)
+    # Generation may pad finished rows with a pad id equal to EOS; the mask alone decides.
+    response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)
+    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated)
+
+
+def apply_truncation_penalty(scores: Tensor, batch: RolloutBatch, rollout: RolloutConfig) -> Tensor:
+    """scores (B,) -> (B,) with truncated rows' scores replaced by the configured penalty."""
+    return truncation_penalized_scores(scores, batch.truncated.to(scores.device), rollout.truncation_penalty)
