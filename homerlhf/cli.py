@@ -63,9 +63,20 @@ def train(
     """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
     from homerlhf.config import check_device
 
+    if resume is not None:
+        raise UserError("resume is not built yet (issue 8); start a new run with --out or --overwrite")
+    from homerlhf.stages.ppo import run_ppo
+
     cfg = _load(preset, config, set_)
     check_device(cfg)
-    not_built("homerlhf train", 3)
+    result = run_ppo(cfg, out_dir=out, overwrite=overwrite)
+    rows = result["metrics"]
+    if rows:
+        first, last = rows[0], rows[-1]
+        typer.echo(
+            f"PPO done: {len(rows)} iterations, score {first['score_mean']:.3f} -> {last['score_mean']:.3f}, "
+            f"kl {last['kl_mean']:.3f}; run dir {result['run_dir']}"
+        )
 
 
 @app.command()

@@ -1,0 +1,132 @@
+"""The PPO stage: resolve models, build the reference and reward backends, run the trainer.
+
+``run_ppo`` owns the run directory: it refuses to write over an earlier run unless told to, writes
+the resolved config (``config.yaml``), and always closes the backends (their worker processes)
+whatever happens in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from homerlhf.config import RunConfig, to_yaml
+from homerlhf.errors import UserError
+from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+
+# Files whose presence means a directory already holds a PPO run.
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
+
+
+def resolve(name_or_path: str) -> str:
+    """``builtin:<name>`` -> a local dir (built once); hub ids and local dirs pass through."""
+    from homerlhf.stages.builtin import resolve_model
+
+    return resolve_model(name_or_path)
+
+
+def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
+    """An empty-of-runs ``run_dir``; an earlier run there is an error unless ``overwrite``."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run dir {run_dir} is a file; choose another --out")
+    present = [name for name in RUN_MARKERS if (run_dir / name).exists()]
+    if present:
+        if not overwrite:
+            raise UserError(f"{run_dir} already holds a run; pass --overwrite to replace it or choose another --out")
+        for name in (*RUN_MARKERS, "samples.jsonl", "tensorboard"):
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
+    """The configured prompt dataset, chat-templated and tokenised (left-truncated)."""
+    from homerlhf.data.load import load_prompts, tokenize_prompts
+
+    records, _report = load_prompts(cfg.data.prompts, cfg.data)
+    return tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len)
+
+
+def _check_same_vocab(policy_tokenizer, reward_path: str) -> None:
+    """Ids go to the reward model as they are: its tokenizer must be the policy's."""
+    from transformers import AutoTokenizer
+
+    try:
+        reward_tokenizer = AutoTokenizer.from_pretrained(reward_path)
+    except (OSError, ValueError):
+        return  # no tokenizer saved with the reward model: nothing to compare against
+    if reward_tokenizer.get_vocab() != policy_tokenizer.get_vocab():
+        raise UserError(
+            f"reward model '{reward_path}' uses a different tokenizer than the policy; train the reward "
+            "model from the policy's base (`homerlhf reward` with the same model)"
+        )
+
+
+def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> ReferenceBackend:
+    if cfg.ref.backend == "adapter_off":
+        from homerlhf.ppo.backends import AdapterOffReference
+
+        return AdapterOffReference(policy, batch_size=cfg.ppo.micro_batch_size)
+    from homerlhf.workers.backends import llamacpp_reference
+
+    return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir)
+
+
+def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
+    if cfg.reward.backend == "hf":
+        import torch
+
+        from homerlhf.models.policy import compute_dtype
+        from homerlhf.ppo.backends import HFReward
+
+        if not cfg.reward.model:
+            raise UserError("reward.backend 'hf' needs reward.model (a reward run dir, HF dir or hub id)")
+        path = resolve(cfg.reward.model)
+        device = "cuda" if cfg.card.device == "cuda" and torch.cuda.is_available() else "cpu"
+        reward = HFReward(path, device=device, dtype=compute_dtype(cfg.quant, device),
+                          batch_size=cfg.ppo.micro_batch_size, trust_remote_code=cfg.model.trust_remote_code)
+        _check_same_vocab(policy.tokenizer, reward.source_path)
+        return reward
+    from homerlhf.workers.backends import llamacpp_reward
+
+    return llamacpp_reward(cfg, policy.tokenizer, run_dir)
+
+
+def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
+            overwrite: bool = False, *, reward: Optional[RewardBackend] = None) -> dict[str, Any]:
+    """Run PPO as configured; returns ``{"run_dir", "metrics", "checkpoint"}``.
+
+    ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
+    """
+    if resume is not None:
+        raise UserError("resume is not built yet (issue 8); start a new run with --out or --overwrite")
+    from homerlhf.models.policy import PolicyModel, load_tokenizer
+    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+
+    run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
+    cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    seed_everything(cfg.seed)
+
+    model_path = resolve(cfg.model.name_or_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
+    prompts = load_prompt_ids(cfg, tokenizer)
+    policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
+
+    with contextlib.ExitStack() as stack:
+        reference = build_reference(cfg, policy, model_path, run_dir)
+        stack.callback(reference.close)
+        if reward is None:
+            reward = build_reward(cfg, policy, run_dir)
+        stack.callback(reward.close)
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir)
+        metrics = trainer.train()
+    checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
+    return {"run_dir": run_dir, "metrics": metrics, "checkpoint": checkpoints[-1] if checkpoints else None}
