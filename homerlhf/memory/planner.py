@@ -599,3 +599,15 @@ def compare(plan_: Plan, measured_gib: dict[str, float]) -> dict[str, dict[str, 
                 "error": round((phase.allocated_gib - got) / got, 4) if got else float("nan"),
             }
     return out
+
+
+def predicted_peaks(cfg: RunConfig, model_path: Optional[str] = None) -> dict[str, float]:
+    """``{phase: predicted allocated GiB}`` to log beside ``PhaseMeter.peaks()`` at run time.
+
+    ``model_path``: the resolved local model dir (default: ``cfg.model.name_or_path``).
+    """
+    from homerlhf.memory.shapes import resolve_shape
+
+    shape = resolve_shape(model_path or cfg.model.name_or_path, revision=cfg.model.revision)
+    result = plan(cfg, shape, with_suggestion=False)
+    return {p.name: p.allocated_gib for p in result.phases}

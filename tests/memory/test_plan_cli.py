@@ -38,10 +38,21 @@ def test_json_is_valid_and_complete_and_the_chart_is_written(tmp_path):
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_plan_that_does_not_fit_prints_the_suggestion():
-    out = run("--preset", "4090", "--gpu-gib", "10")
-    assert out.returncode == 0, out.stderr
-    assert "NO: does NOT fit" in out.stdout and "suggestion" in out.stdout and "--set " in out.stdout
+def _in_process(capsys, *args):
+    """The same entry point as the console script, without starting an interpreter."""
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["plan", *args])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+def test_a_plan_that_does_not_fit_prints_the_suggestion(capsys):
+    code, out, err = _in_process(capsys, "--preset", "4090", "--gpu-gib", "10")
+    assert code == 0, err
+    assert "NO: does NOT fit" in out and "suggestion" in out and "--set " in out
 
 
 @pytest.mark.parametrize(
@@ -52,8 +63,8 @@ def test_a_plan_that_does_not_fit_prints_the_suggestion():
         (["--preset", "4090", "--plot", "plan.txt"], "use a .png"),
     ],
 )
-def test_bad_input_is_one_line(args, fragment):
-    out = run(*args)
-    assert out.returncode == 2
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert fragment in out.stderr and "Traceback" not in out.stderr
+def test_bad_input_is_one_line(capsys, args, fragment):
+    code, out, err = _in_process(capsys, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert fragment in err and "Traceback" not in err

@@ -18,6 +18,7 @@ from homerlhf.memory.planner import (
     compare,
     nf4_bytes_per_param,
     plan,
+    predicted_peaks,
     suggest,
 )
 from homerlhf.memory.shapes import BUILTIN_SHAPES, resolve_shape
@@ -194,3 +195,11 @@ def test_cpu_preset_has_no_verdict_and_compare_reports_error():
     predicted = result.phase("update").allocated_gib
     rows = compare(result, {"update": predicted * 2})
     assert rows["update"]["error"] == pytest.approx(-0.5, abs=1e-3)
+
+
+def test_predicted_peaks_for_logging(tmp_path):
+    cfg = load_config("4090")
+    BUILTIN_SHAPES["Qwen/Qwen2.5-7B"].to_hf_config().save_pretrained(tmp_path)
+    peaks = predicted_peaks(cfg, str(tmp_path))
+    assert set(peaks) == set(PHASES)
+    assert peaks == {p.name: p.allocated_gib for p in plan(cfg, QWEN7).phases}

@@ -23,9 +23,14 @@ def test_help():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_without_cuda_one_line_and_nonzero(tmp_path):
-    out = run("--cap-gib", "24", "--out", str(tmp_path / "x.json"))
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
-    assert "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr
+def test_without_cuda_one_line_and_nonzero(tmp_path, capsys):
+    import runpy
+
+    module = runpy.run_path(str(SCRIPT))  # defines main without running it (__name__ is not __main__)
+    with pytest.raises(SystemExit) as info:
+        module["main"](["--cap-gib", "24", "--out", str(tmp_path / "x.json")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "needs a CUDA GPU" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
