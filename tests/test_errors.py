@@ -1,0 +1,195 @@
+"""The bad-input edge: every row of docs/errors.md, through the real CLI (a subprocess) or the real
+HTTP worker. A CLI row must exit with the documented code, print exactly one stderr line starting
+with ``error:`` that holds the documented fragment, and never a traceback; a worker row must answer
+the documented 4xx with the fragment in ``detail`` and keep serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+# (id, argv with {tmp}/{gguf}/{port} placeholders, exit code, fragment of the one stderr line)
+CLI_CASES = [
+    ("unknown-preset", ["train", "--preset", "nope"], 2, "unknown preset 'nope'; choose one of:"),
+    ("config-file-missing", ["train", "--config", "{tmp}/missing.yaml"], 2, "config file not found:"),
+    ("config-file-bad-yaml", ["train", "--config", "{tmp}/bad.yaml"], 2, "is not valid YAML at line 2: fix the syntax"),
+    ("config-file-not-mapping", ["train", "--config", "{tmp}/list.yaml"], 2, "must be a mapping of keys to values, got list"),
+    ("config-file-unknown-key", ["train", "--config", "{tmp}/typo.yaml"], 2, "unknown config key 'ppo.klcoef' (check spelling"),
+    ("set-without-equals", ["train", "--set", "ppo.kl_coef"], 2, "must look like section.key=value"),
+    ("set-unknown-key", ["train", "--set", "ppo.foo=1"], 2, "unknown config key 'ppo.foo'"),
+    ("set-wrong-type", ["train", "--set", "ppo.kl_coef=abc"], 2, "config key 'ppo.kl_coef': got 'abc'; input should be a valid number"),
+    ("set-out-of-range", ["train", "--set", "rollout.batch_size=0"], 2, "config key 'rollout.batch_size': got 0; input should be greater than or equal to 1"),
+    ("set-bad-choice", ["train", "--set", "ppo.kl_estimator=k2"], 2, "got 'k2'; input should be 'k1' or 'k3'"),
+    ("minibatch-over-batch", ["train", "--set", "ppo.mini_batch_size=64"], 2, "ppo.mini_batch_size (64) must be <= rollout.batch_size (32)"),
+    ("minibatch-not-multiple", ["train", "--set", "ppo.micro_batch_size=5"], 2, "must be a multiple of ppo.micro_batch_size (5)"),
+    ("ref-backend-hf", ["train", "--set", "ref.backend=hf"], 2, "ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'"),
+    ("reward-backend-adapter-off", ["train", "--set", "reward.backend=adapter_off"], 2, "reward.backend 'adapter_off' makes no sense"),
+    ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),
+    ("nonfinite-limit-zero", ["train", "--set", "training.max_nonfinite_steps=0"], 2, "config key 'training.max_nonfinite_steps': got 0"),
+    ("gpu-preset-without-gpu", ["train", "--preset", "4090"], 2, "needs a CUDA GPU (RTX 4090) and none is visible; use --preset cpu-tiny"),
+    ("unknown-option", ["train", "--bogus"], 2, "No such option: --bogus"),
+    ("unknown-command", ["bogus"], 2, "No such command 'bogus'"),
+    ("plan-gpu-gib-zero", ["plan", "--gpu-gib", "0"], 2, "--gpu-gib must be > 0, got 0"),
+    ("option-not-a-number", ["worker", "--role", "ref", "--model", "{gguf}", "--port", "abc"], 2, "Invalid value for '--port'"),
+    ("worker-unknown-role", ["worker", "--role", "critic", "--model", "{gguf}"], 2, "--role 'critic' is not known; use ref or reward"),
+    ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without --token"),
+    ("worker-model-missing", ["worker", "--role", "ref", "--model", "{tmp}/none.gguf"], 2, "does not exist; export it first (homerlhf export ref)"),
+    ("worker-ref-model-is-dir", ["worker", "--role", "ref", "--model", "{tmp}"], 2, "is a directory; the ref worker takes a .gguf file"),
+    ("worker-not-a-gguf", ["worker", "--role", "ref", "--model", "{tmp}/fake.gguf"], 2, "is not a readable GGUF file"),
+    ("worker-reward-dir-no-manifest", ["worker", "--role", "reward", "--model", "{tmp}/empty"], 2, "is not an exported reward dir (no manifest.json)"),
+    ("worker-ctx-too-small", ["worker", "--role", "ref", "--model", "{gguf}", "--ctx", "1"], 2, "--ctx 1 is too small; use at least 2"),
+    ("worker-port-in-use", ["worker", "--role", "ref", "--model", "{gguf}", "--ctx", "64", "--batch-tokens", "64", "--port", "{port}"], 2, "pick another --port (0: any free one)"),
+    ("export-model-missing", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf"], 2, "does not exist; check the path"),
+    ("export-bad-outtype", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf", "--outtype", "q4"], 2, "outtype 'q4' is not supported; use one of f32, f16, bf16, q8_0"),
+    ("export-not-a-model-dir", ["export", "ref", "--model", "{tmp}", "--out", "{tmp}/x.gguf"], 2, "has no config.json; pass a HF model directory"),
+]
+
+# (id, method path, body or raw bytes, token, status, fragment of detail)
+HTTP_CASES = [
+    ("http-no-sequences", "/logprobs", {"sequences": []}, "secret", 422, "at least 1"),
+    ("http-token-outside-vocab", "/logprobs", {"sequences": [{"prompt_ids": [2, 3], "response_ids": [4, 99999]}]}, "secret", 400, "outside the vocabulary"),
+    ("http-over-context", "/logprobs", {"sequences": [{"prompt_ids": list(range(3, 40)), "response_ids": list(range(3, 20))}]}, "secret", 400, "exceed the worker context"),
+    ("http-wrong-endpoint", "/score", {"sequences": [{"prompt_ids": [2], "response_ids": [4]}]}, "secret", 400, "POST /logprobs"),
+    ("http-missing-field", "/logprobs", {"sequences": [{"prompt_ids": [2]}]}, "secret", 422, "malformed request"),
+    ("http-not-json", "/logprobs", b"not json", "secret", 422, "malformed request"),
+    ("http-wrong-token", "/logprobs", {"sequences": [{"prompt_ids": [2], "response_ids": [4]}]}, "wrong", 401, "missing or wrong bearer token"),
+]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return dict(os.environ, HOMERLHF_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+
+
+def run_cli(argv: list[str], tmp: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "homerlhf.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=_env(tmp), cwd=tmp)
+
+
+def doc_rows() -> dict[str, str]:
+    """id -> the whole table row of docs/errors.md."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        match = re.match(r"^\|\s*`([a-z0-9-]+)`\s*\|", line)
+        if match:
+            rows[match.group(1)] = line
+    return rows
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_llama_dir):
+    from homerlhf.workers.export import export_ref
+
+    tmp = tmp_path_factory.mktemp("bad-inputs")
+    (tmp / "bad.yaml").write_text("ppo: [1, 2\n")
+    (tmp / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp / "typo.yaml").write_text("ppo: {klcoef: 0.1}\n")
+    (tmp / "fake.gguf").write_text("not a gguf\n")
+    (tmp / "empty").mkdir()
+    gguf = export_ref(str(tiny_llama_dir), tmp / "ref.gguf", outtype="f32")
+    return tmp, Path(gguf)
+
+
+@pytest.fixture(scope="module")
+def cli_results(files):
+    """Every CLI row run once, a few at a time (each is a fresh interpreter)."""
+    tmp, gguf = files
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+
+    def one(case):
+        ident, argv, _, _ = case
+        args = [a.format(tmp=tmp, gguf=gguf, port=port) for a in argv]
+        return ident, run_cli(args, tmp)
+
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return dict(pool.map(one, CLI_CASES))
+    finally:
+        busy.close()
+
+
+def check_one_line(proc: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert fragment in lines[0], lines[0]
+    assert proc.returncode == code, (proc.returncode, lines[0])
+
+
+def test_doc_table_and_tests_cover_the_same_rows():
+    ids = [c[0] for c in CLI_CASES] + [c[0] for c in HTTP_CASES] + [c[0] for c in TRAIN_CASES]
+    assert len(ids) == len(set(ids))
+    rows = doc_rows()
+    assert sorted(rows) == sorted(ids)
+    assert len(rows) >= 25
+    for ident, *_, fragment in CLI_CASES + HTTP_CASES + TRAIN_CASES:
+        assert _md_escape(fragment) in rows[ident], f"docs/errors.md row {ident} lacks {fragment!r}"
+
+
+@pytest.mark.parametrize("ident, argv, code, fragment", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(cli_results, ident, argv, code, fragment):
+    if ident == "gpu-preset-without-gpu":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    check_one_line(cli_results[ident], code, fragment)
+
+
+@pytest.fixture(scope="module")
+def worker_url(files):
+    """The real worker, started through the CLI with a token, on the tiny Llama export."""
+    tmp, gguf = files
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "homerlhf.cli", "worker", "--role", "ref", "--model", str(gguf), "--ctx", "48",
+         "--threads", "1", "--token", "secret", "--parent-pid", str(os.getpid())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tmp))
+    try:
+        url = None
+        for line in proc.stdout:
+            match = re.search(r"homerlhf worker ready .*url=(\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url, "worker did not start"
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("ident, path, body, token, status, fragment", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_worker_bad_request(worker_url, ident, path, body, token, status, fragment):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{worker_url}{path}", content=content, headers=headers, timeout=60)
+    assert response.status_code == status, response.text
+    assert fragment in response.json()["detail"]
+    ok = httpx.post(f"{worker_url}/logprobs", json={"sequences": [{"prompt_ids": [2, 3], "response_ids": [4, 5]}]},
+                    headers={"Authorization": "Bearer secret"}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["logprobs"][0]) == 2
+
+
+# Rows that need `homerlhf train` (the PPO stage); (id, setup, argv, exit code, fragment).
+TRAIN_CASES: list = []
