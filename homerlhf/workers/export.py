@@ -519,6 +519,8 @@ def export_reward(model: str, out_dir: str | Path, outtype: str = "f16") -> Path
         "backbone": backbone.name,
         "score_head": "score_head.safetensors",
         "has_bias": "bias" in head,
+        # HF's sequence classifier scores the last token that is not padding: the worker does too.
+        "pad_token_id": config.get("pad_token_id"),
     }
     tmp = out / f".manifest.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")

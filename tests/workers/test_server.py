@@ -63,12 +63,16 @@ def _hf_scores(rm_dir, PROMPTS, RESPONSES) -> list[float]:
 
 def test_llama_reward_score_equals_hf(llama_rm_dir, llama_rm_export, tmp_path, samples):
     PROMPTS, RESPONSES = samples
+    # The last response right-padded (pad id 0): HF scores its last non-pad token, so must the worker.
+    RESPONSES = RESPONSES[:-1] + [RESPONSES[-1] + [0, 0]]
     backend = connect("reward", process=WorkerProcess("reward", llama_rm_export, ctx=64, f32_kv_cache=True,
                                                       threads=2, log_path=tmp_path / "rm.log"))
     try:
         got = backend.score(PROMPTS, RESPONSES)
+        unpadded = backend.score(PROMPTS[-1:], [RESPONSES[-1][:-2]])
     finally:
         backend.close()
+    assert got[-1] == pytest.approx(unpadded[0], abs=1e-9)
     want = _hf_scores(llama_rm_dir, PROMPTS, RESPONSES)
     diff = max(abs(a - b) for a, b in zip(got, want))
     print(f"llama reward: max |score diff| vs HF = {diff:.2e}")
