@@ -63,7 +63,8 @@ def print_plan(plan: Plan, console=None) -> None:
         mark = " <- peak" if phase.name == plan.peak.name else ""
         summary.add_row(phase.name + mark, phase.moment, _gib(phase.allocated_gib), _gib(phase.total_gib))
     console.print(summary)
-    console.print(("OK: " if plan.fits or plan.fits is None else "NO: ") + plan.verdict(), highlight=False)
+    prefix = {True: "OK: ", False: "NO: ", None: ""}[plan.fits]
+    console.print(prefix + plan.verdict(), highlight=False)
     if plan.fits is False:
         if plan.suggestion is None:
             console.print("no setting in the search fits: use a smaller model or a larger card", highlight=False)
