@@ -26,7 +26,10 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Clip fraction", [r"clipfrac|clip_frac"]),
     ("Tokens / s", [r"tokens?[/_.]?per[/_.]?s|tokens?_s$|tok_s|throughput"]),
     ("Memory (GiB)", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
+    ("Approx KL old→new policy", [r"approx_kl"]),
 ]
+# Drawn on a second y axis of their panel: a coefficient is on another scale than the KL itself.
+SECONDARY = re.compile(r"coef", re.IGNORECASE)
 
 ITERATION_KEYS = ("iteration", "iter", "step")
 TIME_KEYS = ("time", "timestamp", "wall_time", "t")
@@ -132,24 +135,38 @@ def metrics_figure(rows: Sequence[dict]):
     fig = Figure(figsize=(14, 3.0 * n_rows), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
     for ax, (title, keys) in zip(axes, groups):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("iteration", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
-        drawn = False
-        for key in keys:
-            xs, ys = series(rows, key)
-            if xs:
-                ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=key)
-                drawn = True
-        if drawn:
-            ax.legend(fontsize=7, loc="best")
-        else:
-            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+        _draw_panel(ax, title, keys, rows)
     for ax in axes[len(groups):]:
         ax.axis("off")
     fig.suptitle(f"{len(rows)} iteration(s) logged", fontsize=10)
     return fig
+
+
+def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("iteration", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    handles = []
+    twin = None
+    for i, key in enumerate(keys):
+        xs, ys = series(rows, key)
+        if not xs:
+            continue
+        target = ax
+        if SECONDARY.search(key) and len(keys) > 1:
+            twin = twin or ax.twinx()
+            twin.tick_params(labelsize=8)
+            target = twin
+        (line,) = target.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=key, color=f"C{i}")
+        handles.append(line)
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def _format_duration(seconds: float) -> str:

@@ -173,8 +173,10 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
 
     @guarded(4, error_index=0)
     def on_attach(choice):
-        path = Path((choice or "").strip())
-        if not choice or not path.is_dir():
+        if not (choice or "").strip():
+            raise UserError("pick a run from the list (Refresh list) or type its directory")
+        path = Path(choice.strip())
+        if not path.is_dir():
             raise UserError(f"no run directory at '{choice}'; pick one from the list or type a path")
         if not runs.is_run_dir(path):
             raise UserError(f"{path} holds no run (no metrics.jsonl, checkpoints or config)")

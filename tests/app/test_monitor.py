@@ -31,6 +31,15 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     assert panels["Clip fraction"] == ["policy_clipfrac", "value_clipfrac"]
     assert set(panels["Tokens / s"]) == {"tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_update"}
     assert set(panels["Memory (GiB)"]) == {"peak_mem_generation_gib", "peak_mem_scoring_gib", "peak_mem_update_gib"}
+    assert panels["Approx KL old→new policy"] == ["approx_kl"]
+
+
+def test_kl_coef_gets_its_own_axis():
+    rows = [{"iteration": i, "kl_mean": 2.0 * i, "kl_coef": 0.02} for i in (1, 2)]
+    fig = monitor.metrics_figure(rows)
+    owner = {line.get_label(): ax for ax in fig.axes for line in ax.get_lines()}
+    assert owner["kl_mean"] is not owner["kl_coef"]
+    assert owner["kl_mean"].get_title() == "KL and kl_coef"
 
 
 def test_series_skips_missing_and_non_finite_values():
