@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend, TokenIds
-from homerlhf.workers.client import WorkerClient, sequences_body
+from homerlhf.workers.client import WorkerClient, WorkerError, sequences_body
 from homerlhf.workers.process import WorkerProcess
 from homerlhf.workers.vocab import tokenizer_fingerprint
 
@@ -106,6 +106,10 @@ def connect(role: str, *, url: Optional[str] = None, token: Optional[str] = None
     try:
         health = client.start()
         check_worker(health, role, fingerprint, client.where)
+    except WorkerError as exc:
+        client.close()
+        hint = f"check {role}.url (is the worker running?)" if process is None else f"see {process.log_path}"
+        raise UserError(f"cannot use the {role} worker: {exc}; {hint}") from None
     except BaseException:
         client.close()
         raise

@@ -76,3 +76,14 @@ def test_remote_worker_with_token(llama_f32_gguf, tokenizer, tmp_path):
         remote.close()
     finally:
         owner.close()
+
+
+def test_unreachable_remote_worker_is_a_user_error(tokenizer, tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = load_config("cpu-tiny", None, [f"reward.url=http://127.0.0.1:{port}"])
+    with pytest.raises(UserError, match="cannot use the reward worker.*unreachable"):
+        llamacpp_reward(cfg, tokenizer, tmp_path)
