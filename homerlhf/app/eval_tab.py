@@ -17,8 +17,9 @@ LEFT_LABEL = "Actor (trained adapter)"
 RIGHT_LABEL = "Reference (adapter off)"
 
 
-def checkpoint_choices(run_dir: str) -> list[str]:
-    return [str(p) for p in runs.list_checkpoints(run_dir)] if run_dir else []
+def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
+    """(label, path) of the run's checkpoints, newest first."""
+    return [(p.name, str(p)) for p in runs.list_checkpoints(run_dir)] if run_dir else []
 
 
 def score_markdown(answer: chat.Answer) -> str:
@@ -37,7 +38,8 @@ def build(run_dir_shared) -> None:
 
     gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
                 "the reference — the base with the adapter off (right). Pick the better answer to add a "
-                "preference record for `homerlhf reward`.")
+                "preference record for `homerlhf reward` (ties go to a separate file). Loading a checkpoint "
+                "takes a second copy of the base in memory: on a full GPU, evaluate after the run stops.")
     with gr.Row():
         run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="eval-run-dir")
         checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
@@ -68,14 +70,14 @@ def build(run_dir_shared) -> None:
 
     def sync_run(shared):
         choices = checkpoint_choices(shared)
-        return shared, gr.update(choices=choices, value=choices[0] if choices else None)
+        return shared, gr.update(choices=choices, value=choices[0][1] if choices else None)
 
     run_dir_shared.change(sync_run, run_dir_shared, [run_dir, checkpoint])
 
     def on_refresh(run_dir):
         choices = checkpoint_choices(run_dir)
         note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
-        return gr.update(choices=choices, value=choices[0] if choices else None), note
+        return gr.update(choices=choices, value=choices[0][1] if choices else None), note
 
     refresh_btn.click(on_refresh, run_dir, [checkpoint, info])
     run_dir.submit(on_refresh, run_dir, [checkpoint, info])

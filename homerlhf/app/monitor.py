@@ -262,15 +262,19 @@ def _mean_iteration_time(rows: Sequence[dict], last: int = 5) -> Optional[float]
     return sum(times) / len(times) if times else None
 
 
+# Chat-template markers (<|user|>, <|im_start|>, ...): noise in a table of prompts.
+_SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
+
+
 def latest_samples(rows: Sequence[dict], n: int = 8) -> list[list]:
     """The last ``n`` logged samples as table rows: iteration, prompt, response, score."""
     out = []
     for i, row in enumerate(rows[-n:]):
-        prompt = row.get("prompt", row.get("query", ""))
+        prompt = _SPECIAL.sub(" ", str(row.get("prompt", row.get("query", "")))).strip()
         response = row.get("response", row.get("completion", ""))
         score = _number(row.get("score", row.get("reward")))
         it = row.get("iteration", row.get("iter", ""))
-        out.append([it, str(prompt), str(response), None if score is None else round(score, 4)])
+        out.append([it, re.sub(r"\s+", " ", prompt), str(response), None if score is None else round(score, 4)])
     return list(reversed(out))
 
 

@@ -139,7 +139,7 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
         items = run_overrides(model, overrides, preset_model)
         load_config(preset, None, items)  # a bad setting is reported here, not in a crashed run
         path = Path(run_dir.strip())
-        if path.exists() and (path / runs.METRICS_FILE).exists() and not overwrite:
+        if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
             raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
         status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
         return f"Started: {status.message()}", str(path), str(path)

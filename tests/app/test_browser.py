@@ -56,7 +56,16 @@ def cheap_overrides(reward_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def reward_dir(tmp_path_factory):
+    # Built before the app starts: the server thread imports transformers too, and its lazy module
+    # is not safe to import from two threads at once.
+    from homerlhf.tiny import build_sequence_classifier
+
+    return build_sequence_classifier(tmp_path_factory.mktemp("tiny-rm"), arch="llama", seed=2)
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, reward_dir):
     from homerlhf.app.ui import launch
 
     runs_root = tmp_path_factory.mktemp("app-runs")
@@ -107,11 +116,8 @@ def plot_src(page, elem_id: str) -> str:
     return img.first.get_attribute("src") if img.count() else ""
 
 
-def test_workflow_in_chromium(page, app_url, tmp_path_factory):
-    from homerlhf.tiny import build_sequence_classifier
-
+def test_workflow_in_chromium(page, app_url, reward_dir):
     runs_root = app_url[1]
-    reward_dir = build_sequence_classifier(tmp_path_factory.mktemp("tiny-rm"), arch="llama", seed=2)
 
     # Data: a builtin dataset, its detected format and counts.
     open_tab(page, "Data")
@@ -135,16 +141,21 @@ def test_workflow_in_chromium(page, app_url, tmp_path_factory):
     fill(page, "train-run-dir", str(run_dir))
     page.locator("#train-start").click()
     wait_text(page, "train-message", r"Started")
-    wait_text(page, "train-progress", r"iteration 1/2", timeout_s=150)
-    first_plot = plot_src(page, "train-plot")
-    assert first_plot
-    status = wait_text(page, "train-status", r"finished|crashed", timeout_s=150)
+    # The empty monitor first (the trainer takes a while to load its models) ...
+    wait_text(page, "train-progress", r"iteration 0/2", timeout_s=60)
+    page.locator("#train-plot img").first.wait_for(state="visible")
+    empty_plot = plot_src(page, "train-plot")
+    # ... then the same plot redrawn with the iterations' points once the run is done.
+    status = wait_text(page, "train-status", r"finished|crashed", timeout_s=240)
     assert "finished" in status, page.locator("#train-log").inner_text()
     wait_text(page, "train-progress", r"iteration 2/2")
     deadline = time.monotonic() + 10
-    while plot_src(page, "train-plot") == first_plot and time.monotonic() < deadline:
+    while plot_src(page, "train-plot") == empty_plot and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert plot_src(page, "train-plot") != first_plot  # redrawn with the second iteration's points
+    assert plot_src(page, "train-plot") != empty_plot
+    last_sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[-1])
+    prompt_text = re.sub(r"<\|[a-z]+\|>", "", last_sample["prompt"]).strip()
+    assert prompt_text and prompt_text in page.locator("#train-samples").inner_text()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2]
     page.screenshot(path=str(ARTIFACTS / "3-train.png"), full_page=True)

@@ -78,7 +78,7 @@ def test_progress_eta_from_wall_clock_when_no_timing_is_logged():
 
 
 def test_latest_samples_newest_first():
-    rows = [{"iteration": 1, "prompt": "p1", "response": "r1", "score": 0.25},
+    rows = [{"iteration": 1, "prompt": "<|user|>p1<|end|><|assistant|>", "response": "r1", "score": 0.25},
             {"iteration": 2, "prompt": "p2", "response": "r2", "score": -1.0}]
     assert monitor.latest_samples(rows) == [[2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
 
