@@ -103,7 +103,25 @@ def load_base(model_path: str, cfg: RunConfig):
         ) from None
     for param in model.parameters():
         param.requires_grad_(False)
+    _keep_cpu_4bit_differentiable(model)
     return model
+
+
+def _keep_cpu_4bit_differentiable(model) -> None:
+    """Stop bitsandbytes from repacking CPU 4-bit weights for inference.
+
+    On a CPU with AVX512-BF16, a ``Linear4bit`` forward in eval mode without grad repacks its weight
+    into a layout served by ``gemv_4bit``, for good. That op has no autograd formula, so a later
+    training forward would silently drop the gradient through the frozen base into earlier LoRA
+    layers. We alternate rollout (eval) and update (train), so the repacking must never happen.
+    """
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:  # no bitsandbytes: nothing is 4-bit
+        return
+    for module in model.modules():
+        if isinstance(module, Linear4bit) and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 class ValueHead(nn.Module):

@@ -1,0 +1,140 @@
+"""The 4-bit policy: real NF4 packing, adapter independence, padding invariance, saving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homerlhf.config import load_config
+from homerlhf.models.logprobs import naive_logprobs, position_ids_from_mask
+from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
+from homerlhf.ppo.rollout import left_pad
+
+
+def _cfg(*extra):
+    return load_config("cpu-tiny", overrides=[
+        "ref.backend=adapter_off", "reward.backend=hf", "ppo.logprob_chunk_size=3", *extra])
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_llama_dir):
+    torch.manual_seed(0)
+    return PolicyModel.from_config(_cfg(), str(tiny_llama_dir))
+
+
+def _batch(pad_id):
+    """Two samples with different prompt and response lengths (left / right padded)."""
+    prompts = [[4, 300, 301, 302, 20, 1, 6], [4, 310, 1, 6]]
+    responses = [[120, 121, 1], [130, 131, 132, 133, 134]]
+    p_ids, p_mask = left_pad(prompts, pad_id)
+    width = max(map(len, responses))
+    r_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses])
+    r_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
+    return torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1), r_mask, width
+
+
+def test_base_is_really_nf4_and_only_adapters_and_value_head_train(policy):
+    import bitsandbytes as bnb
+
+    linear4 = [m for m in policy.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(linear4) == 4 * 7  # q k v o gate up down in each of 4 layers
+    for module in linear4:
+        assert module.weight.dtype == torch.uint8  # packed, two 4-bit codes per byte
+        assert module.weight.quant_state.quant_type == "nf4"
+        assert module.weight.quant_state.nested  # double quant
+    trainable = {id(p) for p in policy.model.parameters() if p.requires_grad}
+    adapters = {id(p) for p in policy.adapter_parameters(ACTOR)} | {id(p) for p in policy.adapter_parameters(CRITIC)}
+    assert trainable <= adapters and policy.adapter_parameters(ACTOR) and policy.adapter_parameters(CRITIC)
+    assert policy.value_head.linear.weight.dtype == torch.float32
+
+
+def test_chunked_actor_logprobs_equal_full_logits(policy):
+    ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logprobs, _ = policy.actor_logprobs(ids, mask, T)
+        logits = policy.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    naive = naive_logprobs(logits[:, -T - 1 : -1], ids[:, -T:])
+    torch.testing.assert_close(logprobs * r_mask, naive * r_mask, atol=1e-5, rtol=0)
+
+
+def test_padding_changes_nothing(policy):
+    ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        batch_lp, _, batch_v = policy.actor_logprobs_and_values(ids, mask, T)
+        batch_ref = policy.reference_logprobs(ids, mask, T)
+        for row in range(2):
+            keep = mask[row].bool()
+            alone_ids, n = ids[row][keep].unsqueeze(0), int(r_mask[row].sum())
+            alone_mask = torch.ones_like(alone_ids)
+            lp, _, v = policy.actor_logprobs_and_values(alone_ids, alone_mask, n)
+            ref = policy.reference_logprobs(alone_ids, alone_mask, n)
+            torch.testing.assert_close(batch_lp[row, :n], lp[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch_v[row, :n], v[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch_ref[row, :n], ref[0], atol=1e-5, rtol=0)
+
+
+def test_adapters_are_independent(tiny_llama_dir):
+    torch.manual_seed(0)
+    policy = PolicyModel.from_config(_cfg(), str(tiny_llama_dir))
+    ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        actor0, _ = policy.actor_logprobs(ids, mask, T)
+        critic0 = policy.critic_values(ids, mask, T)
+        ref0 = policy.reference_logprobs(ids, mask, T)
+    torch.testing.assert_close(actor0, ref0, atol=0, rtol=0)  # LoRA B starts at zero
+
+    policy.train()
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        logprobs, _ = policy.actor_logprobs(ids, mask, T)
+        (-(logprobs * r_mask).sum()).backward()
+        opt.step()
+    policy.eval()
+    with torch.no_grad():
+        actor1, _ = policy.actor_logprobs(ids, mask, T)
+        critic1 = policy.critic_values(ids, mask, T)
+        ref1 = policy.reference_logprobs(ids, mask, T)
+    assert ((actor1 - actor0) * r_mask).sum() > 0.1  # the actor learned to like these tokens
+    torch.testing.assert_close(critic1, critic0, atol=0, rtol=0)
+    torch.testing.assert_close(ref1, ref0, atol=0, rtol=0)
+
+    policy.train()
+    opt = torch.optim.AdamW(policy.critic_parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        values = policy.critic_values(ids, mask, T)
+        (((values - 1.0) * r_mask) ** 2).sum().backward()
+        opt.step()
+    with torch.no_grad():
+        actor2, _ = policy.actor_logprobs(ids, mask, T)
+        critic2 = policy.critic_values(ids, mask, T)
+    assert (critic2 - critic0).abs().max() > 1e-2
+    torch.testing.assert_close(actor2, actor1, atol=0, rtol=0)
+
+
+def test_shared_adapter_one_forward_and_save(tiny_llama_dir, tmp_path):
+    torch.manual_seed(0)
+    policy = PolicyModel.from_config(_cfg("critic.shared_adapter=true"), str(tiny_llama_dir))
+    assert not policy.adapter_parameters(CRITIC)
+    assert policy.critic_parameters() == list(policy.value_head.parameters())
+    torch.nn.init.normal_(policy.value_head.linear.weight, std=0.1)
+    ids, mask, _, T = _batch(policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp, ent, v = policy.actor_logprobs_and_values(ids, mask, T)
+        torch.testing.assert_close(lp, policy.actor_logprobs(ids, mask, T)[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(v, policy.critic_values(ids, mask, T), atol=1e-6, rtol=0)
+    policy.save(tmp_path)
+    assert (tmp_path / "actor" / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "critic").exists()
+    head = policy.value_head.linear.weight.detach().clone()
+    torch.nn.init.zeros_(policy.value_head.linear.weight)
+    policy.load_value_head(tmp_path / "value_head.safetensors")
+    torch.testing.assert_close(policy.value_head.linear.weight, head, atol=0, rtol=0)
+
+
+def test_generate_returns_only_the_response(policy):
+    prompts, prompt_mask = left_pad([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
+    assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5

@@ -1,0 +1,85 @@
+"""run_ppo end to end on CPU: NF4 tiny policy, adapter-off reference, in-process HF reward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from homerlhf.config import from_yaml_file, load_config
+from homerlhf.errors import UserError
+from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS, read_metrics
+from homerlhf.stages.ppo import run_ppo
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_dir(tmp_path_factory):
+    from homerlhf.tiny import build_sequence_classifier
+
+    return build_sequence_classifier(tmp_path_factory.mktemp("tiny-rm"), arch="llama", seed=3)
+
+
+def _cfg(policy_dir, rm_dir, *extra):
+    return load_config("cpu-tiny", overrides=[
+        f"model.name_or_path={policy_dir}", "ref.backend=adapter_off", "reward.backend=hf",
+        f"reward.model={rm_dir}", "rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4",
+        "rollout.max_prompt_len=24", "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "ppo.epochs=1",
+        "ppo.iterations=2", "checkpoint.every=1", "checkpoint.keep=1", "logging.samples_per_iteration=2",
+        "logging.progress=false", "data.prompts=builtin:demo", *extra])
+
+
+def test_run_ppo_writes_metrics_samples_config_and_checkpoint(tiny_llama_dir, tiny_rm_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_ppo(_cfg(tiny_llama_dir, tiny_rm_dir), out_dir=run_dir)
+
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    for row in rows:
+        assert set(row) <= set(METRIC_DESCRIPTIONS)
+        for key in ("score_mean", "kl_mean", "policy_loss", "value_loss", "tokens_per_s_generation",
+                    "peak_mem_generation_gib", "peak_mem_update_gib"):
+            assert isinstance(row[key], float), key
+        assert row["peak_mem_kind"] == "cpu_rss"
+        assert 1 <= row["response_length_mean"] <= 4
+    # The first iteration's KL is exactly 0: the actor starts as the base (LoRA B = 0).
+    assert rows[0]["kl_mean"] == pytest.approx(0.0, abs=1e-6)
+
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["iteration"] for s in samples] == [1, 1, 2, 2]
+    assert all(isinstance(s["response"], str) and isinstance(s["score"], float) for s in samples)
+
+    saved = from_yaml_file(run_dir / "config.yaml")
+    assert saved.output_dir == str(run_dir) and saved.reward.backend == "hf"
+
+    ckpt = result["checkpoint"]
+    assert ckpt == run_dir / "checkpoints" / "iter_000002"
+    assert (ckpt / "actor" / "adapter_model.safetensors").is_file()
+    assert (ckpt / "critic" / "adapter_model.safetensors").is_file()
+    assert (ckpt / "value_head.safetensors").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_000002"]
+
+    with pytest.raises(UserError, match="already holds a run"):
+        run_ppo(_cfg(tiny_llama_dir, tiny_rm_dir), out_dir=run_dir)
+
+
+def test_refuses_a_reward_model_with_another_tokenizer(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from homerlhf.tiny import build_sequence_classifier
+
+    rm = build_sequence_classifier(tmp_path / "rm", arch="llama", seed=0, hidden=32, layers=1)
+    tok = AutoTokenizer.from_pretrained(rm)
+    tok.add_tokens(["<|extra|>"])
+    tok.save_pretrained(rm)
+    with pytest.raises(UserError, match="different tokenizer"):
+        run_ppo(_cfg(tiny_llama_dir, rm), out_dir=tmp_path / "run")
+
+
+def test_cli_train_resume_is_a_one_line_error(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", "runs/none"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "resume is not built yet" in err
