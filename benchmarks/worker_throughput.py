@@ -4,9 +4,11 @@
    127.0.0.1) and bare llama.cpp in-process (the worker's own packed-batch engine, no HTTP), side by
    side with their ratio; plus llama-cpp-python's high-level ``Llama.eval``, one sequence at a time.
 2. The overlap figure: iteration wall time vs the sum and the max of GPU-side and CPU-side busy
-   time. With a trainer's ``metrics.jsonl`` (``--metrics``) its stage timings are shown; the loop
-   measured here submits each chunk to the worker, then does torch work (standing in for the GPU's
-   generation / log-probs) while the worker scores, as the trainer does.
+   time, measured twice: in a loop that submits each chunk to the worker and then does torch work
+   while the worker scores; and in the trainer's own rollout stage (``collect_experience``: actor
+   generation and log-probs/values on the tiny NF4 model, ref + reward workers; CPU-side busy is the
+   compute time the workers report in ``/health``). ``--metrics RUN_DIR/metrics.jsonl`` also prints
+   a finished run's stage timings.
 
     python benchmarks/worker_throughput.py [--model HF_DIR|builtin:tiny-llama] [--threads 2]
 
@@ -107,6 +109,48 @@ def overlap_loop(gguf: Path, prompts, responses, threads: int, ctx: int, chunk: 
     return {"wall_s": wall, "gpu_busy_s": gpu_busy, "cpu_busy_s": cpu_busy}
 
 
+def trainer_rollout_overlap(model_dir: str, work: Path, batch_size: int, chunk: int, threads: int) -> None:
+    """The trainer's own rollout stage (``collect_experience``) with llama.cpp ref and reward workers.
+
+    GPU-side busy: generation + old log-probs/values (the trainer's stage timings); CPU-side busy:
+    the compute time the two workers report in ``/health`` (``busy_s``)."""
+    from homerlhf.config import load_config
+    from homerlhf.models.policy import PolicyModel, load_tokenizer
+    from homerlhf.ppo.trainer import StageTimes, collect_experience
+    from homerlhf.stages.ppo import load_prompt_ids
+    from homerlhf.tiny import build_sequence_classifier
+    from homerlhf.workers.backends import llamacpp_reference, llamacpp_reward
+
+    rm_dir = build_sequence_classifier(work / "tiny-rm", arch="llama", seed=1)
+    cfg = load_config("cpu-tiny", None, [
+        f"model.name_or_path={model_dir}", f"reward.model={rm_dir}", f"rollout.batch_size={batch_size}",
+        f"rollout.chunk_size={chunk}", f"ppo.mini_batch_size={chunk}", f"ppo.micro_batch_size={chunk}",
+        f"ref.threads={threads}", f"reward.threads={threads}",
+    ])
+    tokenizer = load_tokenizer(model_dir)
+    policy = PolicyModel.from_config(cfg, model_dir, tokenizer=tokenizer)
+    prompts = load_prompt_ids(cfg, tokenizer)[:batch_size]
+    reference = llamacpp_reference(cfg, model_dir, tokenizer, work / "run")
+    reward = llamacpp_reward(cfg, tokenizer, work / "run")
+    try:
+        collect_experience(policy, prompts[:chunk], cfg, reference, reward)  # warm-up
+        busy0 = reference.health()["busy_s"] + reward.health()["busy_s"]
+        times = StageTimes()
+        started = time.perf_counter()
+        collect_experience(policy, prompts, cfg, reference, reward, times=times)
+        wall = time.perf_counter() - started
+        ref_busy, rm_busy = reference.health()["busy_s"], reward.health()["busy_s"]
+    finally:
+        reference.close()
+        reward.close()
+    gpu = times.generation + times.scoring
+    cpu = ref_busy + rm_busy - busy0
+    print(f"\ntrainer rollout stage (collect_experience, {batch_size} prompts in chunks of {chunk}, NF4 tiny Llama on {cfg.card.device}):")
+    print(f"  GPU-side busy {gpu:.3f} s (generation {times.generation:.3f} + log-probs/values {times.scoring:.3f}), "
+          f"CPU-side busy {cpu:.3f} s (ref + reward workers), wait after the last chunk {times.reference_reward_wait:.3f} s")
+    print(f"  iteration wall {wall:.3f} s vs sum {gpu + cpu:.3f} s and max {max(gpu, cpu):.3f} s")
+
+
 def trainer_overlap(metrics: Path) -> None:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "time_generation_s" in r]
@@ -134,6 +178,8 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk", type=int, default=16, help="samples per submit in the overlap loop")
     parser.add_argument("--torch-ms", type=float, default=0.0, help="GPU-side work per chunk (0: as long as a chunk's scoring)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--trainer-batch", type=int, default=8, help="prompts in the trainer rollout measurement")
+    parser.add_argument("--trainer-chunk", type=int, default=4, help="chunk size in the trainer rollout measurement")
     parser.add_argument("--metrics", type=Path, default=None, help="a trainer's metrics.jsonl for its stage timings")
     args = parser.parse_args(argv)
 
@@ -167,6 +213,15 @@ def main(argv=None) -> None:
     print(f"  iteration wall {o['wall_s']:.3f} s vs sum {o['gpu_busy_s'] + o['cpu_busy_s']:.3f} s and max "
           f"{max(o['gpu_busy_s'], o['cpu_busy_s']):.3f} s (wall near max = full overlap; near sum = none)")
     print("  note: on a CPU-only machine the 'GPU-side' torch work competes with llama.cpp for the same cores")
+    try:
+        import homerlhf.ppo.trainer  # noqa: F401  the trainer's rollout stage, when it is built
+    except ImportError:
+        print("\n(the PPO trainer is not available: trainer rollout overlap skipped)")
+    else:
+        if args.model is None:
+            trainer_rollout_overlap(model, tmp, args.trainer_batch, args.trainer_chunk, args.threads)
+        else:
+            print("\n(trainer rollout overlap runs on the tiny model only: omit --model)")
     if args.metrics:
         trainer_overlap(args.metrics)
 

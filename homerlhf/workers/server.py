@@ -178,6 +178,10 @@ class Engine:
             raise UserError(f"{model}: score head has {self.head_weight.shape[-1]} inputs, backbone hidden size {self.n_embd}")
         self._batch = llama_cpp.llama_batch_init(self.kv_size, 0, 1)
         self.lock = threading.Lock()
+        # Served totals, for throughput and the CPU-side busy time of the overlap figure.
+        self.busy_s = 0.0
+        self.sequences_served = 0
+        self.tokens_served = 0
 
     @staticmethod
     def _resolve(role: str, model: Path):
@@ -209,7 +213,15 @@ class Engine:
             "vocab_fingerprint": self.fingerprint,
             "f32_kv_cache": self.f32_kv_cache,
             "pid": os.getpid(),
+            "busy_s": self.busy_s,
+            "sequences_served": self.sequences_served,
+            "tokens_served": self.tokens_served,
         }
+
+    def _account(self, sequences, started: float) -> None:
+        self.busy_s += time.perf_counter() - started
+        self.sequences_served += len(sequences)
+        self.tokens_served += sum(len(p) + len(r) for p, r in sequences)
 
     # ----------------------------------------------------------------------- validation + packing
 
@@ -219,8 +231,6 @@ class Engine:
         for i, (prompt, response) in enumerate(sequences):
             if not prompt:
                 raise BadRequest(f"sequence {i}: prompt_ids is empty; the first response token needs a context")
-            if self.role == "reward" and not response and not prompt:
-                raise BadRequest(f"sequence {i}: nothing to score")
             n = len(prompt) + len(response)
             if n > self.ctx_len:
                 raise BadRequest(f"sequence {i}: {n} tokens exceed the worker context ({self.ctx_len}); start it with a larger --ctx")
@@ -265,6 +275,7 @@ class Engine:
         if self.role != "ref":
             raise BadRequest("this worker serves the reward role; POST /score")
         self.validate(sequences)
+        started = time.perf_counter()
         result: list[list[float]] = [[] for _ in sequences]
         full = [list(p) + list(r) for p, r in sequences]
         for pack in self._packs([len(s) for s in full]):
@@ -287,6 +298,7 @@ class Engine:
                 rows = np.arange(row, row + len(response))
                 result[i] = (logits[rows, response] - lse[rows]).tolist()
                 row += len(response)
+        self._account(sequences, started)
         return result
 
     def _strip_padding(self, tokens: list[int]) -> list[int]:
@@ -303,6 +315,7 @@ class Engine:
         if self.role != "reward":
             raise BadRequest("this worker serves the ref role; POST /logprobs")
         self.validate(sequences)
+        started = time.perf_counter()
         scores = [0.0] * len(sequences)
         full = [self._strip_padding(list(p) + list(r)) for p, r in sequences]
         for pack in self._packs([len(s) for s in full]):
@@ -312,6 +325,7 @@ class Engine:
                 ptr = self._llama.llama_get_embeddings_seq(self._ctx.ctx, seq_id)
                 hidden = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float64)
                 scores[i] = float(hidden @ self.head_weight + self.head_bias)
+        self._account(sequences, started)
         return scores
 
 
