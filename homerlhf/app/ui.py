@@ -74,7 +74,8 @@ def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, block
             footer_links=[],
         )
     except OSError as exc:
-        raise UserError(f"cannot serve on {host}:{port}: {exc.strerror or exc} (pick another --port)") from None
+        reason = "the port is in use" if "empty port" in str(exc) else (exc.strerror or str(exc).splitlines()[0])
+        raise UserError(f"cannot serve on {host}:{port}: {reason} (pick another --port)") from None
     return blocks
 
 

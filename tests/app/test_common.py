@@ -36,3 +36,20 @@ def test_guarded_turns_errors_into_a_message():
     _, message = handler("bug")
     assert message == "**Error:** KeyError: 'boom'"
     assert error_text(RuntimeError("")) == "RuntimeError"
+
+
+def test_app_on_a_busy_port_is_one_line(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "homerlhf.cli", "app", "--port", str(port)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: cannot serve on 127.0.0.1:{port}: the port is in use (pick another --port)")
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,60 @@
+"""The Plan tab's helpers on the real planner: table, verdict, applying the suggestion, YAML."""
+
+from __future__ import annotations
+
+import pytest
+
+from homerlhf.app import plan_tab
+from homerlhf.app.common import set_override
+from homerlhf.config import from_yaml_file
+from homerlhf.errors import UserError
+
+
+def test_applying_the_suggestion_makes_the_plan_fit():
+    overrides = "model.name_or_path=Qwen2.5-7B\nrollout.chunk_size=64\nrollout.max_new_tokens=1024"
+    cfg = plan_tab.resolved_config("4090", "", overrides, None)
+    plan = plan_tab.compute_plan(cfg, 12)
+    assert plan.fits is False
+    assert "does NOT fit" in plan_tab.verdict_markdown(plan) and "Suggestion" in plan_tab.verdict_markdown(plan)
+    items = plan_tab.suggestion_overrides(plan)
+    assert items and all("=" in i for i in items)
+    for item in items:
+        key, _, value = item.partition("=")
+        overrides = set_override(overrides, key, value)
+    fixed = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", overrides, None), 12)
+    assert fixed.fits is True
+    assert plan_tab.verdict_markdown(fixed).startswith("**✅ fits")
+
+
+def test_table_rows_add_up_to_the_phase_totals():
+    cfg = plan_tab.resolved_config("4090", "Qwen2.5-1.5B", "", "builtin:demo-sft")
+    plan = plan_tab.compute_plan(cfg, None)
+    headers, rows = plan_tab.plan_table(plan)
+    assert headers[0] == "component (GiB)" and len(headers) == 1 + len(plan.phases)
+    body, total = rows[:-1], rows[-1]
+    assert total[0] == "total"
+    for col in range(1, len(headers)):
+        assert sum(r[col] for r in body) == pytest.approx(total[col], abs=0.002 * len(body))
+    # A tiny model is shown in MiB rather than a column of zeros.
+    tiny = plan_tab.compute_plan(plan_tab.resolved_config("cpu-tiny", "", "", None), None)
+    assert plan_tab.plan_table(tiny)[0][0] == "component (MiB)"
+
+
+def test_model_override_only_when_it_differs_from_the_preset():
+    assert plan_tab.run_overrides("builtin:demo-sft", "ppo.iterations=3", "builtin:demo-sft") == ["ppo.iterations=3"]
+    assert plan_tab.run_overrides("Qwen2.5-0.5B", "ppo.iterations=3", "builtin:demo-sft") == [
+        "model.name_or_path=Qwen2.5-0.5B", "ppo.iterations=3"]
+    text = plan_tab.command_text("cpu-tiny", "Qwen2.5-0.5B", "ppo.iterations=3", "builtin:demo-sft", "runs/a")
+    assert text.splitlines() == ["homerlhf train \\", "    --preset cpu-tiny \\",
+                                 "    --set model.name_or_path=Qwen2.5-0.5B \\", "    --set ppo.iterations=3 \\",
+                                 "    --out runs/a"]
+
+
+def test_saved_yaml_loads_back_as_the_same_config(tmp_path):
+    cfg = plan_tab.resolved_config("cpu-tiny", "", "ppo.iterations=3\nrollout.batch_size=16", None)
+    path = plan_tab.save_yaml(cfg, str(tmp_path / "sub" / "run.yaml"))
+    assert from_yaml_file(path) == cfg
+    with pytest.raises(UserError, match=".yaml"):
+        plan_tab.save_yaml(cfg, str(tmp_path / "run.txt"))
+    with pytest.raises(UserError, match="ppo.iterations"):
+        plan_tab.resolved_config("cpu-tiny", "", "ppo.iterations=zero", None)
