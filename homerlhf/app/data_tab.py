@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from homerlhf.app.common import error_box, guarded, set_override
+from homerlhf.app.common import guarded, set_override
 from homerlhf.errors import UserError
 
 KINDS = {"prompts (PPO)": "prompt", "prompt/completion (SFT)": "sft", "preferences (reward model)": "preference"}

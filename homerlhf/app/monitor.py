@@ -278,26 +278,16 @@ def latest_samples(rows: Sequence[dict], n: int = 8) -> list[list]:
     return list(reversed(out))
 
 
-def check_worker(url: str, timeout: float = 2.0) -> tuple[bool, Optional[float], str]:
-    """``GET url/health`` of a llama.cpp worker: (up, latency in ms, detail)."""
+def check_worker(url: str, timeout: float = 2.0, token: Optional[str] = None) -> tuple[bool, Optional[float], str]:
+    """``GET url/health`` of a llama.cpp worker: (up, latency in ms, detail). ``token``: the
+    worker's bearer token, when it was started with one."""
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     start = time.perf_counter()
     try:
-        resp = httpx.get(url.rstrip("/") + "/health", timeout=timeout)
+        resp = httpx.get(url.rstrip("/") + "/health", timeout=timeout, headers=headers)
     except httpx.HTTPError as exc:
         return False, None, type(exc).__name__
     latency_ms = 1000 * (time.perf_counter() - start)
     return resp.status_code == 200, latency_ms, f"HTTP {resp.status_code}"
-
-
-def worker_rows(workers: dict[str, str]) -> list[list]:
-    """Table rows ``role, url, up, latency ms`` for ``{"ref": url, ...}``."""
-    rows = []
-    for role, url in workers.items():
-        if not url:
-            rows.append([role, "(in process)", "-", None])
-            continue
-        up, latency, detail = check_worker(url)
-        rows.append([role, url, "up" if up else f"down ({detail})", None if latency is None else round(latency, 1)])
-    return rows

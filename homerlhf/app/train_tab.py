@@ -46,7 +46,8 @@ def worker_table(run_dir: Path, status: runs.RunStatus) -> list[list]:
         elif url.startswith("("):  # no address announced yet: the worker is still loading
             rows.append([role, backend, "-", "starting", None])
         else:
-            up, latency, detail = monitor.check_worker(url)
+            token = getattr(cfg, role).token if cfg is not None else None
+            up, latency, detail = monitor.check_worker(url, token=token)
             rows.append([role, backend, url, "up" if up else f"down ({detail})",
                          None if latency is None else round(latency, 1)])
     return rows

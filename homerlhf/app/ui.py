@@ -8,7 +8,6 @@ tab starts or attaches to is what the Evaluate tab chats with.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from homerlhf.errors import UserError
 
@@ -77,7 +76,3 @@ def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, block
         reason = "the port is in use" if "empty port" in str(exc) else (exc.strerror or str(exc).splitlines()[0])
         raise UserError(f"cannot serve on {host}:{port}: {reason} (pick another --port)") from None
     return blocks
-
-
-def local_url(blocks) -> Optional[str]:
-    return getattr(blocks, "local_url", None)
