@@ -1,0 +1,63 @@
+"""The Train tab's monitor output for a run directory, and worker status against a live /health."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from homerlhf.app import runs, train_tab
+from homerlhf.config import load_config, to_yaml
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        authorised = self.headers.get("Authorization") == "Bearer s3cret"
+        self.send_response(200 if authorised and self.path == "/health" else 401)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def health_url():
+    server = HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_poll_reads_progress_plot_and_samples(tmp_path):
+    cfg = load_config("cpu-tiny", None, ["ppo.iterations=4", "ref.backend=adapter_off"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    rows = [{"iteration": i, "score_mean": 0.1 * i, "time_iteration_s": 2.0} for i in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"iteration": 2, "prompt": "<|user|>Hi<|end|>",
+                                                        "response": "Hello", "score": 0.5}) + "\n")
+    status, progress, figure, samples, workers, log, n_rows = train_tab.poll(str(tmp_path))
+    assert "started outside the app" in status
+    assert progress == "**Progress:** iteration 2/4 · 50% · elapsed 0m04s · ETA 0m04s"
+    assert figure is not None and n_rows == 2
+    assert samples == [[2, "Hi", "Hello", 0.5]]
+    assert workers[0][:3] == ["ref", "adapter_off", "(in the trainer process)"]
+    # Nothing new since the last poll: no figure to redraw.
+    assert train_tab.poll(str(tmp_path), last_n=2)[2] is None
+
+
+def test_worker_status_of_a_running_run(tmp_path, health_url):
+    cfg = load_config("cpu-tiny", None, ["reward.token=s3cret"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "reward.log").write_text(
+        f"homerlhf worker ready role=reward port=1 url={health_url} pid=1\n")
+    running = runs.RunStatus(tmp_path, "running", pid=1)
+    table = {row[0]: row for row in train_tab.worker_table(tmp_path, running)}
+    assert table["reward"][1:4] == ["llamacpp", health_url, "up"]
+    assert table["reward"][4] >= 0
+    assert table["ref"][1:4] == ["llamacpp", "-", "starting"]  # no address announced yet
+    stopped = runs.RunStatus(tmp_path, "finished")
+    assert train_tab.worker_table(tmp_path, stopped)[1][3] == "run not running"
