@@ -166,16 +166,20 @@ def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: 
     for name, module in model.named_modules():
         if isinstance(module, bnb.nn.Linear4bit):
             weight = module.weight
-            dense = dequantize_4bit(weight.data, weight.quant_state).float().numpy().copy()
             key = f"{name}.weight"
             if key not in tensors:
                 raise UserError(f"{model_dir}: 4-bit module {name} has no weight {key} in the checkpoint")
-            tensors[key] = _Tensor(tuple(dense.shape), partial(lambda a: a, dense))
+            # Dequantized when written: the 4-bit model stays small, one dense tensor at a time.
+            shape = tuple(int(d) for d in weight.quant_state.shape)
+            tensors[key] = _Tensor(shape, partial(_dequantize, weight, dequantize_4bit))
             n_quantized += 1
     if n_quantized == 0:
         raise UserError(f"{model_dir}: bitsandbytes quantized no layer; --from-nf4 needs a model with linear layers")
-    del model
     return tensors
+
+
+def _dequantize(weight, dequantize_4bit) -> np.ndarray:
+    return dequantize_4bit(weight.data, weight.quant_state).float().numpy()
 
 
 # --------------------------------------------------------------------------- tensor conversion
