@@ -135,10 +135,10 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     def on_start(preset, model, overrides, preset_model, run_dir, overwrite):
         if not (run_dir or "").strip():
             raise UserError("give a run directory")
-        from homerlhf.config import load_config
+        from homerlhf.config import check_device, load_config
 
         items = run_overrides(model, overrides, preset_model)
-        load_config(preset, None, items)  # a bad setting is reported here, not in a crashed run
+        check_device(load_config(preset, None, items))  # reported here, not as a crashed run
         path = Path(run_dir.strip())
         if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
             raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")

@@ -73,6 +73,11 @@ def app_url(tmp_path_factory, reward_dir):
     blocks = launch(host="127.0.0.1", port=port, block=False, runs_root=str(runs_root))
     yield f"http://127.0.0.1:{port}/", runs_root
     blocks.close()
+    from homerlhf.app import runs
+
+    for run_dir in runs.list_runs(runs_root):  # a failed test must not leave a detached trainer behind
+        if runs.run_status(run_dir).running:
+            runs.stop_run(run_dir, force=True)
 
 
 @pytest.fixture(scope="module")
