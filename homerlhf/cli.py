@@ -126,9 +126,18 @@ def sft(
     set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
     data: Optional[str] = typer.Option(None, "--data", help="Dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/sft"), "--out", "-o", help="Output directory."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: sft.base or model.name_or_path)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
 ) -> None:
-    """Supervised fine-tuning (TRL SFTTrainer, QLoRA)."""
-    not_built("homerlhf sft", 5)
+    """Supervised fine-tuning (TRL SFTTrainer, QLoRA); writes OUT/adapter, OUT/model, OUT/sft_run.json."""
+    from homerlhf.config import check_device
+    from homerlhf.stages.sft import run_sft
+
+    cfg = _load(preset, config, set_)
+    check_device(cfg)
+    summary = run_sft(cfg, out, data=data, base=model, overwrite=overwrite)
+    typer.echo(f"sft done: {summary['n_train']} examples, {summary['steps']} steps, "
+               f"loss {summary['train_loss']:.3f}, model in {summary['model_dir']}")
 
 
 @app.command()
@@ -138,9 +147,22 @@ def reward(
     set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
     data: Optional[str] = typer.Option(None, "--data", help="Preference dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/reward"), "--out", "-o", help="Output directory."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: rm.base or model.name_or_path)."),
+    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out pairs (default: a data.eval_fraction split)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
 ) -> None:
-    """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker."""
-    not_built("homerlhf reward", 5)
+    """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker.
+
+    Writes OUT/adapter, OUT/model, OUT/gguf and OUT/reward_run.json; train with reward.model=OUT."""
+    from homerlhf.config import check_device
+    from homerlhf.stages.reward import run_reward
+
+    cfg = _load(preset, config, set_)
+    check_device(cfg)
+    summary = run_reward(cfg, out, data=data, base=model, eval_data=eval_data, overwrite=overwrite)
+    acc = summary["eval_accuracy"]
+    typer.echo(f"reward done: {summary['n_train']} pairs, held-out accuracy "
+               f"{'n/a' if acc is None else f'{acc:.3f}'} on {summary['n_eval']}, run dir {out}")
 
 
 @export_app.command("ref")

@@ -46,6 +46,7 @@ def _recipe_files(name: str) -> list[Path]:
     if name.startswith("demo-"):
         files += [
             Path(data_builtin.__file__).with_name("load.py"),
+            here / "common.py",
             here / "sft.py",
             presets_dir() / "cpu-tiny.yaml",
         ]
@@ -82,7 +83,7 @@ def _build_once(name: str, build: Callable[[Path], None]) -> Path:
         if final.is_dir():  # another process built it while we waited
             return final
         _say(f"building {PREFIX}{name} (once; cached in {root})")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
         try:
             build(tmp)
             tmp.rename(final)

@@ -1,0 +1,110 @@
+"""``homerlhf reward``: real TRL RewardTrainer on tiny models, the merged artifact, the GGUF export,
+and the builtin reward model's held-out pairwise accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from homerlhf.config import load_config
+
+PAIRS = [
+    {"prompt": "Tell me about tea.", "chosen": "Happy to help! Tea is made by steeping dried leaves in hot water.",
+     "rejected": "Ugh, figure it out yourself."},
+    {"prompt": "Share a fact about cats.", "chosen": "Gladly! Cats sleep for most of the day.",
+     "rejected": "Not my problem. Go away."},
+    {"prompt": "Tell me about maps.", "chosen": "Of course. A map shows places from above at a smaller scale.",
+     "rejected": "That is a stupid question."},
+    {"prompt": "Same on both sides", "chosen": "x", "rejected": "x"},
+] * 3
+
+
+@pytest.fixture
+def pairs_file(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
+    return str(path)
+
+
+def test_qlora_reward_writes_merged_classifier_and_gguf(tiny_llama_dir, pairs_file, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from homerlhf.data.load import load_preferences
+    from homerlhf.stages.reward import pair_ids, score_ids
+
+    from homerlhf.stages.reward import run_reward
+
+    cfg = load_config("cpu-tiny", overrides=[
+        "rm.method=qlora", "rm.max_steps=3", "rm.batch_size=4", "rm.grad_accum=1", "rm.lr=1e-2",
+        "rm.eval_data=null", "data.eval_fraction=0.25", "logging.progress=false", "reward.outtype=f32",
+    ])
+    out = tmp_path / "rm"
+    summary = run_reward(cfg, out, data=pairs_file, base=str(tiny_llama_dir))
+
+    run = json.loads((out / "reward_run.json").read_text())
+    assert run == summary
+    assert run["method"] == "qlora" and run["steps"] == 3
+    assert run["data"]["n_bad"] == 3 and run["data"]["bad_examples"][0]["reason"] == "chosen == rejected"
+    assert (run["n_train"], run["n_eval"]) == (7, 2)  # 9 usable pairs, a 0.25 held-out split
+    assert 0.0 <= run["eval_accuracy"] <= 1.0
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    assert model.config.num_labels == 1 and model.config.pad_token_id is not None
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    tok = AutoTokenizer.from_pretrained(out / "model")
+
+    # Merged scores = full-precision base + adapter (incl. the trained score head).
+    records, _ = load_preferences(pairs_file)
+    ids = pair_ids(records[:3], tok, 96)["chosen_ids"]
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_llama_dir, num_labels=1, pad_token_id=tok.pad_token_id)
+    adapted = PeftModel.from_pretrained(base, out / "adapter")
+    torch.testing.assert_close(score_ids(model, ids, tok.pad_token_id), score_ids(adapted, ids, tok.pad_token_id),
+                               atol=1e-4, rtol=1e-4)
+
+    assert run["gguf_dir"] == str(out / "gguf")
+    assert (out / "gguf" / "backbone.gguf").is_file() and (out / "gguf" / "score_head.safetensors").is_file()
+
+
+def test_score_ids_reads_the_last_real_token(tiny_llama_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.stages.reward import score_ids
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_llama_dir, num_labels=1, pad_token_id=0)
+    seqs = [[5, 9, 33, 1], [5, 40, 1], [7, 8, 9, 10, 11, 1]]
+    batched = score_ids(model, seqs, pad_id=0, batch_size=3)
+    alone = torch.cat([score_ids(model, [s], pad_id=0) for s in seqs])
+    assert batched.shape == (3,)
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_builtin_reward_model_ranks_held_out_pairs():
+    """builtin:demo-rm (SFT'd tiny Llama + RM, CPU, seed 0) orders >= 90% of pairs on unseen prompts."""
+    from pathlib import Path
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from homerlhf.data import builtin
+    from homerlhf.data.load import normalise
+    from homerlhf.stages.builtin import resolve_model
+    from homerlhf.stages.reward import pair_ids, pairwise_accuracy
+
+    run_dir = Path(resolve_model("builtin:demo-rm"))
+    run = json.loads((run_dir / "reward_run.json").read_text())
+    assert run["eval_accuracy"] >= 0.9, run
+
+    # Independently, from the saved artifact, on held-out pairs drawn with another seed.
+    model = AutoModelForSequenceClassification.from_pretrained(run_dir / "model")
+    tok = AutoTokenizer.from_pretrained(run_dir / "model")
+    raw = builtin.preference_records(seed=0, n=300, held_out=True)
+    train_prompts = {r["prompt"] for r in builtin.preference_records(seed=0)}
+    assert not {r["prompt"] for r in raw} & train_prompts
+    records, _ = normalise(raw, "preference")
+    accuracy = pairwise_accuracy(model, pair_ids(records, tok, 96), tok.pad_token_id)
+    assert accuracy >= 0.9

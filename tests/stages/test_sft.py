@@ -1,0 +1,99 @@
+"""``homerlhf sft`` on a tiny model: real TRL SFTTrainer, real bitsandbytes NF4, real peft merge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from homerlhf.config import load_config
+
+ROWS = [
+    {"prompt": "Tell me about tea.", "completion": "Happy to help! Tea is made by steeping dried leaves in hot water."},
+    {"prompt": "Share a fact about cats.", "completion": "Gladly! Cats sleep for most of the day."},
+    {"prompt": "What do you know about snow?", "completion": "Sure, good question. Fresh snow is light because it holds air."},
+    {"prompt": "Tell me about maps.", "completion": "Of course. A map shows places from above at a smaller scale."},
+    {"prompt": "Broken row", "completion": ""},
+] * 2
+
+
+@pytest.fixture
+def sft_file(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return str(path)
+
+
+def _cfg(method, *extra):
+    return load_config("cpu-tiny", overrides=[
+        f"sft.method={method}", "sft.max_steps=3", "sft.batch_size=4", "sft.grad_accum=1", "sft.lr=1e-2",
+        "logging.progress=false", *extra,
+    ])
+
+
+def test_qlora_sft_writes_adapter_and_merged_model(tiny_llama_dir, sft_file, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from homerlhf.stages.sft import run_sft
+
+    out = tmp_path / "run"
+    summary = run_sft(_cfg("qlora"), out, data=sft_file, base=str(tiny_llama_dir))
+
+    run = json.loads((out / "sft_run.json").read_text())
+    assert run["method"] == "qlora" and run["steps"] == 3 and run["n_train"] == 8
+    assert run["data"]["n_bad"] == 2 and run["data"]["bad_examples"][0]["reason"] == "empty completion"
+    assert summary == run
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert not (out / "trainer").exists()
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert not getattr(merged, "is_loaded_in_4bit", False)
+    assert all(p.dtype == torch.float32 for p in merged.parameters())
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    assert tok.chat_template == AutoTokenizer.from_pretrained(tiny_llama_dir).chat_template
+
+    # The merged model is the full-precision base plus the trained adapter, and it moved.
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Tell me about tea."}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        base_logits = base(ids).logits
+        adapted = PeftModel.from_pretrained(base, out / "adapter")
+        adapted_logits = adapted(ids).logits
+        merged_logits = merged(ids).logits
+    torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-4, rtol=1e-4)
+    assert (merged_logits - base_logits).abs().max() > 1e-3
+
+
+def test_loss_is_on_completions_only(tiny_llama_dir, tokenizer_rows=ROWS[:4]):
+    # TRL builds the completion mask; check it on our conversational rows and the tiny chat template.
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from homerlhf.data.load import normalise
+    from homerlhf.stages.sft import _dataset
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    records, _ = normalise(list(tokenizer_rows), "sft")
+    trainer = SFTTrainer(
+        model=str(tiny_llama_dir),
+        args=SFTConfig(output_dir="/tmp/unused-sft", completion_only_loss=True, report_to="none", use_cpu=True),
+        train_dataset=_dataset(records, tok),
+        processing_class=tok,
+    )
+    row = trainer.train_dataset[0]
+    trained = [t for t, label in zip(row["input_ids"], row["labels"]) if label != -100]
+    assert tok.decode(trained) == ROWS[0]["completion"] + "<|end|>"
+    assert tok.decode(row["input_ids"]).startswith("<|user|>" + ROWS[0]["prompt"] + "<|end|><|assistant|>")
+
+
+def test_existing_run_needs_overwrite(tiny_llama_dir, sft_file, tmp_path):
+    from homerlhf.errors import UserError
+    from homerlhf.stages.sft import run_sft
+
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    with pytest.raises(UserError, match="--overwrite"):
+        run_sft(_cfg("full"), out, data=sft_file, base=str(tiny_llama_dir))
