@@ -69,14 +69,20 @@ def test_from_nf4_export_is_kl_consistent_with_the_4bit_actor(tiny_llama_dir, tm
     ).eval()
     assert any(type(m).__name__ == "Linear4bit" for m in actor.modules())
     with torch.no_grad():
-        actor_logits = actor(torch.tensor([IDS])).logits[0].double().numpy()
-    nf4_ref = export_ref(str(tiny_llama_dir), tmp_path / "nf4.gguf", outtype="f32", from_nf4=True, quant=quant)
-    plain_ref = export_ref(str(tiny_llama_dir), tmp_path / "plain.gguf", outtype="f32")
-    kl_nf4 = mean_kl(actor_logits, llama_cpp_logits(nf4_ref, IDS))
-    kl_plain = mean_kl(actor_logits, llama_cpp_logits(plain_ref, IDS))
-    print(f"KL(actor NF4 || ref): --from-nf4 export {kl_nf4:.2e} nats/token, plain export {kl_plain:.2e} nats/token")
-    assert kl_nf4 <= 1e-3
-    assert kl_nf4 < kl_plain / 10  # the NF4 export is what makes it consistent
+        # Train mode (dropout is 0) keeps bitsandbytes on its dequantize-then-matmul path in fp32; in
+        # eval mode on an AVX512-BF16 CPU it repacks the weights for a bf16 kernel (rounding ~3e-3).
+        actor.train()
+        actor_exact = actor(torch.tensor([IDS])).logits[0].double().numpy()
+        actor.eval()
+        actor_eval = actor(torch.tensor([IDS])).logits[0].double().numpy()
+    nf4_ref = llama_cpp_logits(export_ref(str(tiny_llama_dir), tmp_path / "nf4.gguf", outtype="f32", from_nf4=True, quant=quant), IDS)
+    plain_ref = llama_cpp_logits(export_ref(str(tiny_llama_dir), tmp_path / "plain.gguf", outtype="f32"), IDS)
+    kl_nf4, kl_plain = mean_kl(actor_exact, nf4_ref), mean_kl(actor_exact, plain_ref)
+    kl_nf4_eval, kl_plain_eval = mean_kl(actor_eval, nf4_ref), mean_kl(actor_eval, plain_ref)
+    print(f"KL(actor NF4 || llama.cpp ref), fp32 path: --from-nf4 export {kl_nf4:.2e} nats/token, "
+          f"plain export {kl_plain:.2e}; eval-mode CPU kernel: {kl_nf4_eval:.2e} vs {kl_plain_eval:.2e}")
+    assert kl_nf4 <= 1e-3 and kl_nf4_eval <= 1e-3
+    assert kl_nf4 < kl_plain / 100  # the NF4 export is what makes it consistent
 
 
 def test_reward_export_writes_head_and_manifest(llama_rm_dir, llama_rm_export, tiny_llama_dir):
