@@ -101,10 +101,10 @@ OWNER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("how", ["kill -9", "exit without close"])
+@pytest.mark.parametrize("how", ["kill -9", "ctrl-c", "exit without close"])
 def test_no_worker_outlives_its_owner(llama_f32_gguf, tmp_path, how):
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(llama_f32_gguf), str(tmp_path / "ref.log"), "sleep" if how == "kill -9" else "exit"],
+        [sys.executable, "-c", OWNER, str(llama_f32_gguf), str(tmp_path / "ref.log"), "exit" if how.startswith("exit") else "sleep"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -112,6 +112,8 @@ def test_no_worker_outlives_its_owner(llama_f32_gguf, tmp_path, how):
         assert psutil.pid_exists(worker_pid)
         if how == "kill -9":
             owner.kill()
+        elif how == "ctrl-c":
+            owner.send_signal(signal.SIGINT)  # KeyboardInterrupt in the owner; its atexit hook stops the worker
         owner.wait(timeout=60)
         assert _wait_gone(worker_pid, 15), f"worker {worker_pid} outlived its owner ({how})"
     finally:
