@@ -38,7 +38,10 @@ class _WorkerBackend:
     def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds) -> list:
         out: list = []
         for body in self._chunks(prompt_ids, response_ids):
-            out.extend(self.client.post(path, body)[key])
+            answer = self.client.post(path, body)[key]
+            if len(answer) != len(body["sequences"]):  # one result per sample, or none at all
+                raise WorkerError(f"{path}: {len(answer)} results for {len(body['sequences'])} sequences")
+            out.extend(answer)
         return out
 
     def _submit(self, fn, *args) -> Future:
