@@ -34,6 +34,7 @@ def run_dir(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # ~15 s idle, ~35 s on a busy 2-core machine
 def test_actor_and_reference_answer_with_scores(run_dir):
     from homerlhf.errors import UserError
     from homerlhf.ppo.backends import HFReward
