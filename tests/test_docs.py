@@ -89,3 +89,13 @@ def test_the_reference_pattern_catches_a_bad_name():
     refs = REFERENCE.findall("see `homerlhf.ppo.math:no_such_function` and homerlhf.ppo.kl:AdaptiveKLController.update")
     assert refs == [("homerlhf.ppo.math", "no_such_function"), ("homerlhf.ppo.kl", "AdaptiveKLController.update")]
     assert not hasattr(importlib.import_module("homerlhf.ppo.math"), "no_such_function")
+
+
+def test_readme_links_the_docs_and_notebooks_and_every_link_resolves():
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)\)", readme)
+    local = [link for link in links if "://" not in link]
+    for required in ("docs/ppo_details.md", "docs/workers.md", "docs/memory.md", "docs/errors.md",
+                     "notebooks/quickstart.ipynb", "notebooks/memory_planning.ipynb"):
+        assert required in local, required
+    assert [link for link in local if not (ROOT / link).exists()] == []
