@@ -235,7 +235,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: every user error is one line on stderr and a non-zero exit, never a traceback."""
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="homerlhf", standalone_mode=False)
+        result = command.main(args=argv, prog_name="homerlhf", standalone_mode=False)
+        # Non-standalone typer turns a KeyboardInterrupt into a *returned* exit code (130).
+        if isinstance(result, int) and result:
+            if result == 130:
+                typer.echo("interrupted", err=True)
+            sys.exit(result)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
