@@ -145,6 +145,12 @@ def _file_rows(path: Path) -> list[dict[str, Any]]:
         raise UserError(f"cannot read {path}: use a .jsonl, .json, .csv or .parquet file")
     import datasets
 
+    # A bad input must end in one line: datasets' own progress bars and its logged parse errors
+    # (which we turn into that line, or into bad-row reports) stay quiet for local files.
+    verbosity = datasets.logging.get_verbosity()
+    bars = datasets.is_progress_bar_enabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train")
         return ds.to_list()
@@ -154,6 +160,10 @@ def _file_rows(path: Path) -> list[dict[str, Any]]:
         # Arrow needs one type per column; a JSON file whose bad rows have other types is still
         # readable row by row, so those rows become bad rows instead of failing the whole file.
         return _json_rows_leniently(path)
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _json_rows_leniently(path: Path) -> list[dict[str, Any]]:
