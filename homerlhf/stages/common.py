@@ -74,7 +74,8 @@ def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
     else:
         load_kwargs["dtype"] = train_dtype(cfg)
     try:
-        model = auto_cls.from_pretrained(base, **load_kwargs)
+        with _quiet_head_swap(auto_cls):
+            model = auto_cls.from_pretrained(base, **load_kwargs)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load model '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
     if method == "qlora":
@@ -84,6 +85,19 @@ def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
             model, use_gradient_checkpointing=cfg.training.gradient_checkpointing
         )
     return model
+
+
+def _quiet_head_swap(auto_cls):
+    """A causal LM loaded as a sequence classifier: a new score head and an unused lm_head are expected."""
+    import contextlib
+
+    if "SequenceClassification" not in auto_cls.__name__:
+        return contextlib.nullcontext()
+    try:
+        from trl.trainer.reward_trainer import suppress_seqcls_warning
+    except ImportError:  # pragma: no cover - older TRL: the load report is only noise
+        return contextlib.nullcontext()
+    return suppress_seqcls_warning()
 
 
 def load_tokenizer(base: str, cfg):
@@ -107,6 +121,18 @@ def lora_config(lora, task_type: str):
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
         task_type=task_type, bias="none",
     )
+
+
+def match_trainable_dtype(model, cfg) -> None:
+    """Trainable weights in the compute dtype.
+
+    TRL casts the trainable weights of a 4-bit model to bf16 (the QLoRA paper's choice); with fp32
+    compute (CPU) a bf16 score head then meets fp32 hidden states and the matmul fails.
+    """
+    dtype = compute_dtype(cfg)
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != dtype and param.is_floating_point():
+            param.data = param.data.to(dtype)
 
 
 def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
@@ -142,9 +168,10 @@ def save_merged(auto_cls, base: str, adapter_dir: Path, out_dir: Path, cfg, toke
     from peft import PeftModel
 
     # Merge on the CPU: the trainer may still hold the GPU, and the merge is one pass of additions.
-    model = auto_cls.from_pretrained(
-        base, dtype=train_dtype(cfg), trust_remote_code=cfg.model.trust_remote_code, **kwargs
-    )
+    with _quiet_head_swap(auto_cls):
+        model = auto_cls.from_pretrained(
+            base, dtype=train_dtype(cfg), trust_remote_code=cfg.model.trust_remote_code, **kwargs
+        )
     model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

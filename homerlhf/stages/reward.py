@@ -30,6 +30,7 @@ from homerlhf.stages.common import (
     Timer,
     lora_config,
     load_model,
+    match_trainable_dtype,
     load_tokenizer,
     on_cuda,
     prepare_out,
@@ -178,6 +179,8 @@ def run_reward(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    if section.method == "qlora":
+        match_trainable_dtype(trainer.model, cfg)
     with Timer() as timer:
         result = trainer.train()
     final_loss = train_loss(trainer)

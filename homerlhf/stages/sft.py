@@ -23,6 +23,7 @@ from homerlhf.stages.common import (
     Timer,
     lora_config,
     load_model,
+    match_trainable_dtype,
     load_tokenizer,
     prepare_out,
     save_merged,
@@ -90,6 +91,8 @@ def run_sft(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    if section.method == "qlora":
+        match_trainable_dtype(trainer.model, cfg)
     with Timer() as timer:
         result = trainer.train()
     final_loss = train_loss(trainer)
