@@ -410,3 +410,28 @@ def find_resume_checkpoint(run_dir: str | Path) -> Path:
         raise UserError(f"--resume {run_dir}: the run has no complete checkpoint yet; start it again with "
                         "--overwrite (checkpoints are written every checkpoint.every iterations and at stop)")
     return ckpt
+
+
+def resume_config(run_dir: str | Path, *, preset: Optional[str] = None, config_file: Optional[str | Path] = None,
+                  overrides=()):
+    """The config of ``--resume RUN_DIR`` and the checkpoint it continues from.
+
+    The base is the config the checkpoint was written with (so ``--resume RUN_DIR`` alone continues
+    the same run); a ``--config`` file and ``--set`` overrides go on top, e.g. ``ppo.iterations=200``.
+    With an explicit ``preset`` the config is built from scratch instead. Either way a change to an
+    ``INCOMPATIBLE_KEYS`` entry is refused in one line naming the key. Returns ``(config, ckpt)``.
+    """
+    from homerlhf.config import load_config
+    from homerlhf.config.loader import _read_yaml, apply_overrides, deep_merge, validate
+
+    ckpt = find_resume_checkpoint(run_dir)
+    saved = saved_config(ckpt)
+    if preset is not None:
+        new = load_config(preset, config_file, overrides)
+    else:
+        data = saved.model_dump(mode="json")
+        if config_file is not None:
+            data = deep_merge(data, _read_yaml(Path(config_file), "config file"))
+        new = validate(apply_overrides(data, overrides))
+    check_resume_compatible(saved, new, run_dir)
+    return new.model_copy(update={"output_dir": str(run_dir)}), ckpt
