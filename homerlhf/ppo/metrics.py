@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
     "iteration": "PPO iteration number, starting at 1.",
@@ -112,7 +112,3 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 def progress_postfix(row: dict[str, Any]) -> dict[str, str]:
     """The few numbers the progress bar shows."""
     return {"score": f"{row['score_mean']:.3f}", "kl": f"{row['kl_mean']:.3f}"}
-
-
-def optional_float(value: Optional[float]) -> float:
-    return float("nan") if value is None else float(value)
