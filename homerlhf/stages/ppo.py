@@ -112,7 +112,6 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
 
     run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
     seed_everything(cfg.seed)
 
     model_path = resolve(cfg.model.name_or_path)
@@ -127,6 +126,8 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
             reward = build_reward(cfg, policy, run_dir)
         stack.callback(reward.close)
         trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir)
+        # Written once everything loaded: a bad model path must not leave a dir that looks like a run.
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
         metrics = trainer.train()
     checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
     return {"run_dir": run_dir, "metrics": metrics, "checkpoint": checkpoints[-1] if checkpoints else None}

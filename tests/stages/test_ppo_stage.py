@@ -83,3 +83,10 @@ def test_cli_train_resume_is_a_one_line_error(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "resume is not built yet" in err
+
+
+def test_a_bad_model_path_leaves_no_run_behind(tiny_rm_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(UserError, match="does not exist"):
+        run_ppo(_cfg(tmp_path / "no-such-model", tiny_rm_dir), out_dir=run_dir)
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
