@@ -274,7 +274,10 @@ def _hub_cache_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
     except ImportError:  # pragma: no cover - a dependency of transformers
         return None
     # Only a file lookup in the local cache: never a network request.
-    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id (e.g. a missing local path "/a/b"): not in the cache
+        return None
     return Path(found) if isinstance(found, str) else None
 
 
