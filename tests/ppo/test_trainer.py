@@ -85,6 +85,24 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_d
     assert diff <= 1e-5, diff
 
 
+# -- shared adapter, early stop -----------------------------------------------------------------
+def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir):
+    cfg = _cfg("critic.shared_adapter=true", "rollout.batch_size=4", "rollout.chunk_size=2",
+               "rollout.max_new_tokens=4", "ppo.mini_batch_size=2", "ppo.micro_batch_size=1", "ppo.epochs=3",
+               "ppo.early_stop_kl=1e-9", "actor.lr=1e-2")
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    before = [p.detach().clone() for p in policy.actor_parameters()]
+    reward = CallableReward(lambda p, r: float(len(r)))
+    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, _prompt_ids(policy.tokenizer, 4))
+    row = trainer.step()
+    # The first step's approx_kl is 0 (new policy == old); after one step it exceeds 1e-9: stop.
+    assert row["early_stopped"] == 1 and row["optimizer_steps"] == 2
+    assert row["kl_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert all(p.requires_grad for p in policy.value_head.parameters())
+    assert max(float((p - b).abs().max()) for p, b in zip(policy.actor_parameters(), before)) > 0
+
+
 # -- checkpoints -----------------------------------------------------------------------------
 def test_save_checkpoint_is_atomic_and_keeps_the_last_k(tiny_llama_dir, tmp_path):
     cfg = _cfg()
