@@ -146,9 +146,8 @@ def run_reward(
     base_name = base or section.base or cfg.model.name_or_path
     source = data or section.data
     eval_source = eval_data or section.eval_data
+    records, report = load_preferences(source, cfg.data)  # bad data fails before a model is built
     base_path = resolve_model(base_name)
-
-    records, report = load_preferences(source, cfg.data)
     tokenizer = load_tokenizer(base_path, cfg)
     records = _fit(records, report, tokenizer, section.max_len, cfg.data.overlong)
     if eval_source:
@@ -183,7 +182,7 @@ def run_reward(
         match_trainable_dtype(trainer.model, cfg)
     with Timer() as timer:
         result = trainer.train()
-    final_loss = train_loss(trainer)
+    final_loss = train_loss(trainer) or float(result.training_loss)
     eval_pairs = pair_ids(eval_records, tokenizer, section.max_len)
     accuracy = (
         pairwise_accuracy(trainer.model, eval_pairs, tokenizer.pad_token_id) if eval_records else None

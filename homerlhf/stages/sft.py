@@ -67,9 +67,8 @@ def run_sft(
     out = prepare_out(Path(out), "sft_run.json", overwrite)
     base_name = base or section.base or cfg.model.name_or_path
     source = data or section.data
+    records, report = load_sft(source, cfg.data)  # bad data fails before a model is built
     base_path = resolve_model(base_name)
-
-    records, report = load_sft(source, cfg.data)
     tokenizer = load_tokenizer(base_path, cfg)
     lengths = [len(sequence_ids(tokenizer, r["prompt"], r["completion"])) for r in records]
     records = fit_length(records, lengths, section.max_len, cfg.data.overlong, report)
@@ -95,7 +94,7 @@ def run_sft(
         match_trainable_dtype(trainer.model, cfg)
     with Timer() as timer:
         result = trainer.train()
-    final_loss = train_loss(trainer)
+    final_loss = train_loss(trainer) or float(result.training_loss)
 
     model_dir = out / "model"
     if section.method == "full":

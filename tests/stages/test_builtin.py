@@ -39,6 +39,7 @@ def test_bad_names_are_one_line_errors(bad, fragment):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_demo_sft_replies_like_the_builtin_task():
     """builtin:demo-sft has learned the task's replies: sampled completions are builtin replies."""
     import torch
