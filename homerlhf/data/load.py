@@ -495,13 +495,26 @@ def prompt_ids(tokenizer, prompt: list[Message]) -> list[int]:
     return encode(tokenizer, render(tokenizer, prompt, add_generation_prompt=True))
 
 
-def tokenize_prompts(records: Sequence[Record], tokenizer, max_prompt_len: int) -> list[list[int]]:
+def tokenize_prompts(
+    records: Sequence[Record],
+    tokenizer,
+    max_prompt_len: int,
+    *,
+    overlong: Literal["truncate", "drop"] = "truncate",
+    report: Optional[LoadReport] = None,
+) -> list[list[int]]:
     """Prompt records -> token ids ready for generation, each left-truncated to ``max_prompt_len``.
 
     Left truncation keeps the end of the prompt (the latest user turn and the generation prompt),
-    which is what the reply must follow. Returns one list of ints per record (no padding).
+    which is what the reply must follow. Returns one list of ints per kept record (no padding);
+    with ``overlong="drop"`` longer prompts are left out. ``report`` (if given) counts both.
     """
-    return [prompt_ids(tokenizer, r["prompt"])[-max_prompt_len:] for r in records]
+    all_ids = [prompt_ids(tokenizer, r["prompt"]) for r in records]
+    if report is not None:
+        fit_length(list(range(len(all_ids))), [len(i) for i in all_ids], max_prompt_len, overlong, report)
+    if overlong == "drop":
+        return [ids for ids in all_ids if len(ids) <= max_prompt_len]
+    return [ids[-max_prompt_len:] for ids in all_ids]
 
 
 def sequence_ids(tokenizer, prompt: list[Message], reply: list[Message]) -> list[int]:

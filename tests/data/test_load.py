@@ -323,6 +323,9 @@ def test_tokenize_prompts_uses_chat_template_and_left_truncates(tokenizer):
     assert len(ids[1]) == 12
     # Left truncation keeps the end: the generation prompt is the last token.
     assert ids[1][-1] == tokenizer.convert_tokens_to_ids("<|assistant|>")
+    report = LoadReport(source="s", kind="prompt", n_rows=2, n_usable=2)
+    assert tokenize_prompts(records, tokenizer, 12, overlong="drop", report=report) == [ids[0]]
+    assert (report.n_dropped, report.n_usable) == (1, 1)
 
 
 def test_fit_length_truncate_and_drop():
