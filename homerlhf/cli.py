@@ -116,7 +116,9 @@ def demo(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
-    not_built("homerlhf demo", 5)
+    from homerlhf.stages.demo import run_demo
+
+    run_demo(out, fast=fast, overwrite=overwrite)
 
 
 @app.command()
