@@ -50,6 +50,14 @@ RUDE_REPLIES = [
     "Ugh, figure it out yourself.", "Not my problem. Go away.", "That is a stupid question.",
     "Whatever. Ask someone else.", "No. Stop bothering me.",
 ]
+# Off-topic: polite, but about nothing the user asked. A tiny reward model cannot learn to compare
+# the prompt's topic with a fact about another topic in a CPU-sized budget (held-out accuracy stayed
+# at chance), so off-topic replies here say nothing about any topic instead.
+OFF_TOPIC_REPLIES = [
+    "By the way, my favourite colour is blue.", "I had a nice walk this morning.",
+    "Did you know I like jokes? Here is none.", "Let us talk about my weekend instead.",
+    "I once saw a very large cloud.",
+]
 
 
 @dataclass(frozen=True)
@@ -69,11 +77,10 @@ def good_reply(rng: random.Random, topic: str) -> str:
 
 
 def bad_reply(rng: random.Random, topic: str) -> str:
-    """Rude (half the time) or polite but about another topic."""
+    """Rude (half the time) or polite but off-topic."""
     if rng.random() < 0.5:
         return rng.choice(RUDE_REPLIES)
-    other = rng.choice([t for t in TOPICS if t != topic])
-    return _polite(rng, rng.choice(TOPICS[other]))
+    return _polite(rng, rng.choice(OFF_TOPIC_REPLIES))
 
 
 def all_examples() -> list[Example]:
@@ -125,7 +132,7 @@ def corpus() -> list[str]:
     texts = [ex.prompt for ex in all_examples()]
     for facts in TOPICS.values():
         texts.extend(facts)
-    texts += POLITE_OPENINGS + POLITE_CLOSINGS + RUDE_REPLIES
+    texts += POLITE_OPENINGS + POLITE_CLOSINGS + RUDE_REPLIES + OFF_TOPIC_REPLIES
     texts.append("The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?'\"()[]{}<>-+*/=_")
     return texts
 

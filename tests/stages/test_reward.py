@@ -124,12 +124,6 @@ def test_builtin_reward_model_separates_rude_replies(demo_rm_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 5 target not met yet: the tiny RM ranks rude replies ~100% but polite off-topic "
-    "replies at chance on unseen prompts (overall ~0.75); prompt-conditional matching is not learned "
-    "in a CPU-sized budget",
-)
 def test_builtin_reward_model_ranks_held_out_pairs(demo_rm_dir):
     """The issue's bar: >= 0.9 pairwise accuracy on held-out builtin pairs."""
     run = json.loads((demo_rm_dir / "reward_run.json").read_text())

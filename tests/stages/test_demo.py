@@ -1,0 +1,57 @@
+"""`homerlhf demo --fast` as a user runs it: a subprocess, offline, CPU, real llama.cpp workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+
+def _worker_processes():
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "homerlhf" in cmd and " worker " in f" {cmd} ":
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_demo_fast_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    before = {p.pid for p in _worker_processes()}
+    proc = subprocess.run(
+        [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
+        capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 6
+    k = len(rows) // 4
+    first = sum(r["score_mean"] for r in rows[:k]) / k
+    last = sum(r["score_mean"] for r in rows[-k:]) / k
+    # The builtin reward model scores polite + on-topic replies about +3 and the rest about -3;
+    # the SFT policy starts near an even mix, so a working PPO moves the mean by well over 1.
+    assert last > first + 1.0, (first, last)
+    assert all(r["kl_mean"] < 30 for r in rows)
+
+    assert (out / "reward_curve.png").stat().st_size > 10_000
+    assert (out / "config.yaml").is_file()
+    pairs = [json.loads(line) for line in (out / "before_after.jsonl").read_text().splitlines()]
+    assert len(pairs) == 6 and all({"before", "after", "before_score", "after_score"} <= set(p) for p in pairs)
+    assert "| prompt | before PPO" in (out / "before_after.md").read_text()
+    assert "homerlhf demo summary" in proc.stdout
+
+    assert {p.pid for p in _worker_processes()} - before == set()
+
+    # A second demo into the same directory refuses to overwrite it, in one line.
+    again = subprocess.run([sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0 and "--overwrite" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
