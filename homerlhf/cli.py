@@ -53,6 +53,7 @@ def presets() -> None:
 
 @app.command()
 def train(
+    ctx: typer.Context,
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
     set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable)."),
@@ -63,15 +64,28 @@ def train(
     """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
     from homerlhf.config import check_device
 
-    if resume is not None:
-        raise UserError("resume is not built yet (issue 8); start a new run with --out or --overwrite")
     from homerlhf.stages.ppo import run_ppo
 
-    cfg = _load(preset, config, set_)
+    if resume is not None:
+        from homerlhf.ppo.checkpoint import resume_config
+
+        # --resume alone continues with the run's own config; --config/--set go on top of it.
+        explicit_preset = ctx.get_parameter_source("preset").name == "COMMANDLINE"
+        cfg, _ = resume_config(resume, preset=preset if explicit_preset else None, config_file=config,
+                               overrides=set_)
+    else:
+        cfg = _load(preset, config, set_)
     check_device(cfg)
-    result = run_ppo(cfg, out_dir=out, overwrite=overwrite)
+    result = run_ppo(cfg, out_dir=out, resume=resume, overwrite=overwrite)
     rows = result["metrics"]
-    if rows:
+    if result.get("stopped"):
+        if result["checkpoint"] is None:
+            typer.echo("stopped before the first iteration finished: nothing to resume; "
+                       "start again with --overwrite")
+        else:
+            typer.echo(f"stopped at iteration {result['iteration']}; checkpoint {result['checkpoint']}; "
+                       f"continue with: homerlhf train --resume {result['run_dir']}")
+    elif rows:
         first, last = rows[0], rows[-1]
         typer.echo(
             f"PPO done: {len(rows)} iterations, score {first['score_mean']:.3f} -> {last['score_mean']:.3f}, "

@@ -32,6 +32,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "grad_norm_actor": "Actor gradient norm before clipping, averaged over steps.",
     "grad_norm_critic": "Critic (LoRA + value head) gradient norm before clipping, averaged over steps.",
     "optimizer_steps": "Optimizer steps taken this iteration.",
+    "nonfinite_skipped_steps": "Optimizer steps skipped this iteration because a loss or gradient norm was NaN/inf.",
     "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
     "micro_batch_size": "Micro-batch size in use at the end of the iteration (lower after an OOM backoff).",
     "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",

@@ -32,7 +32,15 @@ from torch import Tensor
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.checkpoint import (
+    capture_rng_state,
+    checkpoint_name,
+    load_checkpoint,
+    save_checkpoint,
+    truncate_logs,
+)
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.math import (
     explained_variance,
@@ -46,6 +54,7 @@ from homerlhf.ppo.math import (
 from homerlhf.ppo.metrics import MetricsWriter, progress_postfix
 from homerlhf.ppo.rollout import RolloutBatch, apply_truncation_penalty, generate_rollout
 from homerlhf.ppo.running import RunningMoments, normalize_scores
+from homerlhf.ppo.stopping import StopRequested
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -242,8 +251,12 @@ class UpdateState:
 
 
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
-                    state: UpdateState) -> dict[str, float]:
-    """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches)."""
+                    state: UpdateState, guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
+    """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches).
+
+    With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
+    set in the stats); the guard raises once too many came in a row.
+    """
     optimizers = (actor_opt, critic_opt)
     accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, accelerator.backward)
     if cfg.training.dynamic_micro_batch:
@@ -260,6 +273,14 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
     critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
     stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
     stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
+    checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
+    if guard is not None and not guard.check({k: stats[k] for k in checked if k in stats}):
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        stats["skipped"] = 1.0
+        state.history.append(stats)
+        return stats
+    stats["skipped"] = 0.0
     actor_opt.step()
     critic_opt.step()
     state.history.append(stats)
@@ -267,59 +288,27 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
 
 
 def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
-               generator: torch.Generator, state: UpdateState) -> dict[str, float]:
+               generator: torch.Generator, state: UpdateState,
+               guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
     """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``."""
     policy.train()
     early_stopped = False
     steps = []
     for _ in range(cfg.ppo.epochs):
         for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
-            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state))
+            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard))
             if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
                 early_stopped = True
                 break
         if early_stopped:
             break
     policy.eval()
-    out = {key: float(np.mean([s[key] for s in steps])) for key in steps[0]}
+    taken = [s for s in steps if not s.get("skipped")] or steps  # skipped steps' stats are NaN/inf
+    out = {key: float(np.mean([s[key] for s in taken])) for key in steps[0] if key != "skipped"}
     out["optimizer_steps"] = len(steps)
+    out["nonfinite_skipped_steps"] = sum(1 for s in steps if s.get("skipped"))
     out["early_stopped"] = int(early_stopped)
     return out
-
-
-# -- checkpoints -------------------------------------------------------------------------------
-def save_checkpoint(run_dir: str | Path, iteration: int, policy, trainer_state: dict[str, Any], keep: int) -> Path:
-    """Write ``RUN_DIR/checkpoints/iter_XXXXXX/`` atomically: into a temp dir, fsynced, then renamed.
-
-    Holds the adapters (peft format: ``actor/``, ``critic/``), ``value_head.safetensors`` and
-    ``trainer_state.json`` (iteration, KL controller, score normaliser, data cursor). Keeps the
-    last ``keep`` checkpoints. A crash mid-write leaves only a ``.tmp-`` dir, never a checkpoint
-    that looks complete.
-    """
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"iter_{iteration:06d}"
-    tmp = root / f".tmp-iter_{iteration:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    policy.save(tmp)
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            with path.open("rb") as fh:
-                os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old)
-    return final
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -331,7 +320,8 @@ class PPOTrainer:
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
-                 prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None):
+                 prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
+                 stop: Optional[StopRequested] = None):
         from accelerate import Accelerator
 
         if not prompts:
@@ -353,6 +343,12 @@ class PPOTrainer:
         self.data_epoch = 0
         self.data_cursor = 0
         self.update_state = UpdateState(cfg.ppo.micro_batch_size)
+        self.guard = NonFiniteGuard(cfg.training.max_nonfinite_steps)
+        # The stage installs the signal handlers; a bare trainer only stops when asked in code.
+        self.stop = stop if stop is not None else StopRequested()
+        self.last_checkpoint: Optional[Path] = None
+        self._iteration_start: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
+        self._dropped_iteration = False
         self.history: list[dict[str, Any]] = []
         self.writer = MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir else None
         from homerlhf.memory.peaks import PhaseMeter
@@ -383,15 +379,39 @@ class PPOTrainer:
             "micro_batch_size": self.update_state.micro_batch_size,
         }
 
-    def step(self) -> dict[str, Any]:
-        """One iteration: rollout, scoring, advantages, update, metrics. Returns the metrics row."""
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"minibatch": self.generator}
+
+    def _optimizers(self) -> dict[str, Any]:
+        return {"actor": self.actor_opt, "critic": self.critic_opt}
+
+    def _stateful(self) -> dict[str, Any]:
+        return {"kl_controller": self.kl_ctl, "score_moments": self.score_moments, "nonfinite_guard": self.guard}
+
+    def _drop_iteration(self) -> None:
+        _, counters = self._iteration_start
+        self.iteration = counters["iteration"]
+        self.data_epoch = counters["data_epoch"]
+        self.data_cursor = counters["data_cursor"]
+        self._dropped_iteration = True
+
+    def step(self) -> Optional[dict[str, Any]]:
+        """One iteration: rollout, scoring, advantages, update, metrics. Returns the metrics row,
+        or None when a stop request arrived during rollout/scoring (the iteration is then dropped)."""
         cfg = self.cfg
+        # Everything a checkpoint of "before this iteration" needs, should a stop drop the rest of it.
+        self._iteration_start = (capture_rng_state(self._generators()), self.state_dict())
         self.iteration += 1
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
         exp, entropy = collect_experience(
             self.policy, self.next_prompts(), cfg, self.reference, self.reward, meter=self.meter, times=times)
+        if self.stop.requested:
+            # The rollout phase is over; the update would be a new one. Nothing it produced has
+            # touched the weights, optimizers or normaliser yet, so dropping it is exact.
+            self._drop_iteration()
+            return None
 
         t0 = time.perf_counter()
         kl_coef = float(self.kl_ctl.value)
@@ -405,7 +425,7 @@ class PPOTrainer:
         retries_before = self.update_state.oom_retries
         with _phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state)
+                                self.generator, self.update_state, self.guard)
         times.update = time.perf_counter() - t0
         self.kl_ctl.update(float(kl_per_seq.mean()), len(exp))
 
@@ -432,6 +452,7 @@ class PPOTrainer:
             "grad_norm_actor": update["grad_norm_actor"],
             "grad_norm_critic": update["grad_norm_critic"],
             "optimizer_steps": update["optimizer_steps"],
+            "nonfinite_skipped_steps": update["nonfinite_skipped_steps"],
             "early_stopped": update["early_stopped"],
             "micro_batch_size": self.update_state.micro_batch_size,
             "oom_retries": self.update_state.oom_retries - retries_before,
@@ -471,24 +492,67 @@ class PPOTrainer:
         return out
 
     def checkpoint(self) -> Optional[Path]:
+        """Write the full checkpoint of the state after ``self.iteration`` (see ``homerlhf.ppo.checkpoint``)."""
         if self.run_dir is None:
             return None
-        return save_checkpoint(self.run_dir, self.iteration, self.policy, self.state_dict(), self.cfg.checkpoint.keep)
+        rng_state = self._iteration_start[0] if self._dropped_iteration else None
+        path = save_checkpoint(
+            self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
+            trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
+            generators=self._generators(), keep=self.cfg.checkpoint.keep,
+        )
+        self.last_checkpoint = self.guard.last_checkpoint = path
+        return path
+
+    def resume(self, ckpt: str | Path) -> int:
+        """Continue from a checkpoint: weights, optimizers, controllers, RNG, data cursor; the run's
+        logs are cut back to what they held at that checkpoint. Returns the iteration reached."""
+        state = load_checkpoint(ckpt, policy=self.policy, optimizers=self._optimizers(),
+                                stateful=self._stateful(), generators=self._generators())
+        counters = state["trainer"]
+        self.iteration = int(state["iteration"])
+        self.data_epoch = int(counters["data_epoch"])
+        self.data_cursor = int(counters["data_cursor"])
+        self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
+        # load_state_dict brings back the saved learning rates; a resumed config may change them.
+        for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
+            for group in optimizer.param_groups:
+                group["lr"] = section.lr
+                group["weight_decay"] = self.cfg.training.weight_decay
+        if self.run_dir is not None:
+            truncate_logs(self.run_dir, state["logs"])
+        self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
+        return self.iteration
+
+    @property
+    def stopped(self) -> bool:
+        """True when the last ``train`` ended on a stop request rather than at its last iteration."""
+        return self.stop.requested
 
     def train(self, iterations: Optional[int] = None) -> list[dict[str, Any]]:
-        """Run until ``iterations`` (default ``ppo.iterations``) are done; checkpoint every N and at the end."""
+        """Run until ``iterations`` (default ``ppo.iterations``) are done; checkpoint every N and at the end.
+
+        A stop request (``self.stop``, set by SIGINT/SIGTERM in the stage) ends the loop at the next
+        phase boundary with a checkpoint. A non-finite run raises ``NonFiniteError`` and writes no
+        checkpoint, so the last good one stays the newest.
+        """
         from tqdm.auto import tqdm
 
         total = iterations if iterations is not None else self.cfg.ppo.iterations
         bar = tqdm(total=total, initial=self.iteration, desc="PPO", unit="it",
                    disable=not self.cfg.logging.progress, dynamic_ncols=True)
         try:
-            while self.iteration < total:
+            while self.iteration < total and not self.stop.requested:
                 row = self.step()
+                if row is None:
+                    break
                 bar.update(1)
                 bar.set_postfix(progress_postfix(row))
                 if self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total:
                     self.checkpoint()
+            saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
+            if self.stop.requested and not saved and self.iteration > 0:
+                self.checkpoint()
         finally:
             bar.close()
             self.meter.close()

@@ -35,7 +35,8 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     present = [name for name in RUN_MARKERS if (run_dir / name).exists()]
     if present:
         if not overwrite:
-            raise UserError(f"{run_dir} already holds a run; pass --overwrite to replace it or choose another --out")
+            raise UserError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
+                            "--overwrite to replace it, or choose another --out")
         for name in (*RUN_MARKERS, "samples.jsonl", "tensorboard"):
             target = run_dir / name
             if target.is_dir():
@@ -100,17 +101,32 @@ def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
 
 
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
-            overwrite: bool = False, *, reward: Optional[RewardBackend] = None) -> dict[str, Any]:
-    """Run PPO as configured; returns ``{"run_dir", "metrics", "checkpoint"}``.
+            overwrite: bool = False, *, reward: Optional[RewardBackend] = None,
+            stop=None) -> dict[str, Any]:
+    """Run PPO as configured; returns ``{"run_dir", "metrics", "checkpoint", "stopped", "iteration"}``.
+
+    ``resume``: a run dir to continue from its newest complete checkpoint (``cfg`` must be
+    compatible with the checkpoint's: see ``homerlhf.ppo.checkpoint.INCOMPATIBLE_KEYS``).
+    ``stop``: a ``StopRequested``; by default SIGINT/SIGTERM set one while the trainer runs.
 
     ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
     """
-    if resume is not None:
-        raise UserError("resume is not built yet (issue 8); start a new run with --out or --overwrite")
     from homerlhf.models.policy import PolicyModel, load_tokenizer
+    from homerlhf.ppo.checkpoint import check_resume_compatible, find_resume_checkpoint, saved_config
+    from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
 
-    run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
+    ckpt = None
+    if resume is not None:
+        if overwrite:
+            raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
+        if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+            raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
+        run_dir = Path(resume)
+        ckpt = find_resume_checkpoint(run_dir)
+        check_resume_compatible(saved_config(ckpt), cfg, run_dir)
+    else:
+        run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
     seed_everything(cfg.seed)
 
@@ -125,9 +141,14 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
         if reward is None:
             reward = build_reward(cfg, policy, run_dir)
         stack.callback(reward.close)
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir)
+        stop = stop if stop is not None else StopRequested()
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop)
+        if ckpt is not None:
+            trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        metrics = trainer.train()
-    checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
-    return {"run_dir": run_dir, "metrics": metrics, "checkpoint": checkpoints[-1] if checkpoints else None}
+        (run_dir / "config.yaml.tmp").write_text(to_yaml(cfg))
+        (run_dir / "config.yaml.tmp").replace(run_dir / "config.yaml")
+        with stop:  # SIGINT/SIGTERM: finish the phase, checkpoint; the ExitStack then stops the workers
+            metrics = trainer.train()
+    return {"run_dir": run_dir, "metrics": metrics, "checkpoint": trainer.last_checkpoint,
+            "stopped": trainer.stopped, "iteration": trainer.iteration}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+
 import pytest
 import torch
 
@@ -41,3 +42,42 @@ def test_skips_and_resets_then_stops_after_n_in_a_row(tmp_path):
     restored = NonFiniteGuard(3)
     restored.load_state_dict(guard.state_dict())
     assert restored.skipped_total == 5
+
+
+def test_trainer_skips_nonfinite_steps_and_stops_with_last_good_checkpoint(tiny_llama_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from homerlhf.config import load_config
+    from homerlhf.models.policy import PolicyModel
+    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+    from homerlhf.ppo.checkpoint import latest_complete_checkpoint
+    from homerlhf.ppo.metrics import read_metrics
+    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+
+    cfg = load_config("cpu-tiny", overrides=[
+        "ref.backend=adapter_off", "quant.load_in_4bit=false", "rollout.batch_size=4", "rollout.chunk_size=4",
+        "rollout.max_new_tokens=4", "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1",
+        "checkpoint.every=1", "checkpoint.keep=5", "training.max_nonfinite_steps=3", "logging.progress=false"])
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    calls = []
+
+    def score(prompt, response):  # sane for iteration 1, then a reward model gone bad
+        calls.append(1)
+        return 1.0 if len(calls) <= 4 else math.nan
+
+    prompts = [policy.tokenizer(f"prompt {i}")["input_ids"] for i in range(8)]
+    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(score), prompts, tmp_path)
+    with pytest.raises(NonFiniteError, match="3 optimizer steps in a row") as info:
+        trainer.train(10)
+    assert "iter_000002" in str(info.value)
+    # Iteration 2 ran both its steps into NaN and skipped them; iteration 3 hit the limit.
+    rows = read_metrics(tmp_path)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert rows[0]["nonfinite_skipped_steps"] == 0 and rows[1]["nonfinite_skipped_steps"] == 2
+    last = latest_complete_checkpoint(tmp_path)
+    assert last.name == "iter_000002"
+    first = tmp_path / "checkpoints" / "iter_000001"
+    for rel in ("actor/adapter_model.safetensors", "critic/adapter_model.safetensors", "value_head.safetensors"):
+        a, b = load_file(str(first / rel)), load_file(str(last / rel))
+        assert all(torch.equal(a[k], b[k]) for k in a)  # skipped steps changed nothing

@@ -1,5 +1,5 @@
-"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, OOM backoff is exact,
-checkpoints are atomic."""
+"""The PPO loop on a real 4-bit tiny policy: it learns a known reward and OOM backoff is exact
+(checkpoints and resume: tests/ppo/test_checkpoint.py, tests/stages/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from homerlhf.ppo.trainer import (
     UpdateState,
     collect_experience,
     compute_advantages,
-    save_checkpoint,
     seed_everything,
     train_minibatch,
 )
@@ -101,20 +100,6 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir):
     assert row["kl_mean"] == pytest.approx(0.0, abs=1e-6)
     assert all(p.requires_grad for p in policy.value_head.parameters())
     assert max(float((p - b).abs().max()) for p, b in zip(policy.actor_parameters(), before)) > 0
-
-
-# -- checkpoints -----------------------------------------------------------------------------
-def test_save_checkpoint_is_atomic_and_keeps_the_last_k(tiny_llama_dir, tmp_path):
-    cfg = _cfg()
-    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    for it in (1, 2, 3):
-        path = save_checkpoint(tmp_path, it, policy, {"iteration": it}, keep=2)
-    root = tmp_path / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["iter_000002", "iter_000003"]
-    assert path == root / "iter_000003"
-    for rel in ("actor/adapter_model.safetensors", "actor/adapter_config.json",
-                "critic/adapter_model.safetensors", "value_head.safetensors", "trainer_state.json"):
-        assert (path / rel).is_file(), rel
 
 
 # -- learning ----------------------------------------------------------------------------------

@@ -75,14 +75,14 @@ def test_refuses_a_reward_model_with_another_tokenizer(tiny_llama_dir, tmp_path)
         run_ppo(_cfg(tiny_llama_dir, rm), out_dir=tmp_path / "run")
 
 
-def test_cli_train_resume_is_a_one_line_error(capsys):
+def test_cli_train_resume_of_a_missing_run_is_a_one_line_error(capsys):
     from homerlhf.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", "runs/none"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "resume is not built yet" in err
+    assert err.count("\n") == 0 and "no such run directory" in err
 
 
 def test_a_bad_model_path_leaves_no_run_behind(tiny_rm_dir, tmp_path):
