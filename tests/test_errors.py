@@ -41,6 +41,9 @@ CLI_CASES = [
     ("unknown-option", ["train", "--bogus"], 2, "No such option: --bogus"),
     ("unknown-command", ["bogus"], 2, "No such command 'bogus'"),
     ("plan-gpu-gib-zero", ["plan", "--gpu-gib", "0"], 2, "--gpu-gib must be > 0, got 0"),
+    ("plan-model-missing", ["plan", "--model", "{tmp}/nomodel"], 2, "not a local model dir, not in the hub cache, not in the builtin table"),
+    ("plan-plot-folder-missing", ["plan", "--plot", "{tmp}/no/such/dir/plan.png"], 2, "does not exist; create it or pick another path"),
+    ("config-file-is-a-dir", ["train", "--config", "{tmp}/empty"], 2, "cannot read config file"),
     ("option-not-a-number", ["worker", "--role", "ref", "--model", "{gguf}", "--port", "abc"], 2, "Invalid value for '--port'"),
     ("worker-unknown-role", ["worker", "--role", "critic", "--model", "{gguf}"], 2, "--role 'critic' is not known; use ref or reward"),
     ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without --token"),
@@ -53,6 +56,25 @@ CLI_CASES = [
     ("export-model-missing", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf"], 2, "does not exist; check the path"),
     ("export-bad-outtype", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf", "--outtype", "q4"], 2, "outtype 'q4' is not supported; use one of f32, f16, bf16, q8_0"),
     ("export-not-a-model-dir", ["export", "ref", "--model", "{tmp}", "--out", "{tmp}/x.gguf"], 2, "has no config.json; pass a HF model directory"),
+]
+
+# `homerlhf train` and the run directory: {tmp}/oldrun holds a run without checkpoints,
+# {tmp}/ckptrun one with a complete checkpoint of the cpu-tiny config (LoRA r=8).
+TRAIN_CASES = [
+    ("train-over-existing-run", ["train", "--out", "{tmp}/oldrun"], 2, "already holds a run; pass --resume"),
+    ("resume-no-such-dir", ["train", "--resume", "{tmp}/nothere"], 2, "no such run directory; give the --out of an earlier run"),
+    ("resume-no-checkpoint", ["train", "--resume", "{tmp}/oldrun"], 2, "the run has no complete checkpoint yet"),
+    ("resume-other-lora-rank", ["train", "--resume", "{tmp}/ckptrun", "--set", "actor.lora.r=4"], 2, "config key 'actor.lora.r' differs from the checkpoint's (8 there, 4 now)"),
+    ("resume-other-model", ["train", "--resume", "{tmp}/ckptrun", "--set", "model.name_or_path=org/other"], 2, "config key 'model.name_or_path' differs from the checkpoint's"),
+    ("resume-other-preset-model", ["train", "--resume", "{tmp}/ckptrun", "--preset", "3090"], 2, "config key 'model.name_or_path' differs"),
+    ("resume-and-overwrite", ["train", "--resume", "{tmp}/ckptrun", "--overwrite"], 2, "pass only one of them"),
+    ("resume-with-other-out", ["train", "--resume", "{tmp}/ckptrun", "--out", "{tmp}/elsewhere"], 2, "drop --out"),
+    ("model-path-missing", ["train", "--set", "model.name_or_path={tmp}/nomodel", "--out", "{tmp}/r-model"], 2, "does not exist (check the path, or give a hub id)"),
+    ("builtin-model-unknown", ["train", "--set", "model.name_or_path=builtin:nope", "--out", "{tmp}/r-builtin"], 2, "unknown builtin model 'builtin:nope'; choose one of"),
+    ("dataset-file-missing", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/none.jsonl", "--out", "{tmp}/r-data1"], 2, "dataset file not found:"),
+    ("dataset-unknown-builtin", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts=builtin:nope", "--out", "{tmp}/r-data2"], 2, "unknown builtin dataset 'builtin:nope'; choose one of"),
+    ("dataset-no-prompt-column", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/nocol.jsonl", "--out", "{tmp}/r-data3"], 2, "cannot find prompts among columns ['foo']; set data.prompt_column"),
+    ("dataset-not-json", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/garbage.jsonl", "--out", "{tmp}/r-data4"], 2, "has no rows; check the file or split"),
 ]
 
 # (id, method path, body or raw bytes, token, status, fragment of detail)
@@ -91,8 +113,30 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _fake_checkpoint(run: Path) -> None:
+    """A run dir whose newest checkpoint is complete as far as resuming's config check reads it."""
+    import hashlib
+
+    from homerlhf.config import load_config, to_yaml
+    from homerlhf.ppo.checkpoint import FORMAT_VERSION, MANIFEST
+
+    ckpt = run / "checkpoints" / "iter_000002"
+    ckpt.mkdir(parents=True)
+    text = to_yaml(load_config("cpu-tiny")).encode()
+    (ckpt / "config.yaml").write_bytes(text)
+    files = {"config.yaml": {"bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}}
+    (ckpt / MANIFEST).write_text(json.dumps({"format": FORMAT_VERSION, "iteration": 2, "files": files}))
+    (run / "config.yaml").write_bytes(text)
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n')
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, tiny_llama_dir):
+    """Placeholders of the argv templates: scratch dir, a real tiny GGUF, the tiny model, runs."""
     from homerlhf.workers.export import export_ref
 
     tmp = tmp_path_factory.mktemp("bad-inputs")
@@ -100,30 +144,40 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "list.yaml").write_text("- 1\n- 2\n")
     (tmp / "typo.yaml").write_text("ppo: {klcoef: 0.1}\n")
     (tmp / "fake.gguf").write_text("not a gguf\n")
+    (tmp / "nocol.jsonl").write_text('{"foo": 1}\n{"foo": 2}\n')
+    (tmp / "garbage.jsonl").write_text("garbage\n{{{\n")
     (tmp / "empty").mkdir()
+    (tmp / "oldrun").mkdir()
+    (tmp / "oldrun" / "config.yaml").write_text("seed: 0\n")
+    (tmp / "oldrun" / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    _fake_checkpoint(tmp / "ckptrun")
     gguf = export_ref(str(tiny_llama_dir), tmp / "ref.gguf", outtype="f32")
-    return tmp, Path(gguf)
+    return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir)}
 
 
 @pytest.fixture(scope="module")
 def cli_results(files):
-    """Every CLI row run once, a few at a time (each is a fresh interpreter)."""
-    tmp, gguf = files
+    """Every CLI row run once, a few at a time (each is a fresh interpreter). Also returns the
+    contents of the earlier runs before and after, to show nothing was written over."""
+    tmp = files["tmp"]
+    before = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun")}
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     port = busy.getsockname()[1]
 
     def one(case):
-        ident, argv, _, _ = case
-        args = [a.format(tmp=tmp, gguf=gguf, port=port) for a in argv]
+        ident, argv = case[0], case[1]
+        args = [a.format(port=port, **files) for a in argv]
         return ident, run_cli(args, tmp)
 
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            return dict(pool.map(one, CLI_CASES))
+            results = dict(pool.map(one, CLI_CASES + TRAIN_CASES))
     finally:
         busy.close()
+    after = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun")}
+    return results, before, after
 
 
 def check_one_line(proc: subprocess.CompletedProcess, code: int, fragment: str) -> None:
@@ -152,13 +206,20 @@ def test_cli_bad_input(cli_results, ident, argv, code, fragment):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
-    check_one_line(cli_results[ident], code, fragment)
+    check_one_line(cli_results[0][ident], code, fragment)
+
+
+@pytest.mark.parametrize("ident, argv, code, fragment", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_train_bad_input_writes_nothing_over(cli_results, ident, argv, code, fragment):
+    results, before, after = cli_results
+    check_one_line(results[ident], code, fragment)
+    assert after == before  # the earlier runs are byte for byte what they were
 
 
 @pytest.fixture(scope="module")
 def worker_url(files):
     """The real worker, started through the CLI with a token, on the tiny Llama export."""
-    tmp, gguf = files
+    tmp, gguf = files["tmp"], files["gguf"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "homerlhf.cli", "worker", "--role", "ref", "--model", str(gguf), "--ctx", "48",
          "--threads", "1", "--token", "secret", "--parent-pid", str(os.getpid())],
@@ -191,5 +252,3 @@ def test_worker_bad_request(worker_url, ident, path, body, token, status, fragme
     assert ok.status_code == 200 and len(ok.json()["logprobs"][0]) == 2
 
 
-# Rows that need `homerlhf train` (the PPO stage); (id, setup, argv, exit code, fragment).
-TRAIN_CASES: list = []
