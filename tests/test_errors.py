@@ -199,6 +199,7 @@ def test_doc_table_and_tests_cover_the_same_rows():
         assert _md_escape(fragment) in rows[ident], f"docs/errors.md row {ident} lacks {fragment!r}"
 
 
+@pytest.mark.slow  # one fixture runs ~70 fresh interpreters (about a minute on 2 cores)
 @pytest.mark.parametrize("ident, argv, code, fragment", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input(cli_results, ident, argv, code, fragment):
     if ident == "gpu-preset-without-gpu":
@@ -209,6 +210,7 @@ def test_cli_bad_input(cli_results, ident, argv, code, fragment):
     check_one_line(cli_results[0][ident], code, fragment)
 
 
+@pytest.mark.slow  # one fixture runs ~70 fresh interpreters (about a minute on 2 cores)
 @pytest.mark.parametrize("ident, argv, code, fragment", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_bad_input_writes_nothing_over(cli_results, ident, argv, code, fragment):
     results, before, after = cli_results
