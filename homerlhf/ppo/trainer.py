@@ -16,10 +16,7 @@ loss weighting must be exact for the OOM backoff to redo a step with smaller mic
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
