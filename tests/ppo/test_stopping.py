@@ -60,19 +60,19 @@ def test_stop_during_rollout_drops_the_half_iteration_and_resume_is_exact(tiny_l
         "rollout.max_new_tokens=4", "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1",
         "ppo.score_norm=true", "checkpoint.every=100", "logging.progress=false"])
     straight = _trainer(cfg, tiny_llama_dir, tmp_path / "straight", StopRequested(echo=print))
-    straight.train(3)
+    straight.train(2)
 
     stop = StopRequested(echo=print)
     run = tmp_path / "stopped"
     first = _trainer(cfg, tiny_llama_dir, run, stop, stop_at_call=4 * 1 + 3)  # inside iteration 2's scoring
-    first.train(3)
+    first.train(2)
     assert first.stopped and first.iteration == 1
     assert latest_complete_checkpoint(run).name == "iter_000001"
     assert [r["iteration"] for r in read_metrics(run)] == [1]
 
     resumed = _trainer(cfg, tiny_llama_dir, run, StopRequested(echo=print))
     resumed.resume(latest_complete_checkpoint(run))
-    resumed.train(3)
+    resumed.train(2)
     a = straight.policy.actor_parameters() + straight.policy.critic_parameters()
     b = resumed.policy.actor_parameters() + resumed.policy.critic_parameters()
     assert max((x - y).abs().max().item() for x, y in zip(a, b)) <= 1e-6
