@@ -249,6 +249,11 @@ def app_cmd(
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: every user error is one line on stderr and a non-zero exit, never a traceback."""
+    import logging
+
+    # bitsandbytes warns at import on every CPU without the optional hub kernel; its fallback is
+    # correct (DESIGN.md), and the line would precede every one-line error of sft/reward/train.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="homerlhf", standalone_mode=False)

@@ -69,6 +69,8 @@ TRAIN_CASES = [
     ("resume-other-preset-model", ["train", "--resume", "{tmp}/ckptrun", "--preset", "3090"], 2, "config key 'model.name_or_path' differs"),
     ("resume-and-overwrite", ["train", "--resume", "{tmp}/ckptrun", "--overwrite"], 2, "pass only one of them"),
     ("resume-with-other-out", ["train", "--resume", "{tmp}/ckptrun", "--out", "{tmp}/elsewhere"], 2, "drop --out"),
+    ("sft-over-existing-run", ["sft", "--out", "{tmp}/oldsft"], 2, "oldsft already holds a run; pass --overwrite or choose another --out"),
+    ("reward-over-existing-run", ["reward", "--out", "{tmp}/oldsft"], 2, "oldsft already holds a run; pass --overwrite or choose another --out"),
     ("model-path-missing", ["train", "--set", "model.name_or_path={tmp}/nomodel", "--out", "{tmp}/r-model"], 2, "does not exist (check the path, or give a hub id)"),
     ("builtin-model-unknown", ["train", "--set", "model.name_or_path=builtin:nope", "--out", "{tmp}/r-builtin"], 2, "unknown builtin model 'builtin:nope'; choose one of"),
     ("dataset-file-missing", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/none.jsonl", "--out", "{tmp}/r-data1"], 2, "dataset file not found:"),
@@ -151,6 +153,8 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "oldrun" / "config.yaml").write_text("seed: 0\n")
     (tmp / "oldrun" / "metrics.jsonl").write_text('{"iteration": 1}\n')
     _fake_checkpoint(tmp / "ckptrun")
+    (tmp / "oldsft" / "model").mkdir(parents=True)  # an SFT / reward run's merged model
+    (tmp / "oldsft" / "model" / "config.json").write_text("{}\n")
     gguf = export_ref(str(tiny_llama_dir), tmp / "ref.gguf", outtype="f32")
     return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir)}
 
@@ -160,7 +164,7 @@ def cli_results(files):
     """Every CLI row run once, a few at a time (each is a fresh interpreter). Also returns the
     contents of the earlier runs before and after, to show nothing was written over."""
     tmp = files["tmp"]
-    before = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun")}
+    before = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun", "oldsft")}
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
@@ -176,7 +180,7 @@ def cli_results(files):
             results = dict(pool.map(one, CLI_CASES + TRAIN_CASES))
     finally:
         busy.close()
-    after = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun")}
+    after = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun", "oldsft")}
     return results, before, after
 
 
