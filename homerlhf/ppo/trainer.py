@@ -545,10 +545,13 @@ class PPOTrainer:
                     break
                 bar.update(1)
                 bar.set_postfix(progress_postfix(row))
-                if self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total:
+                # Not while non-finite steps are in a row: that state (e.g. a NaN-fed score
+                # normaliser) is not one to resume from; the last good checkpoint stays the newest.
+                healthy = self.guard.in_row == 0
+                if healthy and (self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total):
                     self.checkpoint()
             saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
-            if self.stop.requested and not saved and self.iteration > 0:
+            if self.stop.requested and not saved and self.iteration > 0 and self.guard.in_row == 0:
                 self.checkpoint()
         finally:
             bar.close()

@@ -70,14 +70,20 @@ def test_trainer_skips_nonfinite_steps_and_stops_with_last_good_checkpoint(tiny_
     trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(score), prompts, tmp_path)
     with pytest.raises(NonFiniteError, match="3 optimizer steps in a row") as info:
         trainer.train(10)
-    assert "iter_000002" in str(info.value)
-    # Iteration 2 ran both its steps into NaN and skipped them; iteration 3 hit the limit.
+    # Iteration 2 ran both its steps into NaN and skipped them; iteration 3 hit the limit. No
+    # checkpoint was taken while the streak lasted: iteration 1's is the last good one.
+    assert "iter_000001" in str(info.value)
     rows = read_metrics(tmp_path)
     assert [r["iteration"] for r in rows] == [1, 2]
     assert rows[0]["nonfinite_skipped_steps"] == 0 and rows[1]["nonfinite_skipped_steps"] == 2
     last = latest_complete_checkpoint(tmp_path)
-    assert last.name == "iter_000002"
-    first = tmp_path / "checkpoints" / "iter_000001"
-    for rel in ("actor/adapter_model.safetensors", "critic/adapter_model.safetensors", "value_head.safetensors"):
-        a, b = load_file(str(first / rel)), load_file(str(last / rel))
-        assert all(torch.equal(a[k], b[k]) for k in a)  # skipped steps changed nothing
+    assert last.name == "iter_000001"
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
+    for adapter in ("actor", "critic"):  # the skipped steps changed nothing
+        saved = load_file(str(last / adapter / "adapter_model.safetensors"))
+        live = {k.replace(f".{adapter}.", "."): v for k, v in policy.model.named_parameters()
+                if "lora_" in k and f".{adapter}." in k}
+        assert sorted(live) == sorted(saved)
+        assert all(torch.equal(live[k].detach(), saved[k]) for k in saved), adapter
+    head = load_file(str(last / "value_head.safetensors"))
+    assert torch.equal(policy.value_head.linear.weight.detach(), head["linear.weight"])
