@@ -133,12 +133,12 @@ def test_ppo_learns_to_say_the_target_token(peaked_policy_dir):
 
     Fixed seed, real NF4 base, LoRA actor + critic, adapter-off reference, the same 16 prompts every
     iteration (so scores are comparable across iterations). Mean score must rise by a clear margin
-    while the KL to the reference stays bounded. Measured: 0.09 -> 0.50 by iteration 5 (KL 8 nats).
+    while the KL to the reference stays bounded. Measured: 0.06 -> 0.40 by iteration 5 (KL 6.5 nats).
     """
     iterations = 5
     cfg = _cfg("rollout.batch_size=16", "rollout.chunk_size=16", "rollout.max_new_tokens=6",
                "rollout.max_prompt_len=16", "ppo.mini_batch_size=16", "ppo.micro_batch_size=16",
-               "ppo.epochs=2", "actor.lr=3e-3", "critic.lr=3e-3", "ppo.kl_coef=0.02",
+               "ppo.epochs=2", "actor.lr=3e-3", "critic.lr=3e-3", "ppo.kl_coef=0.03",
                f"ppo.iterations={iterations}")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(peaked_policy_dir))

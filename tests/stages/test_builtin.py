@@ -54,7 +54,7 @@ def test_demo_sft_replies_like_the_builtin_task():
     _, held = builtin.split_examples()
     prompts = [{"prompt": [{"role": "user", "content": ex.prompt}]} for ex in held[:8]]
     ids = tokenize_prompts(prompts, tok, 48)
-    known = set(builtin.RUDE_REPLIES) | {f for facts in builtin.TOPICS.values() for f in facts}
+    known = set(builtin.RUDE_REPLIES) | set(builtin.OFF_TOPIC_REPLIES) | {f for facts in builtin.TOPICS.values() for f in facts}
     hits = 0
     torch.manual_seed(0)
     for p in ids:
