@@ -30,9 +30,12 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compute_dtype(quant: QuantConfig, device: str) -> torch.dtype:
-    """``auto`` is bf16 on CUDA (fast tensor cores) and fp32 on CPU (bf16 matmuls are slow there)."""
+    """``auto`` is bf16 on CUDA (fp16 on cards without bf16, e.g. T4) and fp32 on CPU (bf16 matmuls
+    are slow there)."""
     if quant.compute_dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        if device != "cuda":
+            return torch.float32
+        return torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float16
     return _DTYPES[quant.compute_dtype]
 
 
@@ -50,7 +53,8 @@ def quantization_config(quant: QuantConfig, device: str):
     )
 
 
-def peft_lora_config(lora: LoraConfig):
+def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM"):
+    """peft's LoraConfig from a ``LoraConfig`` section; ``SEQ_CLS`` also trains the score head in full."""
     from peft import LoraConfig as PeftLoraConfig
 
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
@@ -60,7 +64,7 @@ def peft_lora_config(lora: LoraConfig):
         lora_dropout=lora.dropout,
         target_modules=targets,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 

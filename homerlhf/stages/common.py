@@ -44,22 +44,16 @@ def train_dtype(cfg) -> torch.dtype:
 
 
 def compute_dtype(cfg) -> torch.dtype:
-    name = cfg.quant.compute_dtype
-    if name == "auto":
-        return train_dtype(cfg)
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    from homerlhf.models.policy import compute_dtype as quant_compute_dtype
+
+    return quant_compute_dtype(cfg.quant, "cuda" if on_cuda(cfg) else "cpu")
 
 
 def quantization_config(cfg):
-    """bitsandbytes NF4/FP4 config from ``cfg.quant`` (used by method 'qlora')."""
-    from transformers import BitsAndBytesConfig
+    """bitsandbytes NF4/FP4 config from ``cfg.quant`` (used by method 'qlora'), as the policy loads it."""
+    from homerlhf.models.policy import quantization_config as quant_config
 
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=cfg.quant.quant_type,
-        bnb_4bit_use_double_quant=cfg.quant.double_quant,
-        bnb_4bit_compute_dtype=compute_dtype(cfg),
-    )
+    return quant_config(cfg.quant, "cuda" if on_cuda(cfg) else "cpu")
 
 
 def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
@@ -113,14 +107,9 @@ def load_tokenizer(base: str, cfg):
 
 
 def lora_config(lora, task_type: str):
-    """peft LoraConfig from a ``LoraConfig`` section; SEQ_CLS also trains the score head in full."""
-    from peft import LoraConfig
+    from homerlhf.models.policy import peft_lora_config
 
-    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
-        task_type=task_type, bias="none",
-    )
+    return peft_lora_config(lora, task_type)
 
 
 def match_trainable_dtype(model, cfg) -> None:
