@@ -64,17 +64,19 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path) -> Path:
     return out_png
 
 
-def before_after(run_dir: Path, checkpoint: Path, seed: int) -> list[dict[str, Any]]:
-    """The SFT policy (adapter off) and the PPO actor on the same held-out prompts and seeds."""
+def before_after(run_dir: Path, checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
+    """The SFT policy (adapter off) and the PPO actor on the same held-out prompts and seeds,
+    with the response cap PPO trained with (the reward worker's context is sized for it)."""
     from homerlhf.app.chat import EvalModels, Sampling
     from homerlhf.data import builtin
 
+    seed = cfg.seed
     _, held_out = builtin.split_examples(seed)
     models = EvalModels(run_dir, checkpoint)
     rows = []
     try:
         for i, example in enumerate(held_out[:N_SAMPLES]):
-            after, before = models.answer_both(example.prompt, Sampling(max_new_tokens=40, seed=seed + i))
+            after, before = models.answer_both(example.prompt, Sampling(max_new_tokens=cfg.rollout.max_new_tokens, seed=seed + i))
             rows.append({
                 "prompt": example.prompt,
                 "before": before.text, "before_score": before.score,
@@ -169,7 +171,7 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
     _log("4/4 reward curve and before/after samples")
     t0 = time.perf_counter()
     curve = plot_reward_curve(metrics, out / "reward_curve.png")
-    rows = before_after(out, result["checkpoint"], cfg.seed)
+    rows = before_after(out, result["checkpoint"], cfg)
     samples_md = write_samples_markdown(rows, out / "before_after.md")
     (out / "before_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     times["samples + plot"] = time.perf_counter() - t0
