@@ -138,7 +138,11 @@ def corpus() -> list[str]:
 
 
 def score_reply(topic: str, reply: str) -> float:
-    """The known-by-construction preference as a number: +1 polite and on-topic, else -1."""
+    """The known-by-construction preference as a number: +1 polite and on-topic, else -1.
+
+    On-topic means the reply states one of the topic's facts; its first 20 characters are enough,
+    so a reply cut by the response length cap still counts.
+    """
     rude = any(reply.startswith(r.split()[0]) for r in RUDE_REPLIES)
-    on_topic = any(fact in reply for fact in TOPICS[topic])
+    on_topic = any(fact[:20] in reply for fact in TOPICS[topic])
     return 1.0 if on_topic and not rude else -1.0
