@@ -1,10 +1,12 @@
+import re
+
 from homerlhf.data import builtin
 
 
 def test_pairs_are_preferred_by_construction():
     for held_out in (False, True):
         for pair in builtin.preference_records(seed=0, n=200, held_out=held_out):
-            topic = next(t for t in builtin.TOPICS if t in pair["prompt"])
+            topic = next(t for t in builtin.TOPICS if re.search(rf"\b{t}\b", pair["prompt"]))
             assert builtin.score_reply(topic, pair["chosen"]) == 1.0
             assert builtin.score_reply(topic, pair["rejected"]) == -1.0
 
