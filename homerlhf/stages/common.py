@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import torch
 
@@ -16,20 +16,34 @@ from homerlhf.errors import UserError
 Method = Literal["qlora", "lora", "full"]
 
 
-def prepare_out(out: Path, marker: str, overwrite: bool) -> Path:
-    """The run directory, empty of an earlier run unless ``overwrite`` (then that run is removed)."""
-    out = Path(out)
-    if (out / marker).exists() or (out / "model").exists():
+def claim_run_dir(path: Path, markers: Sequence[str], overwrite: bool, refusal: str,
+                  removals: Sequence[str] = ()) -> Path:
+    """``path`` made ready for a new run of one stage.
+
+    A directory holding any of ``markers`` already holds a run: ``refusal`` (a UserError) unless
+    ``overwrite``, which removes the markers and ``removals`` (and nothing else the user put there).
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"run dir {path} is a file; choose another --out")
+    if any((path / name).exists() for name in markers):
         if not overwrite:
-            raise UserError(f"{out} already holds a run; pass --overwrite or choose another --out")
-        for name in ("model", "adapter", "gguf", "trainer", marker):
-            target = out / name
+            raise UserError(refusal)
+        for name in (*markers, *removals):
+            target = path / name
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prepare_out(out: Path, marker: str, overwrite: bool) -> Path:
+    """The SFT / reward output dir, empty of an earlier run unless ``overwrite``."""
+    return claim_run_dir(out, (marker, "model"), overwrite,
+                         f"{out} already holds a run; pass --overwrite or choose another --out",
+                         removals=("adapter", "gguf", "trainer"))
 
 
 def on_cuda(cfg) -> bool:

@@ -8,7 +8,6 @@ whatever happens in between.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,22 +28,12 @@ def resolve(name_or_path: str) -> str:
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     """An empty-of-runs ``run_dir``; an earlier run there is an error unless ``overwrite``."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"run dir {run_dir} is a file; choose another --out")
-    present = [name for name in RUN_MARKERS if (run_dir / name).exists()]
-    if present:
-        if not overwrite:
-            raise UserError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
-                            "--overwrite to replace it, or choose another --out")
-        for name in (*RUN_MARKERS, "samples.jsonl", "tensorboard"):
-            target = run_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    from homerlhf.stages.common import claim_run_dir
+
+    return claim_run_dir(run_dir, RUN_MARKERS, overwrite,
+                         f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
+                         "--overwrite to replace it, or choose another --out",
+                         removals=("samples.jsonl", "tensorboard"))
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
