@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from homerlhf.errors import UserError
-from homerlhf.workers.process import WorkerProcess, portable_reinstall_command, signal_death
+from homerlhf.workers.process import SignalDeath, WorkerProcess, portable_reinstall_command, signal_death
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 DEMO_PRESET = "cpu-tiny"
@@ -54,11 +54,12 @@ class Check:
 
 
 class ChildFailed(Exception):
-    """A check's child process crashed, timed out or raised; ``detail`` and ``fix`` say how and what to do."""
+    """A check's child process crashed, timed out or raised; ``detail`` and ``fix`` say how and what to
+    do (worded for llama.cpp), ``death`` is the signal that killed it, if one did."""
 
-    def __init__(self, detail: str, fix: str):
+    def __init__(self, detail: str, fix: str, death: Optional[SignalDeath] = None):
         super().__init__(detail)
-        self.detail, self.fix = detail, fix
+        self.detail, self.fix, self.death = detail, fix, death
 
 
 def run_child(code: str, *args: str, timeout: float = 300.0) -> dict:
@@ -69,7 +70,7 @@ def run_child(code: str, *args: str, timeout: float = 300.0) -> dict:
         raise ChildFailed(f"no answer after {timeout:.0f} s", "the machine is overloaded or the check hangs") from None
     death = signal_death(proc.returncode)
     if death is not None:
-        raise ChildFailed(f"died by {death.name} ({death.meaning})", death.fix)
+        raise ChildFailed(f"died by {death.name} ({death.meaning})", death.fix, death)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or not lines:
         errors = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -271,11 +272,12 @@ print(json.dumps({"packed": str(layer.weight.dtype), "forward": (y - x.detach() 
 def check_nf4(device: str) -> Check:
     """bitsandbytes NF4 ``Linear4bit`` forward and backward on ``device``, against its dequantized weight."""
     name = f"bitsandbytes NF4 ({device})"
-    fix_install = "pip install 'bitsandbytes>=0.48'"
+    fix_install = "pip install --force-reinstall 'bitsandbytes>=0.48'"
     try:
         out = run_child(NF4_CODE, device, timeout=180)
-    except ChildFailed as exc:
-        return Check(name, FAIL, exc.detail, fix_install)
+    except ChildFailed as exc:  # its own words: the child's llama.cpp wording does not fit here
+        detail = f"died by {exc.death.name}" if exc.death else exc.detail
+        return Check(name, FAIL, detail, fix_install)
     err = max(out["forward"], out["backward"])
     if out["packed"] != "torch.uint8" or err > 1e-4:
         return Check(name, FAIL, f"weights {out['packed']}, off by {err:.1e} from the dequantized matmul", fix_install)
