@@ -42,7 +42,8 @@ def _stop_all() -> None:
 
 atexit.register(_stop_all)
 
-# llama.cpp for any x86-64 CPU with AVX2/FMA/F16C (2013 on), not only the one it was compiled on.
+# llama.cpp for any x86-64 CPU with AVX2/FMA/F16C (Intel since 2013, AMD since 2015), not only the
+# one it was compiled on.
 # .ci/run builds with exactly these flags; README shows the same command.
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
 
@@ -83,13 +84,13 @@ _DEATHS = {
     signal.SIGILL: ("illegal instruction: the llama.cpp build uses CPU instructions this machine lacks",
                     _REINSTALL, False),
     signal.SIGSEGV: ("llama.cpp crashed (invalid memory access)", _CHECK_THEN_REINSTALL, False),
-    signal.SIGBUS: ("llama.cpp crashed (bus error: the model file changed or shrank while mapped?)",
+    signal.SIGBUS: ("llama.cpp crashed (bus error; a model file rewritten while mapped causes it too)",
                     _CHECK_THEN_REINSTALL, False),
     signal.SIGFPE: ("llama.cpp crashed (arithmetic fault)", _CHECK_THEN_REINSTALL, False),
     signal.SIGABRT: ("llama.cpp aborted on a failed check", "its log says which", False),
     signal.SIGKILL: ("killed from outside, often by the kernel's out-of-memory killer (`dmesg` says)",
                      "free memory or lower the worker's ctx/threads", True),
-    signal.SIGTERM: ("stopped from outside", "see who sent SIGTERM", True),
+    signal.SIGTERM: ("stopped from outside, by a user or a supervisor", "start the run again", True),
 }
 
 
