@@ -71,7 +71,3 @@ def response_hidden(hidden: Tensor, response_len: int) -> Tensor:
     total = hidden.shape[1]
     return hidden[:, total - response_len - 1 : total - 1]
 
-
-def naive_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """Reference implementation for tests: logits (B, T, V), targets (B, T) -> (B, T)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

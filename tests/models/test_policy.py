@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from homerlhf.config import load_config
-from homerlhf.models.logprobs import naive_logprobs, position_ids_from_mask
+from homerlhf.models.logprobs import position_ids_from_mask
 from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
 from homerlhf.ppo.rollout import left_pad
 
@@ -48,7 +48,7 @@ def test_base_is_really_nf4_and_only_adapters_and_value_head_train(policy):
     assert policy.value_head.linear.weight.dtype == torch.float32
 
 
-def test_chunked_actor_logprobs_equal_full_logits(policy):
+def test_chunked_actor_logprobs_equal_full_logits(policy, naive_logprobs):
     ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
     with torch.no_grad():
         logprobs, _ = policy.actor_logprobs(ids, mask, T)
