@@ -98,7 +98,7 @@ class EvalModels:
         return next(self.model.parameters()).device
 
     def prompt_ids(self, text: str) -> list[int]:
-        from homerlhf.data.load import prompt_ids
+        from homerlhf.data.tokens import prompt_ids
 
         ids = prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
         return ids[-self.cfg.rollout.max_prompt_len:]

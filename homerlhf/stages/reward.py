@@ -25,7 +25,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from homerlhf.data.load import fit_length, load_preferences, sequence_ids
+from homerlhf.data.load import load_preferences
+from homerlhf.data.tokens import fit_length, sequence_ids
 from homerlhf.stages.common import (
     Timer,
     lora_config,

@@ -18,7 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from homerlhf.data.load import fit_length, load_sft, render, sequence_ids
+from homerlhf.data.load import load_sft
+from homerlhf.data.tokens import fit_length, render, sequence_ids
 from homerlhf.stages.common import (
     Timer,
     lora_config,

@@ -46,7 +46,7 @@ def test_demo_sft_replies_like_the_builtin_task():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from homerlhf.data import builtin
-    from homerlhf.data.load import tokenize_prompts
+    from homerlhf.data.tokens import tokenize_prompts
 
     path = resolve_model("builtin:demo-sft")
     model = AutoModelForCausalLM.from_pretrained(path)
