@@ -67,7 +67,7 @@ def train(
     from homerlhf.stages.ppo import run_ppo
 
     if resume is not None:
-        from homerlhf.ppo.checkpoint import resume_config
+        from homerlhf.ppo.resuming import resume_config
 
         # --resume alone continues with the run's own config; --config/--set go on top of it.
         explicit_preset = ctx.get_parameter_source("preset").name == "COMMANDLINE"

@@ -29,18 +29,14 @@ from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import ModelShape, shape_from_config
 from homerlhf.ppo.advantages import compute_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
-from homerlhf.ppo.checkpoint import (
-    capture_rng_state,
-    checkpoint_name,
-    load_checkpoint,
-    save_checkpoint,
-    truncate_logs,
-)
+from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import StageTimes, collect_experience, phase
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import MetricsWriter, iteration_metrics, progress_postfix
+from homerlhf.ppo.resuming import truncate_logs
+from homerlhf.ppo.rng import capture_rng_state
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
 from homerlhf.ppo.update import UpdateState, build_optimizer, ppo_update

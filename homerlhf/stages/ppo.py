@@ -38,7 +38,8 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
     """The configured prompt dataset, chat-templated and tokenised (left-truncated)."""
-    from homerlhf.data.load import load_prompts, tokenize_prompts
+    from homerlhf.data.load import load_prompts
+    from homerlhf.data.tokens import tokenize_prompts
 
     records, _report = load_prompts(cfg.data.prompts, cfg.data)
     return tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len)
@@ -101,7 +102,8 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
     """
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.checkpoint import check_resume_compatible, find_resume_checkpoint, saved_config
+    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
 
