@@ -48,7 +48,7 @@ def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: i
 
     from homerlhf.workers.backends import connect
     from homerlhf.workers.process import WorkerProcess
-    from homerlhf.workers.server import Engine
+    from homerlhf.workers.engine import Engine
 
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
     pairs = list(zip(prompts, responses))
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
 
         model = str(build_causal_lm(tmp / "tiny-llama", arch="llama"))
     gguf = export_ref(model, tmp / "ref.gguf", outtype=args.outtype)
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
 
     vocab = read_gguf_info(gguf).tokenizer_size
     ctx = args.prompt_len + args.response_len

@@ -222,7 +222,8 @@ def worker(
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process is gone."),
 ) -> None:
     """Serve a reference or reward model from llama.cpp over HTTP (token ids in and out)."""
-    from homerlhf.workers.server import ROLES, serve
+    from homerlhf.workers.engine import ROLES
+    from homerlhf.workers.server import serve
 
     if role not in ROLES:
         raise UserError(f"--role {role!r} is not known; use ref or reward")

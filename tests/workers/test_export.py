@@ -180,7 +180,7 @@ def test_sentencepiece_style_vocabulary(tmp_path):
 
     from homerlhf.data import builtin
     from homerlhf.tiny import model_config
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import tokenizer_fingerprint, vocab_fingerprint
 
     spm = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
