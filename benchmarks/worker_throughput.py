@@ -47,8 +47,8 @@ def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: i
     from llama_cpp import Llama
 
     from homerlhf.workers.backends import connect
-    from homerlhf.workers.process import WorkerProcess
     from homerlhf.workers.engine import Engine
+    from homerlhf.workers.process import WorkerProcess
 
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
     pairs = list(zip(prompts, responses))

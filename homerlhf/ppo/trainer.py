@@ -43,6 +43,7 @@ from homerlhf.ppo.update import UpdateState, build_optimizer, ppo_update
 
 log = logging.getLogger(__name__)
 
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
