@@ -1,7 +1,8 @@
-"""Per-iteration metrics: one JSON line each in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), samples.
+"""Per-iteration metrics: the row of one iteration (``iteration_metrics``), written as one JSON line
+in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), and the samples.
 
-Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means and
-``docs/ppo_details.md`` documents every name in it.
+Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means (in the
+order rows are written) and ``docs/ppo_details.md`` documents every name in it.
 """
 
 from __future__ import annotations
