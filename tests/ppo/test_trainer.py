@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from homerlhf.memory.planner import predicted_peaks
+from homerlhf.memory.search import apply_overrides
 from homerlhf.memory.shapes import resolve_shape
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
@@ -36,6 +37,10 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_c
     predicted = predicted_peaks(cfg, resolve_shape(str(tiny_llama_dir)))
     assert {name: row[f"predicted_mem_{name}_gib"] for name in predicted} == predicted
     assert set(predicted) == {"generation", "scoring", "update"} and row["peak_mem_kind"] == "cpu_rss"
+    # After an OOM backoff the update is predicted at the micro-batch in use.
+    trainer.update_state.micro_batch_size = 2
+    at_two = predicted_peaks(apply_overrides(cfg, {"ppo.micro_batch_size": 2}), resolve_shape(str(tiny_llama_dir)))
+    assert trainer.memory_metrics()["predicted_mem_update_gib"] == at_two["update"] != predicted["update"]
 
 
 # -- learning ----------------------------------------------------------------------------------
