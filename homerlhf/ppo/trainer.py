@@ -163,11 +163,8 @@ class PPOTrainer:
             return None
         kl_coef = float(self.kl_ctl.value)
         exp, scores = self.advantages(exp, kl_coef, times)
-        retries_before = self.update_state.oom_retries
         update = self.update(exp, times)
         self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
-        update.update(micro_batch_size=self.update_state.micro_batch_size,
-                      oom_retries=self.update_state.oom_retries - retries_before)
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started)
         row.update(self.memory_metrics())
@@ -183,13 +180,16 @@ class PPOTrainer:
         return exp, scores
 
     def update(self, exp: Experience, times: StageTimes) -> dict[str, float]:
-        """The PPO epochs over ``exp`` (the update phase); their stats averaged over optimizer steps."""
+        """The PPO epochs over ``exp`` (the update phase): their stats averaged over optimizer steps,
+        the micro-batch size in use and this iteration's OOM retries."""
         t0 = time.perf_counter()
+        retries_before = self.update_state.oom_retries
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
                                 self.generator, self.update_state, self.guard)
         times.update = time.perf_counter() - t0
-        return update
+        return {**update, "micro_batch_size": self.update_state.micro_batch_size,
+                "oom_retries": self.update_state.oom_retries - retries_before}
 
     def memory_metrics(self) -> dict[str, Any]:
         """Measured peak GiB per phase, the planner's prediction beside them, and what was measured."""
