@@ -13,6 +13,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer uses click itself
     import click.exceptions as click_exc
 
+import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
 from homerlhf.errors import UserError
 
 app = typer.Typer(

@@ -139,7 +139,7 @@ def run_reward(
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    from homerlhf.stages.builtin import resolve_model
+    from homerlhf.models.registry import resolve_model
 
     section = cfg.rm
     out = prepare_out(Path(out), "reward_run.json", overwrite)

@@ -61,7 +61,7 @@ def run_sft(
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    from homerlhf.stages.builtin import resolve_model
+    from homerlhf.models.registry import resolve_model
 
     section = cfg.sft
     out = prepare_out(Path(out), "sft_run.json", overwrite)
