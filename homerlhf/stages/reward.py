@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from homerlhf.data.load import fit_length, load_preferences, sequence_ids
+from homerlhf.ppo.rollout import pad_sequences
 from homerlhf.stages.common import (
     Timer,
     lora_config,
@@ -70,14 +71,8 @@ def score_ids(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size
     device = next(model.parameters()).device
     scores = []
     for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start : start + batch_size]
-        width = max(len(s) for s in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(chunk):
-            ids[i, : len(s)] = torch.tensor(s)
-            mask[i, : len(s)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # (b, 1)
+        ids, mask = pad_sequences(sequences[start : start + batch_size], pad_id, side="right", device=device)
+        logits = model(input_ids=ids, attention_mask=mask).logits  # (b, 1)
         scores.append(logits[:, 0].float().cpu())
     return torch.cat(scores)
 

@@ -8,7 +8,7 @@ import torch
 from homerlhf.config import load_config
 from homerlhf.models.logprobs import naive_logprobs, position_ids_from_mask
 from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
-from homerlhf.ppo.rollout import left_pad
+from homerlhf.ppo.rollout import pad_sequences
 
 
 def _cfg(*extra):
@@ -26,7 +26,7 @@ def _batch(pad_id):
     """Two samples with different prompt and response lengths (left / right padded)."""
     prompts = [[4, 300, 301, 302, 20, 1, 6], [4, 310, 1, 6]]
     responses = [[120, 121, 1], [130, 131, 132, 133, 134]]
-    p_ids, p_mask = left_pad(prompts, pad_id)
+    p_ids, p_mask = pad_sequences(prompts, pad_id)
     width = max(map(len, responses))
     r_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses])
     r_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
@@ -134,7 +134,7 @@ def test_shared_adapter_one_forward_and_save(tiny_llama_dir, tmp_path):
 
 
 def test_generate_returns_only_the_response(policy):
-    prompts, prompt_mask = left_pad([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    prompts, prompt_mask = pad_sequences([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
     torch.manual_seed(0)
     response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
