@@ -138,3 +138,24 @@ def test_generate_returns_only_the_response(policy):
     torch.manual_seed(0)
     response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
+
+
+def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from homerlhf.errors import UserError
+    from homerlhf.models.policy import load_tokenizer
+
+    saved = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    saved.padding_side = "right"
+    saved.pad_token = None  # many base models ship without one
+    saved.save_pretrained(tmp_path / "tok")
+
+    for_generation = load_tokenizer(str(tmp_path / "tok"))
+    assert for_generation.padding_side == "left"
+    assert for_generation.pad_token_id == for_generation.eos_token_id
+    own = load_tokenizer(str(tmp_path / "tok"), padding_side=None)  # TRL's trainers: the tokenizer's own side
+    assert own.padding_side == "right" and own.pad_token_id == own.eos_token_id
+    with pytest.raises(UserError, match="cannot load a tokenizer from") as err:
+        load_tokenizer(str(tmp_path / "missing"))
+    assert "\n" not in str(err.value)
