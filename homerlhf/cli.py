@@ -13,6 +13,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer uses click itself
     import click.exceptions as click_exc
 
+import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(export_app, name="export")
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
 SetOpt = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable).")
+OverwriteOpt = typer.Option(False, "--overwrite", help="Replace a run already in --out.")
 
 
 def not_built(what: str, issue: int) -> None:
@@ -56,7 +58,7 @@ def train(
     ctx: typer.Context,
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable)."),
+    set_: List[str] = SetOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: output_dir)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in the output dir."),
@@ -99,7 +101,7 @@ def plan(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id, local dir or builtin table name."),
     gpu_gib: Optional[float] = typer.Option(None, "--gpu-gib", help="Plan for this much GPU memory."),
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
 ) -> None:
@@ -139,11 +141,11 @@ def demo(
 def sft(
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     data: Optional[str] = typer.Option(None, "--data", help="Dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/sft"), "--out", "-o", help="Output directory."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: sft.base or model.name_or_path)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
+    overwrite: bool = OverwriteOpt,
 ) -> None:
     """Supervised fine-tuning (TRL SFTTrainer, QLoRA); writes OUT/adapter, OUT/model, OUT/sft_run.json."""
     from homerlhf.config import check_device
@@ -160,12 +162,12 @@ def sft(
 def reward(
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     data: Optional[str] = typer.Option(None, "--data", help="Preference dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/reward"), "--out", "-o", help="Output directory."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: rm.base or model.name_or_path)."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out pairs (default: a data.eval_fraction split)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
+    overwrite: bool = OverwriteOpt,
 ) -> None:
     """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker.
 

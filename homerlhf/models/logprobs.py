@@ -1,4 +1,4 @@
-"""Log-probs of taken tokens, computed over sequence chunks.
+"""Log-probs of taken tokens (and the entropy of each next-token distribution), over sequence chunks.
 
 Real vocabularies have 128k-256k entries: the fp32 logits of a (B, L, V) batch would dwarf the rest
 of a step. We run the backbone once for hidden states, then apply the LM head and a log-softmax to
@@ -14,8 +14,6 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from homerlhf.ppo.math import entropy_from_logits
-
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Positions that skip left padding, as generation assigns them.
@@ -23,6 +21,23 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     attention_mask: (B, L) 1 on real tokens. Returns (B, L) long; padded slots get 0 (ignored).
     """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution given by ``logits``, ``-sum_v p_v log p_v``.
+
+    Args:
+        logits: ``[..., V]``; ``-inf`` entries (top-k / top-p filtered) count as probability 0.
+
+    Returns: ``[...]``, in float32 for 16-bit logits (their softmax is too coarse), else in the
+    logits' dtype. Feed it chunks of positions: it holds two copies of ``logits``.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    # p = 0 where logp = -inf; the clamp keeps 0 * -inf from turning into nan.
+    logp = logp.clamp(min=torch.finfo(logp.dtype).min)
+    return -(logp.exp() * logp).sum(dim=-1)
 
 
 def _chunk_logprobs(lm_head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:

@@ -68,20 +68,26 @@ def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM"):
     )
 
 
-def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None):
-    """The policy tokenizer, left-padding (generation), with a pad token (eos when the model has none)."""
+def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None,
+                   padding_side: Optional[str] = "left"):
+    """The model's tokenizer with a pad token (eos when the model has none).
+
+    ``padding_side``: "left" for generation (the policy); None keeps the tokenizer's own (TRL's
+    trainers pad as the tokenizer says).
+    """
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code, revision=revision)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise UserError(
-            f"cannot load a tokenizer from '{model_path}': {str(exc).splitlines()[0]} "
+            f"cannot load a tokenizer from '{model_path}': {str(exc).strip().splitlines()[0][:200]} "
             "(give a local HF model dir, a cached hub id, or builtin:<name>)"
         ) from None
-    if tokenizer.pad_token_id is None:
+    if tokenizer.pad_token_id is None:  # many base models ship without one; eos is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
     return tokenizer
 
 

@@ -8,7 +8,7 @@ mask is 1 up to and including each row's EOS. Rows that hit ``max_new_tokens`` w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -43,15 +43,21 @@ class RolloutBatch:
         return input_ids, attention_mask
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
-    """Token lists -> ``(ids, mask)``, each (B, max_len), padded on the left."""
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: Literal["left", "right"] = "left",
+                  device=None) -> tuple[Tensor, Tensor]:
+    """Token lists -> ``(ids, mask)``, each (B, max_len) long, padded on ``side`` with ``pad_id``.
+
+    Prompts are padded on the left (generation continues from the last column), responses and
+    whole sequences for a sequence classifier on the right.
+    """
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if len(seq):
-            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
+            cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+            ids[row, cols] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, cols] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -81,7 +87,7 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     tokenizer = policy.tokenizer
     # Left truncation keeps the end of a prompt, where the generation prompt (assistant tag) sits.
     prompts = [list(p)[-rollout.max_prompt_len :] for p in prompts]
-    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id, device=policy.device)
+    prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
     policy.eval()
     response_ids = policy.generate(prompt_ids, prompt_mask, **sampling_kwargs(rollout))
     response_mask, truncated = response_mask_and_truncated(response_ids, tokenizer.eos_token_id)

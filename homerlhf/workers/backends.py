@@ -141,8 +141,9 @@ def cache_key(kind: str, model_dir: Path, **options) -> str:
 
 def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device: str = "cpu") -> Path:
     """The reference GGUF for ``model``, exported once into the cache."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_ref, resolve_model_dir
+    from homerlhf.workers.export import export_ref
 
     model_dir = resolve_model_dir(model)
     options = {"outtype": outtype, "from_nf4": from_nf4,
@@ -155,8 +156,9 @@ def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device
 
 def cached_reward_dir(model: str, outtype: str) -> Path:
     """An exported reward dir for ``model``: the run's own ``gguf/`` if it has one, else a cached export."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_reward, resolve_model_dir, reward_model_dir
+    from homerlhf.workers.export import export_reward, reward_model_dir
 
     root = resolve_model_dir(model)
     if (root / "gguf" / "manifest.json").exists():

@@ -88,3 +88,24 @@ def test_override_values_parse_as_yaml():
 
 def test_defaults_validate():
     RunConfig()
+
+
+def test_sft_and_rm_share_one_description_per_field_and_keep_their_defaults():
+    from homerlhf.config.schema import RewardTrainConfig, SFTConfig, TRLStageConfig
+
+    shared = TRLStageConfig.model_fields
+    assert set(SFTConfig.model_fields) == set(shared)  # SFT's LoRA settings are actor.lora
+    assert set(RewardTrainConfig.model_fields) - set(shared) == {"eval_data", "lora", "center_rewards_coef", "export_gguf"}
+    for name, field in shared.items():
+        assert field.description
+        assert SFTConfig.model_fields[name].description == RewardTrainConfig.model_fields[name].description == field.description
+    # The defaults each stage had before they shared a base.
+    common = dict(base=None, method="qlora", epochs=1.0, max_steps=None, batch_size=4, grad_accum=4, max_len=1024,
+                  warmup_ratio=0.03)
+    assert SFTConfig().model_dump() == dict(common, data="builtin:demo-sft", lr=2e-4)
+    assert RewardTrainConfig().model_dump() == dict(
+        common, data="builtin:demo-pairs", lr=1e-4, eval_data=None, center_rewards_coef=None, export_gguf=True,
+        lora=dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear"),
+    )
+    with pytest.raises(UserError, match="rm.lr"):
+        load_config("cpu-tiny", overrides=["rm.lr=0"])

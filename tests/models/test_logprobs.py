@@ -1,15 +1,23 @@
-"""Chunked log-probs equal the one-piece computation, values and gradients."""
+"""Chunked log-probs equal the one-piece computation, values and gradients; entropy by hand."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from homerlhf.models.logprobs import chunked_logprobs, position_ids_from_mask, response_hidden
+from homerlhf.models.logprobs import entropy_from_logits
+
+
+def close(actual, expected, atol=1e-6):
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64])
-def test_chunked_equals_naive_values_entropy_and_gradients(chunk_size, naive_logprobs):
+def test_chunked_equals_naive_values_entropy_and_gradients(chunk_size):
     torch.manual_seed(0)
     B, T, H, V = 3, 7, 16, 50
     lm_head = torch.nn.Linear(H, V, bias=False)
@@ -44,3 +52,26 @@ def test_position_ids_skip_left_padding_and_response_hidden_alignment():
 def test_bad_chunk_size():
     with pytest.raises(ValueError):
         chunked_logprobs(torch.nn.Identity(), torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), 0)
+
+
+def test_entropy_from_logits_by_hand():
+    logits = torch.tensor(
+        [
+            [[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), -math.inf, -math.inf]],
+            [[0.0, -math.inf, 0.0, -math.inf], [1000.0, 0.0, 0.0, 0.0]],
+        ],
+        dtype=torch.float64,
+    )
+    # uniform over 4: ln 4 = 1.3862943611
+    # p = [1/4, 3/4]: 0.25*ln 4 + 0.75*ln(4/3) = 0.3465735903 + 0.2157615544 = 0.5623351447
+    # uniform over 2 (two -inf): ln 2 = 0.6931471806
+    # one logit 1000 above the rest: p ~ [1, 3e-435...] -> 0 (and no nan from exp overflow)
+    h = entropy_from_logits(logits)
+    assert h.shape == (2, 2)
+    close(h, [[1.3862943611, 0.5623351447], [0.6931471806, 0.0]])
+
+
+def test_entropy_from_logits_upcasts_16_bit():
+    h = entropy_from_logits(torch.zeros(3, 8, dtype=torch.bfloat16))
+    assert h.dtype == torch.float32
+    close(h, [math.log(8.0)] * 3)

@@ -8,7 +8,7 @@ import torch
 from homerlhf.config import load_config
 from homerlhf.models.logprobs import position_ids_from_mask
 from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
-from homerlhf.ppo.rollout import left_pad
+from homerlhf.ppo.rollout import pad_sequences
 
 
 def _cfg(*extra):
@@ -26,7 +26,7 @@ def _batch(pad_id):
     """Two samples with different prompt and response lengths (left / right padded)."""
     prompts = [[4, 300, 301, 302, 20, 1, 6], [4, 310, 1, 6]]
     responses = [[120, 121, 1], [130, 131, 132, 133, 134]]
-    p_ids, p_mask = left_pad(prompts, pad_id)
+    p_ids, p_mask = pad_sequences(prompts, pad_id)
     width = max(map(len, responses))
     r_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses])
     r_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
@@ -134,7 +134,28 @@ def test_shared_adapter_one_forward_and_save(tiny_llama_dir, tmp_path):
 
 
 def test_generate_returns_only_the_response(policy):
-    prompts, prompt_mask = left_pad([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    prompts, prompt_mask = pad_sequences([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
     torch.manual_seed(0)
     response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
+
+
+def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from homerlhf.errors import UserError
+    from homerlhf.models.policy import load_tokenizer
+
+    saved = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    saved.padding_side = "right"
+    saved.pad_token = None  # many base models ship without one
+    saved.save_pretrained(tmp_path / "tok")
+
+    for_generation = load_tokenizer(str(tmp_path / "tok"))
+    assert for_generation.padding_side == "left"
+    assert for_generation.pad_token_id == for_generation.eos_token_id
+    own = load_tokenizer(str(tmp_path / "tok"), padding_side=None)  # TRL's trainers: the tokenizer's own side
+    assert own.padding_side == "right" and own.pad_token_id == own.eos_token_id
+    with pytest.raises(UserError, match="cannot load a tokenizer from") as err:
+        load_tokenizer(str(tmp_path / "missing"))
+    assert "\n" not in str(err.value)

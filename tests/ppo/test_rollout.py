@@ -10,17 +10,24 @@ from homerlhf.ppo.rollout import (
     RolloutBatch,
     apply_truncation_penalty,
     generate_rollout,
-    left_pad,
+    pad_sequences,
     response_mask_and_truncated,
 )
 
 EOS = 1
 
 
-def test_left_pad():
-    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+def test_pad_sequences_left_by_default():
+    ids, mask = pad_sequences([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_pad_sequences_right_and_empty_rows():
+    ids, mask = pad_sequences([[8], [], [5, 6, 7]], pad_id=2, side="right")
+    assert ids.tolist() == [[8, 2, 2], [2, 2, 2], [5, 6, 7]]
+    assert mask.tolist() == [[1, 0, 0], [0, 0, 0], [1, 1, 1]]
+    assert ids.dtype == mask.dtype == torch.long
 
 
 def test_mask_runs_up_to_and_including_the_first_eos():
