@@ -189,7 +189,7 @@ def export_ref(
     from_nf4: bool = typer.Option(False, "--from-nf4", help="Export the dequantized NF4 base (KL-consistent)."),
 ) -> None:
     """Export a causal LM as the reference model GGUF."""
-    from homerlhf.workers.export import export_ref as _export_ref
+    from homerlhf.workers.gguf import export_ref as _export_ref
 
     path = _export_ref(model, out, outtype=outtype, from_nf4=from_nf4)
     typer.echo(f"wrote {path}")
@@ -202,7 +202,7 @@ def export_reward(
     outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
 ) -> None:
     """Export a reward model: backbone GGUF + score head (safetensors) + manifest."""
-    from homerlhf.workers.export import export_reward as _export_reward
+    from homerlhf.workers.gguf import export_reward as _export_reward
 
     path = _export_reward(model, out, outtype=outtype)
     typer.echo(f"wrote {path}")

@@ -139,7 +139,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, tiny_llama_dir):
     """Placeholders of the argv templates: scratch dir, a real tiny GGUF, the tiny model, runs."""
-    from homerlhf.workers.export import export_ref
+    from homerlhf.workers.gguf import export_ref
 
     tmp = tmp_path_factory.mktemp("bad-inputs")
     (tmp / "bad.yaml").write_text("ppo: [1, 2\n")

@@ -132,7 +132,7 @@ def _files_signature(model_dir: Path) -> list:
 
 def cache_key(kind: str, model_dir: Path, **options) -> str:
     """Hash of the model files (name, size, mtime) and the export options."""
-    from homerlhf.workers.export import FORMAT_VERSION
+    from homerlhf.workers.gguf import FORMAT_VERSION
 
     blob = json.dumps({"kind": kind, "format": FORMAT_VERSION, "model": str(model_dir.resolve()),
                        "files": _files_signature(model_dir), "options": options}, sort_keys=True, default=str)
@@ -142,7 +142,8 @@ def cache_key(kind: str, model_dir: Path, **options) -> str:
 def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device: str = "cpu") -> Path:
     """The reference GGUF for ``model``, exported once into the cache."""
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_ref, resolve_model_dir
+    from homerlhf.workers.export import resolve_model_dir
+    from homerlhf.workers.gguf import export_ref
 
     model_dir = resolve_model_dir(model)
     options = {"outtype": outtype, "from_nf4": from_nf4,
@@ -156,7 +157,8 @@ def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device
 def cached_reward_dir(model: str, outtype: str) -> Path:
     """An exported reward dir for ``model``: the run's own ``gguf/`` if it has one, else a cached export."""
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_reward, resolve_model_dir, reward_model_dir
+    from homerlhf.workers.export import resolve_model_dir
+    from homerlhf.workers.gguf import export_reward, reward_model_dir
 
     root = resolve_model_dir(model)
     if (root / "gguf" / "manifest.json").exists():

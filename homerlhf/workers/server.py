@@ -63,6 +63,7 @@ class ModelInfo:
     architecture: str
     tokens: list[str]
     tokenizer_size: int
+    fingerprint: str  # of the exporting tokenizer (all its tokens), else of ``tokens``
 
 
 def read_gguf_info(path: Path) -> ModelInfo:
@@ -82,10 +83,11 @@ def read_gguf_info(path: Path) -> ModelInfo:
     tokens = list(value("tokenizer.ggml.tokens", []))
     size = int(value("homerlhf.tokenizer_size", len(tokens)))
     return ModelInfo(
-        name=str(value("general.name", path.stem)),
+        name=Path(str(value("homerlhf.source", ""))).name or str(value("general.name", path.stem)),
         architecture=str(value("general.architecture", "?")),
         tokens=tokens[:size],
         tokenizer_size=size,
+        fingerprint=str(value("homerlhf.vocab_fingerprint", "") or vocab_fingerprint(tokens[:size])),
     )
 
 
@@ -144,7 +146,7 @@ class Engine:
             raise UserError(f"--ctx {ctx} is too small; use at least 2")
         gguf_path, self.head_weight, self.head_bias, self.pad_token_id = self._resolve(role, Path(model))
         self.info = read_gguf_info(gguf_path)
-        self.fingerprint = vocab_fingerprint(self.info.tokens)
+        self.fingerprint = self.info.fingerprint
         self.kv_size = max(self.ctx_len, batch_tokens or 1024)
         self.max_seqs = max(1, min(max_seqs, llama_cpp.llama_max_parallel_sequences()))
         self.threads = threads or max(1, os.cpu_count() or 1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from homerlhf.errors import UserError
-from homerlhf.workers.export import export_ref, export_reward, permute_qk
+from homerlhf.workers.gguf import export_ref, export_reward, permute_qk
 
 IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
 
@@ -125,7 +125,7 @@ def test_clear_errors(tmp_path, tiny_llama_dir, llama_rm_dir):
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     cases = [
-        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: llama, mistral, qwen2, qwen3"),
+        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"),
         (lambda: export_ref(str(tmp_path / "nope"), tmp_path / "x.gguf"), "does not exist"),
         (lambda: export_ref("some-org/some-model", tmp_path / "x.gguf"), "not found locally and the hub is unreachable"),
         (lambda: export_ref(str(tmp_path / "adapter"), tmp_path / "x.gguf"), "LoRA adapter"),
