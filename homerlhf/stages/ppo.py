@@ -66,7 +66,7 @@ def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Pat
         return AdapterOffReference(policy, batch_size=cfg.ppo.micro_batch_size)
     from homerlhf.workers.backends import llamacpp_reference
 
-    return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir)
+    return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir, vocab_rows=policy.vocab_size)
 
 
 def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
@@ -105,6 +105,9 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
 
+    from homerlhf.stages.preflight import check_run
+
+    check_run(cfg)  # before any weight is read or run dir is written
     ckpt = None
     if resume is not None:
         if overwrite:

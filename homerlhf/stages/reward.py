@@ -141,7 +141,10 @@ def run_reward(
 
     from homerlhf.stages.builtin import resolve_model
 
+    from homerlhf.stages.preflight import check_reward_stage
+
     section = cfg.rm
+    check_reward_stage(cfg, base or section.base or cfg.model.name_or_path)  # before anything is trained
     out = prepare_out(Path(out), "reward_run.json", overwrite)
     base_name = base or section.base or cfg.model.name_or_path
     source = data or section.data
@@ -228,7 +231,22 @@ def run_reward(
     }
     write_json(out / "reward_run.json", summary)
     if section.export_gguf:
-        gguf = export_gguf(out, outtype=cfg.reward.outtype)
-        summary["gguf_dir"] = str(gguf) if gguf else None
+        summary["gguf_dir"] = _export_after_training(out, cfg.reward.outtype, summary)
         write_json(out / "reward_run.json", summary)
     return summary
+
+
+def _export_after_training(out: Path, outtype: str, summary: dict) -> Optional[str]:
+    """``OUT/gguf``; a failed export keeps the trained model and says how to export it later."""
+    from homerlhf.errors import UserError
+
+    try:
+        gguf = export_gguf(out, outtype=outtype)
+    except (UserError, OSError, ValueError, RuntimeError) as exc:
+        summary["gguf_error"] = f"{type(exc).__name__}: {exc}"
+        write_json(out / "reward_run.json", summary)
+        raise UserError(
+            f"the reward model is trained and saved in {out / 'model'}, but its GGUF export failed ({exc}); "
+            f"export it later with `homerlhf export reward --model {out} --out {out / 'gguf'}`, "
+            "or use it as it is with reward.backend=hf", exit_code=1) from None
+    return str(gguf) if gguf else None

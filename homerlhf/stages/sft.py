@@ -63,7 +63,10 @@ def run_sft(
 
     from homerlhf.stages.builtin import resolve_model
 
+    from homerlhf.stages.preflight import check_sft_stage
+
     section = cfg.sft
+    check_sft_stage(cfg, base or section.base or cfg.model.name_or_path)  # before anything is trained
     out = prepare_out(Path(out), "sft_run.json", overwrite)
     base_name = base or section.base or cfg.model.name_or_path
     source = data or section.data

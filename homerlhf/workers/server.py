@@ -66,8 +66,9 @@ class ModelInfo:
     fingerprint: str  # of the exporting tokenizer (all its tokens), else of ``tokens``
 
 
-def read_gguf_info(path: Path) -> ModelInfo:
-    """Name, architecture and vocabulary of a GGUF (vocabulary cut to the tokenizer's own size)."""
+def read_gguf_info(path: Path, all_tokens: bool = False) -> ModelInfo:
+    """Name, architecture and vocabulary of a GGUF (vocabulary cut to the tokenizer's own size
+    unless ``all_tokens``: then every row's token, padding included)."""
     from gguf import GGUFReader
 
     try:
@@ -85,7 +86,7 @@ def read_gguf_info(path: Path) -> ModelInfo:
     return ModelInfo(
         name=Path(str(value("homerlhf.source", ""))).name or str(value("general.name", path.stem)),
         architecture=str(value("general.architecture", "?")),
-        tokens=tokens[:size],
+        tokens=tokens if all_tokens else tokens[:size],
         tokenizer_size=size,
         fingerprint=str(value("homerlhf.vocab_fingerprint", "") or vocab_fingerprint(tokens[:size])),
     )
