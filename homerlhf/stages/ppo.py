@@ -105,7 +105,7 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
 
-    from homerlhf.stages.preflight import check_run
+    from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # before any weight is read or run dir is written
     ckpt = None
@@ -125,6 +125,7 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     model_path = resolve(cfg.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     prompts = load_prompt_ids(cfg, tokenizer)
+    check_reference_vocabulary(cfg, tokenizer, model_path)
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:

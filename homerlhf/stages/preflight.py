@@ -91,6 +91,20 @@ def check_gguf_reference(path: Path) -> None:
         raise UserError(f"ref.model {path}: architecture {arch!r} is not one llama.cpp runs; {REF_SWITCH}")
 
 
+def check_reference_vocabulary(cfg: "RunConfig", tokenizer, model_path: str) -> None:
+    """A ``ref.model`` .gguf scores the policy's ids: checked once the tokenizer is loaded, before the weights."""
+    name = cfg.ref.model or ""
+    if cfg.ref.backend != "llamacpp" or cfg.ref.url or not name.endswith(".gguf"):
+        return
+    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.vocab import check_same_vocabulary
+
+    config = model_config(model_path) or {}
+    rows = int((config.get("text_config") or config).get("vocab_size") or len(tokenizer))
+    path = Path(name).expanduser()
+    check_same_vocabulary(read_gguf_info(path, all_tokens=True).tokens, tokenizer, rows, f"ref.model {path}")
+
+
 def _check_policy(cfg: "RunConfig") -> Optional[dict]:
     from homerlhf.models.support import check_loadable
 

@@ -207,3 +207,20 @@ def test_sentencepiece_style_vocabulary(tmp_path):
     with torch.no_grad():
         hf = model(torch.tensor([ids])).logits[0].double().numpy()
     assert np.abs(llama_cpp_logits(gguf, ids) - hf).max() < 1e-3
+
+
+def test_cli_export_ref_quantizes_as_the_trainer_would(tiny_llama_dir, tmp_path, capsys):
+    """--preset/--config/--set give the export the run config's quant:, device and ref.outtype."""
+    from homerlhf.cli import main
+    from homerlhf.config import load_config
+
+    cfg = load_config("cpu-tiny", overrides=["quant.quant_type=fp4"])
+    trainer = export_ref(str(tiny_llama_dir), tmp_path / "trainer.gguf", outtype=cfg.ref.outtype, from_nf4=True,
+                         quant=cfg.quant, device=cfg.card.device)
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "cli.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny", "--set", "quant.quant_type=fp4"])
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "nf4.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny"])
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "cli.gguf").read_bytes() == trainer.read_bytes()  # f32 (cpu-tiny's ref.outtype), FP4
+    assert (tmp_path / "nf4.gguf").read_bytes() != trainer.read_bytes()  # the --set really changed the export
