@@ -106,6 +106,11 @@ def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: 
         dtype=compute_dtype(quant, device), device_map="cpu",
     )
     tensors = checkpoint_tensors(model_dir)
+    # The tensors bitsandbytes leaves dense (embeddings, norms) as the actor holds them: in its
+    # compute dtype (bf16 on most GPUs), not the checkpoint's float32.
+    for key, param in model.named_parameters():
+        if key in tensors and tuple(param.shape) == tensors[key].shape and param.dtype.is_floating_point:
+            tensors[key] = LazyTensor(tensors[key].shape, partial(_torch_to_numpy, param.data))
     n_quantized = 0
     for name, module in model.named_modules():
         if isinstance(module, bnb.nn.Linear4bit):
