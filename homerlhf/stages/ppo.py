@@ -104,7 +104,6 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     from homerlhf.ppo.checkpoint import check_resume_compatible, find_resume_checkpoint, saved_config
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
-
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # before any weight is read or run dir is written
