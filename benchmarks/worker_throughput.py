@@ -183,7 +183,7 @@ def main(argv=None) -> None:
     parser.add_argument("--metrics", type=Path, default=None, help="a trainer's metrics.jsonl for its stage timings")
     args = parser.parse_args(argv)
 
-    from homerlhf.workers.export import export_ref
+    from homerlhf.workers.gguf import export_ref
 
     tmp = Path(tempfile.mkdtemp(prefix="homerlhf-bench-"))
     model = args.model

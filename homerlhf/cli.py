@@ -187,13 +187,22 @@ def reward(
 def export_ref(
     model: str = typer.Option(..., "--model", "-m", help="HF model dir or hub id."),
     out: Path = typer.Option(..., "--out", "-o", help="Output .gguf file."),
-    outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
+    outtype: Optional[str] = typer.Option(
+        None, "--outtype", help="f32, f16, bf16 or q8_0 (default: ref.outtype of --preset/--config/--set, else f16)."),
     from_nf4: bool = typer.Option(False, "--from-nf4", help="Export the dequantized NF4 base (KL-consistent)."),
+    preset: Optional[str] = typer.Option(
+        None, "--preset", "-p", help="Quantize as `train` would with this preset: its quant:, card.device, ref.outtype."),
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, as for train (repeatable)."),
 ) -> None:
     """Export a causal LM as the reference model GGUF."""
-    from homerlhf.workers.export import export_ref as _export_ref
+    from homerlhf.workers.gguf import export_ref as _export_ref
 
-    path = _export_ref(model, out, outtype=outtype, from_nf4=from_nf4)
+    quant, device, default_outtype = None, "cpu", "f16"
+    if preset or config or set_:  # the trainer's own settings for this run config
+        cfg = _load(preset or "cpu-tiny", config, set_)
+        quant, device, default_outtype = cfg.quant, cfg.card.device, cfg.ref.outtype
+    path = _export_ref(model, out, outtype=outtype or default_outtype, from_nf4=from_nf4, quant=quant, device=device)
     typer.echo(f"wrote {path}")
 
 
@@ -204,7 +213,7 @@ def export_reward(
     outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
 ) -> None:
     """Export a reward model: backbone GGUF + score head (safetensors) + manifest."""
-    from homerlhf.workers.export import export_reward as _export_reward
+    from homerlhf.workers.gguf import export_reward as _export_reward
 
     path = _export_reward(model, out, outtype=outtype)
     typer.echo(f"wrote {path}")

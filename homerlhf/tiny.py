@@ -26,7 +26,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
-Arch = Literal["llama", "qwen2"]
+Arch = Literal["llama", "qwen2", "mistral", "gemma2", "gemma3_text", "phi3"]
+# Sliding window of the tiny Gemmas: short, so every test sequence crosses it.
+TINY_WINDOW = 16
 
 
 def build_tokenizer(vocab_size: int = 512):
@@ -59,8 +61,14 @@ def build_tokenizer(vocab_size: int = 512):
 
 
 def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4):
-    """A small Llama or Qwen2 config (GQA: 4 query heads, 2 key/value heads)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A small config of ``arch`` (GQA: 4 query heads, 2 key/value heads).
+
+    The Gemmas keep their real quirks: soft-caps (Gemma 2), a query scale other than
+    1/sqrt(head_dim) (``query_pre_attn_scalar`` 256), sliding-window layers with a window of
+    ``TINY_WINDOW`` tokens, Gemma 3's global layer last and its two rope bases.
+    """
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
+                              Qwen2Config)
 
     common = dict(
         vocab_size=vocab_size,
@@ -80,7 +88,18 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
         return LlamaConfig(**common, rope_theta=10000.0)
     if arch == "qwen2":
         return Qwen2Config(**common, rope_theta=10000.0, use_sliding_window=False)
-    raise ValueError(f"unknown tiny architecture {arch!r}; use 'llama' or 'qwen2'")
+    if arch == "mistral":
+        return MistralConfig(**common, head_dim=hidden // 4, sliding_window=None)
+    if arch == "phi3":
+        return Phi3Config(**common, original_max_position_embeddings=512, sliding_window=None)
+    gemma = dict(common, tie_word_embeddings=True, head_dim=hidden // 4, query_pre_attn_scalar=256,
+                 sliding_window=TINY_WINDOW)
+    if arch == "gemma2":
+        return Gemma2Config(**gemma)
+    if arch == "gemma3_text":
+        layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        return Gemma3TextConfig(**gemma, layer_types=layer_types)
+    raise ValueError(f"unknown tiny architecture {arch!r}; use one of {', '.join(Arch.__args__)}")
 
 
 def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **shape) -> Path:

@@ -163,9 +163,12 @@ def on_start(preset, model, overrides, preset_model, run_dir, overwrite) -> tupl
     if not (run_dir or "").strip():
         raise UserError("give a run directory")
     from homerlhf.config import check_device, load_config
+    from homerlhf.stages.preflight import check_run
 
     items = run_overrides(model, overrides, preset_model)
-    check_device(load_config(preset, None, items))  # reported here, not as a crashed run
+    cfg = load_config(preset, None, items)
+    check_device(cfg)  # reported here, not as a crashed run
+    check_run(cfg)  # models the backends cannot serve: likewise
     path = Path(run_dir.strip())
     if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
         raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")

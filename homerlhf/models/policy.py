@@ -152,6 +152,34 @@ class ValueHead(nn.Module):
         return self.linear(hidden.float()).squeeze(-1)
 
 
+def output_head(causal_lm):
+    """hidden (..., H) -> logits (..., V) as ``causal_lm`` computes them: its LM head, soft-capped
+    (``cap * tanh(logits / cap)``, in float32) where the config says so (Gemma 2)."""
+    head = causal_lm.get_output_embeddings()
+    cap = getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
+    if not cap:
+        return head
+
+    def soft_capped(hidden: Tensor) -> Tensor:
+        return cap * torch.tanh(head(hidden).float() / cap)
+
+    return soft_capped
+
+
+@torch.no_grad()
+def check_logits_path(causal_lm, where: str) -> None:
+    """The chunked log-probs compute ``output_head(final hidden state)``: refuse a model whose own
+    forward does more (a logit scale, say), on a probe of 8 tokens."""
+    ids = torch.arange(8, device=causal_lm.device).unsqueeze(0) % causal_lm.config.get_text_config().vocab_size
+    backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+    ours = output_head(causal_lm)(backbone(input_ids=ids).last_hidden_state).float()
+    theirs = causal_lm(input_ids=ids).logits.float()
+    gap = (ours - theirs).abs().max().item()
+    if not gap <= 1e-3 * (1.0 + theirs.abs().max().item()):
+        raise UserError(f"{where}: architecture {causal_lm.config.model_type!r} computes its logits beyond the LM head "
+                        f"of the last hidden state (probe differs by {gap:.3g}); homerlhf's log-probs cannot follow it")
+
+
 class PolicyModel:
     """The shared 4-bit base with its adapters and value head, and the forwards PPO needs.
 
@@ -167,7 +195,7 @@ class PolicyModel:
         self.logprob_chunk_size = logprob_chunk_size
         inner = model.get_base_model()
         self.backbone = getattr(inner, inner.base_model_prefix)  # the decoder, LoRA injected in place
-        self.lm_head = inner.get_output_embeddings()
+        self.lm_head = output_head(inner)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
@@ -177,6 +205,7 @@ class PolicyModel:
             model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision
         )
         base = load_base(model_path, cfg)
+        check_logits_path(base, model_path)
         checkpointing = cfg.training.gradient_checkpointing
         if cfg.quant.load_in_4bit:
             base = prepare_model_for_kbit_training(
@@ -202,6 +231,11 @@ class PolicyModel:
         )
 
     # -- parameters ---------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head: the ids a log-softmax runs over."""
+        return int(self.model.get_base_model().config.get_text_config().vocab_size)
+
     @property
     def device(self) -> torch.device:
         return self.value_head.linear.weight.device

@@ -61,7 +61,7 @@ def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Pat
         return AdapterOffReference(policy, batch_size=cfg.ppo.micro_batch_size)
     from homerlhf.workers.backends import llamacpp_reference
 
-    return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir)
+    return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir, vocab_rows=policy.vocab_size)
 
 
 def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
@@ -112,7 +112,9 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
+    check_run(cfg)  # before any weight is read or run dir is written
     ckpt = None
     if resume is not None:
         if overwrite:
@@ -130,6 +132,7 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     model_path = resolve_model(cfg.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     prompts = load_prompt_ids(cfg, tokenizer)
+    check_reference_vocabulary(cfg, tokenizer, model_path)
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:

@@ -8,7 +8,7 @@ Writes, under the run directory OUT:
 
 - ``adapter/``  peft adapter incl. the score head (methods qlora and lora);
 - ``model/``    the merged HF ``*ForSequenceClassification`` (num_labels 1) + tokenizer;
-- ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.export``);
+- ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.gguf``);
 - ``reward_run.json``  base model, data reports, counts, held-out pairwise accuracy, time.
 
 ``homerlhf train`` takes ``reward.model: OUT`` directly.
@@ -90,7 +90,7 @@ def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
     """
     run_dir = Path(run_dir)
     try:
-        from homerlhf.workers.export import export_reward
+        from homerlhf.workers.gguf import export_reward
     except ImportError as exc:
         print(f"[homerlhf] warning: reward GGUF export skipped ({exc})", file=sys.stderr)
         return None
@@ -137,7 +137,10 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
+    from homerlhf.stages.preflight import check_reward_stage
+
     section = cfg.rm
+    check_reward_stage(cfg, base or section.base or cfg.model.name_or_path)  # before anything is trained
     out = prepare_out(Path(out), "reward_run.json", overwrite)
     records, report = load_preferences(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)
@@ -175,7 +178,22 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
     }
     write_json(out / "reward_run.json", summary)
     if section.export_gguf:
-        gguf = export_gguf(out, outtype=cfg.reward.outtype)
-        summary["gguf_dir"] = str(gguf) if gguf else None
+        summary["gguf_dir"] = _export_after_training(out, cfg.reward.outtype, summary)
         write_json(out / "reward_run.json", summary)
     return summary
+
+
+def _export_after_training(out: Path, outtype: str, summary: dict) -> Optional[str]:
+    """``OUT/gguf``; a failed export keeps the trained model and says how to export it later."""
+    from homerlhf.errors import UserError
+
+    try:
+        gguf = export_gguf(out, outtype=outtype)
+    except (UserError, OSError, ValueError, RuntimeError) as exc:
+        summary["gguf_error"] = f"{type(exc).__name__}: {exc}"
+        write_json(out / "reward_run.json", summary)
+        raise UserError(
+            f"the reward model is trained and saved in {out / 'model'}, but its GGUF export failed ({exc}); "
+            f"export it later with `homerlhf export reward --model {out} --out {out / 'gguf'}`, "
+            "or use it as it is with reward.backend=hf", exit_code=1) from None
+    return str(gguf) if gguf else None

@@ -51,7 +51,10 @@ def run_sft(
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
+    from homerlhf.stages.preflight import check_sft_stage
+
     section = cfg.sft
+    check_sft_stage(cfg, base or section.base or cfg.model.name_or_path)  # before anything is trained
     out = prepare_out(Path(out), "sft_run.json", overwrite)
     records, report = load_sft(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)

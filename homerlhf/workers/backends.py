@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -132,7 +133,7 @@ def _files_signature(model_dir: Path) -> list:
 
 def cache_key(kind: str, model_dir: Path, **options) -> str:
     """Hash of the model files (name, size, mtime) and the export options."""
-    from homerlhf.workers.export import FORMAT_VERSION
+    from homerlhf.workers.gguf import FORMAT_VERSION
 
     blob = json.dumps({"kind": kind, "format": FORMAT_VERSION, "model": str(model_dir.resolve()),
                        "files": _files_signature(model_dir), "options": options}, sort_keys=True, default=str)
@@ -143,7 +144,7 @@ def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device
     """The reference GGUF for ``model``, exported once into the cache."""
     from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_ref
+    from homerlhf.workers.gguf import export_ref
 
     model_dir = resolve_model_dir(model)
     options = {"outtype": outtype, "from_nf4": from_nf4,
@@ -158,7 +159,7 @@ def cached_reward_dir(model: str, outtype: str) -> Path:
     """An exported reward dir for ``model``: the run's own ``gguf/`` if it has one, else a cached export."""
     from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_reward, reward_model_dir
+    from homerlhf.workers.gguf import export_reward, reward_model_dir
 
     root = resolve_model_dir(model)
     if (root / "gguf" / "manifest.json").exists():
@@ -190,13 +191,31 @@ def _process(role: str, model: Path, rc: "BackendConfig", cfg: "RunConfig", run_
     return WorkerProcess(role, model, threads=rc.threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
 
 
-def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_dir) -> LlamaCppReference:
-    """The ref backend of a run: ``cfg.ref.url`` if set, else a local worker on the exported GGUF
-    of ``cfg.ref.model`` (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``)."""
+def gguf_as_reference(path: Path, tokenizer, vocab_rows: int) -> Path:
+    """A ``ref.model`` .gguf served as it is, after its vocabulary is checked against the policy's."""
+    from homerlhf.workers.engine import read_gguf_info
+    from homerlhf.workers.vocab import check_same_vocabulary
+
+    if not path.is_file():
+        raise UserError(f"ref.model {path} does not exist; give an existing .gguf file")
+    check_same_vocabulary(read_gguf_info(path, all_tokens=True).tokens, tokenizer, vocab_rows, f"ref.model {path}")
+    print(f"[homerlhf] warning: ref.model {path.name} is served as it is, not exported from the policy's weights: "
+          "the step-0 KL will not be ~0 (iteration 1's kl_mean measures it)", file=sys.stderr, flush=True)
+    return path
+
+
+def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_dir,
+                       vocab_rows: Optional[int] = None) -> LlamaCppReference:
+    """The ref backend of a run: ``cfg.ref.url`` if set, else a local worker on ``cfg.ref.model``
+    as it is when that is a .gguf file (``vocab_rows``: the policy's embedding rows), else on its
+    exported GGUF (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``)."""
     rc = cfg.ref
     fingerprint = tokenizer_fingerprint(tokenizer)
     if rc.url:
         return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint)
+    if rc.model and rc.model.endswith(".gguf"):
+        gguf = gguf_as_reference(Path(rc.model).expanduser(), tokenizer, vocab_rows or len(tokenizer))
+        return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None)
     gguf = cached_ref_gguf(rc.model or policy_model_path, rc.outtype, rc.from_nf4, cfg.quant, cfg.card.device)
     return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint)
 

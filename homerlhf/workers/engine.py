@@ -40,10 +40,12 @@ class ModelInfo:
     architecture: str
     tokens: list[str]
     tokenizer_size: int
+    fingerprint: str  # of the exporting tokenizer (all its tokens), else of ``tokens``
 
 
-def read_gguf_info(path: Path) -> ModelInfo:
-    """Name, architecture and vocabulary of a GGUF (vocabulary cut to the tokenizer's own size)."""
+def read_gguf_info(path: Path, all_tokens: bool = False) -> ModelInfo:
+    """Name, architecture and vocabulary of a GGUF (vocabulary cut to the tokenizer's own size
+    unless ``all_tokens``: then every row's token, padding included)."""
     from gguf import GGUFReader
 
     try:
@@ -59,10 +61,11 @@ def read_gguf_info(path: Path) -> ModelInfo:
     tokens = list(value("tokenizer.ggml.tokens", []))
     size = int(value("homerlhf.tokenizer_size", len(tokens)))
     return ModelInfo(
-        name=str(value("general.name", path.stem)),
+        name=Path(str(value("homerlhf.source", ""))).name or str(value("general.name", path.stem)),
         architecture=str(value("general.architecture", "?")),
-        tokens=tokens[:size],
+        tokens=tokens if all_tokens else tokens[:size],
         tokenizer_size=size,
+        fingerprint=str(value("homerlhf.vocab_fingerprint", "") or vocab_fingerprint(tokens[:size])),
     )
 
 
@@ -107,7 +110,7 @@ class Engine:
             raise UserError(f"--ctx {ctx} is too small; use at least 2")
         gguf_path, self.head_weight, self.head_bias, self.pad_token_id = self._resolve(role, Path(model))
         self.info = read_gguf_info(gguf_path)
-        self.fingerprint = vocab_fingerprint(self.info.tokens)
+        self.fingerprint = self.info.fingerprint
         self.kv_size = max(self.ctx_len, batch_tokens or 1024)
         self.max_seqs = max(1, min(max_seqs, llama_cpp.llama_max_parallel_sequences()))
         self.threads = threads or max(1, os.cpu_count() or 1)

@@ -159,3 +159,37 @@ def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
     with pytest.raises(UserError, match="cannot load a tokenizer from") as err:
         load_tokenizer(str(tmp_path / "missing"))
     assert "\n" not in str(err.value)
+
+
+def test_gemma2_soft_capped_logprobs_equal_its_own_logits(tmp_path, naive_logprobs):
+    """Gemma 2 caps its logits (cap * tanh(x / cap)): the chunked log-probs must too."""
+    from homerlhf.tiny import build_causal_lm
+
+    model_dir = build_causal_lm(tmp_path / "gemma2", arch="gemma2", seed=5)
+    policy = PolicyModel.from_config(_cfg(), str(model_dir))
+    ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logprobs, _ = policy.actor_logprobs(ids, mask, T)
+        logits = policy.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        raw = policy.model.get_base_model().lm_head(policy.hidden_states(ids, mask))
+    assert logits.abs().max() < 30.0 and (raw - logits).abs().max() > 1e-4  # the cap really changes them
+    naive = naive_logprobs(logits[:, -T - 1 : -1], ids[:, -T:])
+    torch.testing.assert_close(logprobs * r_mask, naive * r_mask, atol=1e-5, rtol=0)
+
+
+def test_a_model_whose_logits_are_more_than_the_lm_head_is_refused():
+    """Cohere scales its logits (logit_scale): log-probs from lm_head(hidden) would be wrong."""
+    from transformers import AutoModelForCausalLM, CohereConfig
+
+    from homerlhf.errors import UserError
+    from homerlhf.models.policy import check_logits_path
+
+    def cohere(logit_scale: float):
+        torch.manual_seed(0)
+        config = CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, logit_scale=logit_scale)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    with pytest.raises(UserError, match="computes its logits beyond the LM head"):
+        check_logits_path(cohere(0.0625), "cohere")
+    check_logits_path(cohere(1.0), "cohere")  # the same model unscaled passes

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from homerlhf.workers.backends import connect
-from homerlhf.workers.export import export_ref, export_reward
+from homerlhf.workers.gguf import export_ref, export_reward
 from homerlhf.workers.process import WorkerProcess
 
 # Different lengths, so packing several sequences into one decode is exercised.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from homerlhf.errors import UserError
-from homerlhf.workers.export import export_ref, export_reward, permute_qk
+from homerlhf.workers.gguf import export_ref, export_reward, permute_qk
 
 IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
 
@@ -125,7 +125,7 @@ def test_clear_errors(tmp_path, tiny_llama_dir, llama_rm_dir):
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     cases = [
-        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: llama, mistral, qwen2, qwen3"),
+        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"),
         (lambda: export_ref(str(tmp_path / "nope"), tmp_path / "x.gguf"), "does not exist"),
         (lambda: export_ref("some-org/some-model", tmp_path / "x.gguf"), "not found locally and the hub is unreachable"),
         (lambda: export_ref(str(tmp_path / "adapter"), tmp_path / "x.gguf"), "LoRA adapter"),
@@ -207,3 +207,20 @@ def test_sentencepiece_style_vocabulary(tmp_path):
     with torch.no_grad():
         hf = model(torch.tensor([ids])).logits[0].double().numpy()
     assert np.abs(llama_cpp_logits(gguf, ids) - hf).max() < 1e-3
+
+
+def test_cli_export_ref_quantizes_as_the_trainer_would(tiny_llama_dir, tmp_path, capsys):
+    """--preset/--config/--set give the export the run config's quant:, device and ref.outtype."""
+    from homerlhf.cli import main
+    from homerlhf.config import load_config
+
+    cfg = load_config("cpu-tiny", overrides=["quant.quant_type=fp4"])
+    trainer = export_ref(str(tiny_llama_dir), tmp_path / "trainer.gguf", outtype=cfg.ref.outtype, from_nf4=True,
+                         quant=cfg.quant, device=cfg.card.device)
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "cli.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny", "--set", "quant.quant_type=fp4"])
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "nf4.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny"])
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "cli.gguf").read_bytes() == trainer.read_bytes()  # f32 (cpu-tiny's ref.outtype), FP4
+    assert (tmp_path / "nf4.gguf").read_bytes() != trainer.read_bytes()  # the --set really changed the export
