@@ -17,7 +17,7 @@ def close(actual, expected, atol=1e-6):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64])
-def test_chunked_equals_naive_values_entropy_and_gradients(chunk_size):
+def test_chunked_equals_naive_values_entropy_and_gradients(chunk_size, naive_logprobs):
     torch.manual_seed(0)
     B, T, H, V = 3, 7, 16, 50
     lm_head = torch.nn.Linear(H, V, bias=False)
