@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from homerlhf.config import load_config
+from homerlhf.models.generation import build_generation_config
 from homerlhf.models.logprobs import naive_logprobs, position_ids_from_mask
 from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
 from homerlhf.ppo.rollout import left_pad
@@ -135,6 +136,42 @@ def test_shared_adapter_one_forward_and_save(tiny_llama_dir, tmp_path):
 
 def test_generate_returns_only_the_response(policy):
     prompts, prompt_mask = left_pad([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    config = build_generation_config(max_new_tokens=5, temperature=1.0, stop_ids=policy.stop_ids,
+                                     pad_id=policy.tokenizer.pad_token_id)
     torch.manual_seed(0)
-    response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
+    response = policy.generate(prompts, prompt_mask, config)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
+    config.temperature = 0.5  # not the temperature its log-probs are taken at
+    with pytest.raises(ValueError, match="temperature"):
+        policy.generate(prompts, prompt_mask, config)
+
+
+def test_softcapped_logprobs_equal_the_model_forward(tmp_path):
+    """A Gemma-2 base soft-caps its logits (tanh(z / cap) * cap) in forward: the NF4 policy's chunked
+    log-probs go through the same, at temperature 1 and 0.7."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from homerlhf.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, final_logit_softcapping=0.5,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                          bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ids, mask, r_mask, T = _batch(tokenizer.pad_token_id)
+    for temperature in (1.0, 0.7):
+        policy = PolicyModel.from_config(_cfg(f"rollout.temperature={temperature}"), str(tmp_path))
+        with torch.no_grad():
+            ours, _ = policy.actor_logprobs(ids, mask, T)
+            ref = policy.reference_logprobs(ids, mask, T)
+            logits = policy.model(input_ids=ids, attention_mask=mask,
+                                  position_ids=position_ids_from_mask(mask)).logits[:, -T - 1 : -1]
+            uncapped = policy.lm_head(policy.hidden_states(ids, mask))[:, -T - 1 : -1]
+        expected = naive_logprobs(logits / temperature, ids[:, -T:])
+        torch.testing.assert_close(ours * r_mask, expected * r_mask, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ref * r_mask, expected * r_mask, atol=1e-5, rtol=0)  # LoRA B starts at 0
+        # The cap really bites at this setting: without it the log-probs are far off.
+        assert ((naive_logprobs(uncapped / temperature, ids[:, -T:]) - expected) * r_mask).abs().max() > 1e-2
