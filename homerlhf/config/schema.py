@@ -77,12 +77,26 @@ class RolloutConfig(_Section):
     chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
     max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
-    truncation_penalty: Optional[float] = Field(
-        None, description="Score given to responses that hit max_new_tokens without EOS (None: off)."
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
     )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; must stay 1 (off) for training.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; must stay 0 (off) for training.")
+    truncation_penalty: Optional[float] = Field(
+        None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
+    )
+
+    @model_validator(mode="after")
+    def _full_distribution(self) -> "RolloutConfig":
+        # PPO's ratios and KL score log_softmax(logits / temperature) over the whole vocabulary; a
+        # truncated sampler would make every rollout off-policy.
+        if self.top_p < 1 or self.top_k > 0:
+            raise ValueError(
+                f"rollout.top_p={self.top_p}, rollout.top_k={self.top_k}: training rollouts must sample the "
+                "full distribution that PPO scores; set rollout.top_p=1.0 and rollout.top_k=0 "
+                "(use rollout.temperature to sharpen it)"
+            )
+        return self
 
 
 class PPOConfig(_Section):
@@ -257,4 +271,15 @@ class RunConfig(_Section):
             raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
         if not self.reward.model and not self.reward.url:
             raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        return self
+
+    @model_validator(mode="after")
+    def _reference_at_rollout_temperature(self) -> "RunConfig":
+        # The KL reference must score at the temperature the actor samples and is scored at; the
+        # llama.cpp worker computes at temperature 1 only.
+        if self.rollout.temperature != 1.0 and self.ref.backend == "llamacpp":
+            raise ValueError(
+                f"rollout.temperature={self.rollout.temperature} needs ref.backend=adapter_off: the llama.cpp "
+                "reference scores at temperature 1 only (or keep rollout.temperature=1.0)"
+            )
         return self

@@ -72,6 +72,9 @@ def _completed(fn, *args) -> Future:
 class AdapterOffReference(ReferenceBackend):
     """The policy's own 4-bit base with every adapter disabled: no extra memory, exact base weights.
 
+    Log-probs are taken at the policy's sampling temperature (``policy.temperature``, passed into
+    the chunked computation by ``PolicyModel.reference_logprobs``), like the actor's.
+
     It shares the policy's modules, so it must not run concurrently with a policy forward:
     ``submit_logprobs`` computes in the caller's thread and returns a finished future.
     """

@@ -36,10 +36,10 @@ def test_preset_validates_and_round_trips(path: Path, tmp_path):
 def test_user_yaml_then_overrides_win(tmp_path):
     user = tmp_path / "run.yaml"
     user.write_text(yaml.safe_dump({"ppo": {"kl_coef": 0.1, "gamma": 0.9}}))
-    cfg = load_config("cpu-tiny", user, ["ppo.kl_coef=0.05", "rollout.top_k=5"])
+    cfg = load_config("cpu-tiny", user, ["ppo.kl_coef=0.05", "rollout.max_new_tokens=5"])
     assert cfg.ppo.kl_coef == 0.05
     assert cfg.ppo.gamma == 0.9
-    assert cfg.rollout.top_k == 5
+    assert cfg.rollout.max_new_tokens == 5
 
 
 def test_config_is_frozen():
@@ -54,6 +54,9 @@ def test_config_is_frozen():
         (["ppo.kl_coef=abc"], "ppo.kl_coef"),
         (["ppo.nope=1"], "unknown config key 'ppo.nope'"),
         (["rollout.top_p=2"], "rollout.top_p"),
+        (["rollout.top_p=0.9"], "rollout.top_p=0.9, rollout.top_k=0: training rollouts must sample the full"),
+        (["rollout.top_k=5"], "set rollout.top_p=1.0 and rollout.top_k=0"),
+        (["rollout.temperature=0.7"], "rollout.temperature=0.7 needs ref.backend=adapter_off"),
         (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
         (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
         (["ppo"], "section.key=value"),
