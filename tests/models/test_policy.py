@@ -141,6 +141,9 @@ def test_generate_returns_only_the_response(policy):
     torch.manual_seed(0)
     response = policy.generate(prompts, prompt_mask, config)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
+    config.temperature = 0.5  # not the temperature its log-probs are taken at
+    with pytest.raises(ValueError, match="temperature"):
+        policy.generate(prompts, prompt_mask, config)
 
 
 def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
@@ -162,11 +165,6 @@ def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
     with pytest.raises(UserError, match="cannot load a tokenizer from") as err:
         load_tokenizer(str(tmp_path / "missing"))
     assert "\n" not in str(err.value)
-
-
-    config.temperature = 0.5  # not the temperature its log-probs are taken at
-    with pytest.raises(ValueError, match="temperature"):
-        policy.generate(prompts, prompt_mask, config)
 
 
 def test_softcapped_logprobs_equal_the_model_forward(tmp_path, naive_logprobs):
