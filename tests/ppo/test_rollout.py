@@ -246,7 +246,7 @@ def test_scored_logprobs_are_those_generate_sampled_from(name, real_policies):
     from homerlhf.models.generation import build_generation_config, checkpoint_defaults_off
     from homerlhf.models.policy import PolicyModel
     from homerlhf.ppo.backends import AdapterOffReference
-    from homerlhf.ppo.trainer import score_with_policy
+    from homerlhf.ppo.collect import score_with_policy
 
     loaded = real_policies(name)
     pad = loaded.tokenizer.pad_token_id
