@@ -242,6 +242,14 @@ def worker(
           f32_kv_cache=f32_kv_cache, parent_pid=parent_pid, batch_tokens=batch_tokens)
 
 
+@app.command()
+def doctor() -> None:
+    """Check this machine for a run: packages, llama.cpp build and decodes, NF4, GPU, RAM, cache dir."""
+    from homerlhf.doctor import run_doctor
+
+    raise typer.Exit(run_doctor())
+
+
 @app.command("app")
 def app_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
