@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),  # incl. models.registry: model names resolved to directories
     ("ppo", "memory"),
     ("workers",),
-    ("stages",),
+    ("stages", "doctor"),  # doctor checks a machine with the workers and models below it
     ("app",),
     ("cli",),
 ]
