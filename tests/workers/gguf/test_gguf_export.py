@@ -241,3 +241,27 @@ def test_cli_export_ref_quantizes_as_the_trainer_would(tiny_llama_dir, tmp_path,
     assert "wrote" in capsys.readouterr().out
     assert (tmp_path / "cli.gguf").read_bytes() == trainer.read_bytes()  # f32 (cpu-tiny's ref.outtype), FP4
     assert (tmp_path / "nf4.gguf").read_bytes() != trainer.read_bytes()  # the --set really changed the export
+
+
+@pytest.mark.parametrize("preset", ["4090", "t4-colab"])  # bf16 and fp16 compute
+def test_gpu_preset_reference_type_holds_the_actors_weights_exactly(preset, tiny_llama_dir):
+    """The GPU presets' ref.outtype (f16) stores every dequantized NF4 weight, in the actor's compute
+    dtype, without rounding: the export adds nothing to the actor's own arithmetic (docs/workers.md)."""
+    import gguf
+
+    from homerlhf.config import load_config
+    from homerlhf.workers.gguf import nf4_tensors
+    from homerlhf.workers.gguf.quant import encode, tensor_qtype
+
+    cfg = load_config(preset)
+    assert cfg.ref.from_nf4 and cfg.ref.outtype == "f16"
+    tensors = nf4_tensors(tiny_llama_dir, cfg.quant, cfg.card.device)
+    quantized = [k for k in tensors if "_proj." in k]
+    assert len(quantized) == 4 * 7
+    for key in quantized:
+        weight = tensors[key].load()
+        qtype = tensor_qtype(cfg.ref.outtype, "blk.0.attn_q.weight", weight.shape)
+        assert qtype == gguf.GGMLQuantizationType.F16
+        np.testing.assert_array_equal(encode(weight, qtype).astype(np.float32), weight)
+    q8 = encode(tensors[quantized[0]].load(), gguf.GGMLQuantizationType.Q8_0)
+    assert not np.array_equal(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0), tensors[quantized[0]].load())
