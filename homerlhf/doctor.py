@@ -224,7 +224,7 @@ def _death_or(process: WorkerProcess, exc: UserError) -> ChildFailed:
 def check_decodes(on_gpu: bool, progress: Callable[[str], None]) -> list[Check]:
     """A llama.cpp decode of a tiny model for each export type the presets use, against HF."""
     from homerlhf.tiny import build_causal_lm
-    from homerlhf.workers.export import export_ref
+    from homerlhf.workers.gguf import export_ref
 
     rows, used = [], preset_export_types()
     with tempfile.TemporaryDirectory(prefix="homerlhf-doctor-") as tmp:

@@ -37,6 +37,7 @@ CLI_CASES = [
     ("reward-backend-adapter-off", ["train", "--set", "reward.backend=adapter_off"], 2, "reward.backend 'adapter_off' makes no sense"),
     ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),
     ("nonfinite-limit-zero", ["train", "--set", "training.max_nonfinite_steps=0"], 2, "config key 'training.max_nonfinite_steps': got 0"),
+    ("rollout-top-p", ["train", "--set", "rollout.top_p=0.9"], 2, "training rollouts must sample the full distribution"),
     ("gpu-preset-without-gpu", ["train", "--preset", "4090"], 2, "needs a CUDA GPU (RTX 4090) and none is visible; use --preset cpu-tiny"),
     ("unknown-option", ["train", "--bogus"], 2, "No such option: --bogus"),
     ("unknown-command", ["bogus"], 2, "No such command 'bogus'"),
@@ -56,6 +57,7 @@ CLI_CASES = [
     ("export-model-missing", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf"], 2, "does not exist; check the path"),
     ("export-bad-outtype", ["export", "ref", "--model", "{tmp}/nomodel", "--out", "{tmp}/x.gguf", "--outtype", "q4"], 2, "outtype 'q4' is not supported; use one of f32, f16, bf16, q8_0"),
     ("export-not-a-model-dir", ["export", "ref", "--model", "{tmp}", "--out", "{tmp}/x.gguf"], 2, "has no config.json; pass a HF model directory"),
+    ("export-arch-unsupported", ["export", "ref", "--model", "{tmp}/gpt2", "--out", "{tmp}/x.gguf"], 2, "architecture 'gpt2' is not supported for GGUF export; supported: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"),
 ]
 
 # `homerlhf train` and the run directory: {tmp}/oldrun holds a run without checkpoints,
@@ -77,6 +79,13 @@ TRAIN_CASES = [
     ("dataset-unknown-builtin", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts=builtin:nope", "--out", "{tmp}/r-data2"], 2, "unknown builtin dataset 'builtin:nope'; choose one of"),
     ("dataset-no-prompt-column", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/nocol.jsonl", "--out", "{tmp}/r-data3"], 2, "cannot find prompts among columns ['foo']; set data.prompt_column"),
     ("dataset-not-json", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/garbage.jsonl", "--out", "{tmp}/r-data4"], 2, "has no rows; check the file or split"),
+    ("arch-ref-unsupported", ["train", "--set", "model.name_or_path={tmp}/gpt2", "--out", "{tmp}/r-arch1"], 2, "architecture 'gpt2' cannot be served by the llama.cpp ref worker"),
+    ("arch-reward-unsupported", ["train", "--set", "reward.model={tmp}/gpt2-rm", "--out", "{tmp}/r-arch2"], 2, "architecture 'gpt2' cannot be served by the llama.cpp reward worker"),
+    ("arch-remote-code", ["train", "--set", "model.name_or_path={tmp}/internlm2", "--out", "{tmp}/r-arch3"], 2, "architecture 'internlm2' is not in transformers"),
+    ("arch-sliding-window", ["train", "--set", "model.name_or_path={tmp}/mistral-window", "--out", "{tmp}/r-arch4"], 2, "sliding window of 32 tokens is not applied by llama.cpp's llama graph"),
+    ("reward-arch-no-export", ["reward", "--set", "model.name_or_path={tmp}/gpt2", "--out", "{tmp}/r-arch5"], 2, "set rm.export_gguf=false and use the reward model with reward.backend=hf"),
+    ("ref-gguf-missing", ["train", "--set", "ref.model={tmp}/none.gguf", "--out", "{tmp}/r-gguf1"], 2, "does not exist; give an existing .gguf file"),
+    ("ref-gguf-other-vocab", ["train", "--set", "model.name_or_path={tiny}", "--set", "ref.model={tmp}/vocab400.gguf", "--out", "{tmp}/r-gguf2"], 2, "has 400 tokens but the policy's embedding 512"),
 ]
 
 # (id, method path, body or raw bytes, token, status, fragment of detail)
@@ -139,7 +148,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, tiny_llama_dir):
     """Placeholders of the argv templates: scratch dir, a real tiny GGUF, the tiny model, runs."""
-    from homerlhf.workers.export import export_ref
+    from homerlhf.workers.gguf import export_ref
 
     tmp = tmp_path_factory.mktemp("bad-inputs")
     (tmp / "bad.yaml").write_text("ppo: [1, 2\n")
@@ -156,7 +165,37 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "oldsft" / "model").mkdir(parents=True)  # an SFT / reward run's merged model
     (tmp / "oldsft" / "model" / "config.json").write_text("{}\n")
     gguf = export_ref(str(tiny_llama_dir), tmp / "ref.gguf", outtype="f32")
+    _architecture_dirs(tmp)
     return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir)}
+
+
+def _architecture_dirs(tmp: Path) -> None:
+    """Models the backends cannot serve: config.json (+ tokenizer) and a garbage weights file, so a
+    refusal that came after reading weights would be a load error instead of the documented line."""
+    from homerlhf.tiny import build_tokenizer, model_config
+
+    def model_dir(name: str, config: dict) -> None:
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps(config))
+        (tmp / name / "model.safetensors").write_bytes(b"not weights")
+        build_tokenizer().save_pretrained(tmp / name)
+
+    model_dir("gpt2", {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 512, "n_embd": 32,
+                       "n_layer": 1, "n_head": 4})
+    model_dir("gpt2-rm", {"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "vocab_size": 512})
+    model_dir("internlm2", {"model_type": "internlm2", "architectures": ["InternLM2ForCausalLM"],
+                            "auto_map": {"AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}})
+    mistral = {k: v for k, v in model_config("mistral", 512).to_dict().items() if k != "transformers_version"}
+    model_dir("mistral-window", {**mistral, "sliding_window": 32})
+    # A real GGUF whose vocabulary (400 tokens) is not the tiny policy's (512).
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.workers.gguf import export_ref
+
+    tok = build_tokenizer(vocab_size=400)
+    AutoModelForCausalLM.from_config(model_config("llama", len(tok), hidden=32, layers=1)).save_pretrained(tmp / "v400")
+    tok.save_pretrained(tmp / "v400")
+    export_ref(str(tmp / "v400"), tmp / "vocab400.gguf", outtype="f32")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -35,9 +36,10 @@ class _WorkerBackend:
     client: WorkerClient
     _executor: Optional[ThreadPoolExecutor] = None
 
-    def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds) -> list:
+    def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds, **extra) -> list:
         out: list = []
         for body in self._chunks(prompt_ids, response_ids):
+            body.update(extra)
             answer = self.client.post(path, body)[key]
             if len(answer) != len(body["sequences"]):  # one result per sample, or none at all
                 raise WorkerError(f"{path}: {len(answer)} results for {len(body['sequences'])} sequences")
@@ -65,15 +67,17 @@ class _WorkerBackend:
 
 
 class LlamaCppReference(_WorkerBackend, ReferenceBackend):
-    """Reference log-probs from a ref worker (``POST /logprobs``)."""
+    """Reference log-probs from a ref worker (``POST /logprobs``), at the actor's sampling
+    ``temperature``: the worker scores ``log_softmax(logits / temperature)`` as the actor does."""
 
-    def __init__(self, client: WorkerClient):
+    def __init__(self, client: WorkerClient, temperature: float = 1.0):
         self.client = client
+        self.temperature = float(temperature)
 
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         if len(prompt_ids) == 0:
             return []
-        return self._post_all("/logprobs", "logprobs", prompt_ids, response_ids)
+        return self._post_all("/logprobs", "logprobs", prompt_ids, response_ids, temperature=self.temperature)
 
 
 class LlamaCppReward(_WorkerBackend, RewardBackend):
@@ -103,8 +107,10 @@ def check_worker(health: dict, role: str, fingerprint: Optional[str], where: str
 
 
 def connect(role: str, *, url: Optional[str] = None, token: Optional[str] = None,
-            process: Optional[WorkerProcess] = None, fingerprint: Optional[str] = None):
-    """A started, checked backend for ``role`` (``ref`` or ``reward``)."""
+            process: Optional[WorkerProcess] = None, fingerprint: Optional[str] = None,
+            temperature: float = 1.0):
+    """A started, checked backend for ``role`` (``ref`` or ``reward``); a ref backend asks for
+    log-probs at ``temperature``."""
     client = WorkerClient(url=url, token=token, process=process)
     try:
         health = client.start()
@@ -116,7 +122,7 @@ def connect(role: str, *, url: Optional[str] = None, token: Optional[str] = None
     except BaseException:
         client.close()
         raise
-    return LlamaCppReference(client) if role == "ref" else LlamaCppReward(client)
+    return LlamaCppReference(client, temperature) if role == "ref" else LlamaCppReward(client)
 
 
 # --------------------------------------------------------------------------- GGUF cache
@@ -132,7 +138,7 @@ def _files_signature(model_dir: Path) -> list:
 
 def cache_key(kind: str, model_dir: Path, **options) -> str:
     """Hash of the model files (name, size, mtime) and the export options."""
-    from homerlhf.workers.export import FORMAT_VERSION
+    from homerlhf.workers.gguf import FORMAT_VERSION
 
     blob = json.dumps({"kind": kind, "format": FORMAT_VERSION, "model": str(model_dir.resolve()),
                        "files": _files_signature(model_dir), "options": options}, sort_keys=True, default=str)
@@ -141,8 +147,9 @@ def cache_key(kind: str, model_dir: Path, **options) -> str:
 
 def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device: str = "cpu") -> Path:
     """The reference GGUF for ``model``, exported once into the cache."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_ref, resolve_model_dir
+    from homerlhf.workers.gguf import export_ref
 
     model_dir = resolve_model_dir(model)
     options = {"outtype": outtype, "from_nf4": from_nf4,
@@ -155,8 +162,9 @@ def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device
 
 def cached_reward_dir(model: str, outtype: str) -> Path:
     """An exported reward dir for ``model``: the run's own ``gguf/`` if it has one, else a cached export."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import export_reward, resolve_model_dir, reward_model_dir
+    from homerlhf.workers.gguf import export_reward, reward_model_dir
 
     root = resolve_model_dir(model)
     if (root / "gguf" / "manifest.json").exists():
@@ -188,15 +196,35 @@ def _process(role: str, model: Path, rc: "BackendConfig", cfg: "RunConfig", run_
     return WorkerProcess(role, model, threads=rc.threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
 
 
-def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_dir) -> LlamaCppReference:
-    """The ref backend of a run: ``cfg.ref.url`` if set, else a local worker on the exported GGUF
-    of ``cfg.ref.model`` (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``)."""
+def gguf_as_reference(path: Path, tokenizer, vocab_rows: int) -> Path:
+    """A ``ref.model`` .gguf served as it is, after its vocabulary is checked against the policy's."""
+    from homerlhf.workers.engine import read_gguf_info
+    from homerlhf.workers.vocab import check_same_vocabulary
+
+    if not path.is_file():
+        raise UserError(f"ref.model {path} does not exist; give an existing .gguf file")
+    check_same_vocabulary(read_gguf_info(path, all_tokens=True).tokens, tokenizer, vocab_rows, f"ref.model {path}")
+    print(f"[homerlhf] warning: ref.model {path.name} is served as it is, not exported from the policy's weights: "
+          "the step-0 KL will not be ~0 (iteration 1's kl_mean measures it)", file=sys.stderr, flush=True)
+    return path
+
+
+def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_dir,
+                       vocab_rows: Optional[int] = None) -> LlamaCppReference:
+    """The ref backend of a run: ``cfg.ref.url`` if set, else a local worker on ``cfg.ref.model``
+    as it is when that is a .gguf file (``vocab_rows``: the policy's embedding rows), else on its
+    exported GGUF (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``).
+    Log-probs are asked for at ``cfg.rollout.temperature``, the actor's."""
     rc = cfg.ref
     fingerprint = tokenizer_fingerprint(tokenizer)
+    temperature = cfg.rollout.temperature
     if rc.url:
-        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint)
+        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint, temperature=temperature)
+    if rc.model and rc.model.endswith(".gguf"):
+        gguf = gguf_as_reference(Path(rc.model).expanduser(), tokenizer, vocab_rows or len(tokenizer))
+        return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None, temperature=temperature)
     gguf = cached_ref_gguf(rc.model or policy_model_path, rc.outtype, rc.from_nf4, cfg.quant, cfg.card.device)
-    return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint)
+    return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint, temperature=temperature)
 
 
 def llamacpp_reward(cfg: "RunConfig", tokenizer, run_dir) -> LlamaCppReward:

@@ -27,3 +27,18 @@ def tokenizer_tokens(tokenizer) -> list[str]:
 def tokenizer_fingerprint(tokenizer) -> str:
     """The fingerprint of a HF tokenizer, equal to the worker's for a GGUF exported with it."""
     return vocab_fingerprint(tokenizer_tokens(tokenizer))
+
+
+def check_same_vocabulary(gguf_tokens: Sequence[str], tokenizer, rows: int, where: str) -> None:
+    """A GGUF served as it is must score the policy's ids: the same number of rows as the policy's
+    embedding (log-softmax runs over them all) and the same token at every id the tokenizer has."""
+    from homerlhf.errors import UserError
+
+    if len(gguf_tokens) != rows:
+        raise UserError(f"{where} has {len(gguf_tokens)} tokens but the policy's embedding {rows}; "
+                        "the reference must use the policy's tokenizer (same tokens, same ids)")
+    ours = tokenizer_tokens(tokenizer)[:rows]
+    for i, (theirs, mine) in enumerate(zip(gguf_tokens, ours)):
+        if theirs != mine:
+            raise UserError(f"{where} has a different vocabulary from the policy tokenizer (id {i}: {theirs!r} there, "
+                            f"{mine!r} here); the reference must use the policy's tokenizer (same tokens, same ids)")

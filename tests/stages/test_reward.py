@@ -107,7 +107,8 @@ def _held_out_accuracy(run_dir, n=300):
 def demo_rm_dir():
     from pathlib import Path
 
-    from homerlhf.stages.builtin import resolve_model
+    import homerlhf.stages  # noqa: F401 - registers builtin:demo-rm
+    from homerlhf.models.registry import resolve_model
 
     return Path(resolve_model("builtin:demo-rm"))
 
@@ -129,3 +130,38 @@ def test_builtin_reward_model_ranks_held_out_pairs(demo_rm_dir):
     run = json.loads((demo_rm_dir / "reward_run.json").read_text())
     overall, _, _ = _held_out_accuracy(demo_rm_dir)
     assert run["eval_accuracy"] >= 0.9 and overall >= 0.9, (run["eval_accuracy"], overall)
+
+
+def test_a_failed_export_keeps_the_trained_model_and_names_the_command(pairs_file, tmp_path):
+    """A WordPiece vocabulary trains fine but has no GGUF form: the trained model stays, the error
+    says how to export later (or use it as it is)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
+
+    from homerlhf.data import builtin
+    from homerlhf.errors import UserError
+    from homerlhf.stages.reward import run_reward
+    from homerlhf.tiny import model_config
+
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    wordpiece.train_from_iterator(builtin.corpus(), trainers.WordPieceTrainer(
+        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[EOS]"], show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} [EOS] {% endfor %}"
+    AutoModelForCausalLM.from_config(model_config("llama", len(tok), hidden=32, layers=1)).save_pretrained(tmp_path / "wp")
+    tok.save_pretrained(tmp_path / "wp")
+
+    cfg = load_config("cpu-tiny", overrides=["rm.method=full", "rm.max_steps=1", "rm.batch_size=4", "rm.eval_data=null",
+                                             "data.eval_fraction=0.25", "logging.progress=false"])
+    out = tmp_path / "rm"
+    with pytest.raises(UserError) as info:
+        run_reward(cfg, out, data=pairs_file, base=str(tmp_path / "wp"))
+    assert info.value.exit_code == 1
+    assert str(info.value) == (
+        f"the reward model is trained and saved in {out / 'model'}, but its GGUF export failed (tokenizer model "
+        "'WordPiece' is not supported; supported: BPE (byte-level or byte-fallback), Unigram); export it later with "
+        f"`homerlhf export reward --model {out} --out {out / 'gguf'}`, or use it as it is with reward.backend=hf")
+    run = json.loads((out / "reward_run.json").read_text())
+    assert run["gguf_dir"] is None and "WordPiece" in run["gguf_error"] and not (out / "gguf").exists()
+    AutoModelForSequenceClassification.from_pretrained(out / "model")  # the trained model is there, whole

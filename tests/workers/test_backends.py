@@ -22,10 +22,11 @@ def tokenizer(tiny_llama_dir):
 def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples):
     from homerlhf.paths import cache_dir
 
-    cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true"])
+    cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true", "rollout.temperature=0.7"])
     assert cfg.ref.from_nf4 and cfg.ref.outtype == "f32"
     backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
     try:
+        assert backend.temperature == 0.7  # the rollout's, sent with every request
         health = backend.health()
         assert health["role"] == "ref" and health["n_ctx"] == cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
         assert health["f32_kv_cache"] is True
@@ -87,3 +88,38 @@ def test_unreachable_remote_worker_is_a_user_error(tokenizer, tmp_path):
     cfg = load_config("cpu-tiny", None, [f"reward.url=http://127.0.0.1:{port}"])
     with pytest.raises(UserError, match="cannot use the reward worker.*unreachable"):
         llamacpp_reward(cfg, tokenizer, tmp_path)
+
+
+def test_a_gguf_reference_is_served_as_it_is(llama_f32_gguf, tiny_llama_dir, tokenizer, tmp_path, samples, hf_ref,
+                                             capsys):
+    """ref.model=X.gguf: no export, the vocabulary checked, a one-line warning about the step-0 KL."""
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.paths import cache_dir
+
+    cached = sorted(cache_dir("gguf").glob("*"))
+    cfg = load_config("cpu-tiny", None, [f"ref.model={llama_f32_gguf}", "ref.f32_kv_cache=true"])
+    backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run", vocab_rows=len(tokenizer))
+    try:
+        got = backend.logprobs(*samples)
+    finally:
+        backend.close()
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    diff = max(abs(a - b) for xs, ys in zip(got, hf_ref(model, *samples)) for a, b in zip(xs, ys))
+    assert diff <= 1e-3 and sorted(cache_dir("gguf").glob("*")) == cached  # served, not exported again
+    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warning == [f"[homerlhf] warning: ref.model {llama_f32_gguf.name} is served as it is, not exported from "
+                       "the policy's weights: the step-0 KL will not be ~0 (iteration 1's kl_mean measures it)"]
+
+
+def test_a_gguf_reference_with_other_tokens_is_refused(llama_f32_gguf, tokenizer):
+    from homerlhf.workers.engine import read_gguf_info
+    from homerlhf.workers.vocab import check_same_vocabulary
+
+    tokens = read_gguf_info(llama_f32_gguf, all_tokens=True).tokens
+    check_same_vocabulary(tokens, tokenizer, len(tokenizer), "ref.model x.gguf")
+    swapped = [*tokens[:7], tokens[8], tokens[7], *tokens[9:]]
+    with pytest.raises(UserError, match=r"ref.model x.gguf has a different vocabulary from the policy tokenizer \(id 7: "):
+        check_same_vocabulary(swapped, tokenizer, len(tokenizer), "ref.model x.gguf")
+    with pytest.raises(UserError, match="has 512 tokens but the policy's embedding 520"):
+        check_same_vocabulary(tokens, tokenizer, 520, "ref.model x.gguf")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from homerlhf.errors import UserError
-from homerlhf.workers.export import export_ref, export_reward, permute_qk
+from homerlhf.workers.gguf import export_ref, export_reward, permute_qk
 
 IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
 
@@ -142,7 +142,7 @@ def test_clear_errors(tmp_path, tiny_llama_dir, llama_rm_dir):
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     cases = [
-        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: llama, mistral, qwen2, qwen3"),
+        (lambda: export_ref(str(tmp_path / "gpt2"), tmp_path / "x.gguf"), "supported: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"),
         (lambda: export_ref(str(tmp_path / "nope"), tmp_path / "x.gguf"), "does not exist"),
         (lambda: export_ref("some-org/some-model", tmp_path / "x.gguf"), "not found locally and the hub is unreachable"),
         (lambda: export_ref(str(tmp_path / "adapter"), tmp_path / "x.gguf"), "LoRA adapter"),
@@ -197,7 +197,7 @@ def test_sentencepiece_style_vocabulary(tmp_path):
 
     from homerlhf.data import builtin
     from homerlhf.tiny import model_config
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import tokenizer_fingerprint, vocab_fingerprint
 
     spm = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
@@ -224,3 +224,44 @@ def test_sentencepiece_style_vocabulary(tmp_path):
     with torch.no_grad():
         hf = model(torch.tensor([ids])).logits[0].double().numpy()
     assert np.abs(llama_cpp_logits(gguf, ids) - hf).max() < 1e-3
+
+
+def test_cli_export_ref_quantizes_as_the_trainer_would(tiny_llama_dir, tmp_path, capsys):
+    """--preset/--config/--set give the export the run config's quant:, device and ref.outtype."""
+    from homerlhf.cli import main
+    from homerlhf.config import load_config
+
+    cfg = load_config("cpu-tiny", overrides=["quant.quant_type=fp4"])
+    trainer = export_ref(str(tiny_llama_dir), tmp_path / "trainer.gguf", outtype=cfg.ref.outtype, from_nf4=True,
+                         quant=cfg.quant, device=cfg.card.device)
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "cli.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny", "--set", "quant.quant_type=fp4"])
+    main(["export", "ref", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "nf4.gguf"), "--from-nf4",
+          "--preset", "cpu-tiny"])
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "cli.gguf").read_bytes() == trainer.read_bytes()  # f32 (cpu-tiny's ref.outtype), FP4
+    assert (tmp_path / "nf4.gguf").read_bytes() != trainer.read_bytes()  # the --set really changed the export
+
+
+@pytest.mark.parametrize("preset", ["4090", "t4-colab"])  # bf16 and fp16 compute
+def test_gpu_preset_reference_type_holds_the_actors_weights_exactly(preset, tiny_llama_dir):
+    """The GPU presets' ref.outtype (f16) stores every dequantized NF4 weight, in the actor's compute
+    dtype, without rounding: the export adds nothing to the actor's own arithmetic (docs/workers.md)."""
+    import gguf
+
+    from homerlhf.config import load_config
+    from homerlhf.workers.gguf import nf4_tensors
+    from homerlhf.workers.gguf.quant import encode, tensor_qtype
+
+    cfg = load_config(preset)
+    assert cfg.ref.from_nf4 and cfg.ref.outtype == "f16"
+    tensors = nf4_tensors(tiny_llama_dir, cfg.quant, cfg.card.device)
+    quantized = [k for k in tensors if "_proj." in k]
+    assert len(quantized) == 4 * 7
+    for key in quantized:
+        weight = tensors[key].load()
+        qtype = tensor_qtype(cfg.ref.outtype, "blk.0.attn_q.weight", weight.shape)
+        assert qtype == gguf.GGMLQuantizationType.F16
+        np.testing.assert_array_equal(encode(weight, qtype).astype(np.float32), weight)
+    q8 = encode(tensors[quantized[0]].load(), gguf.GGMLQuantizationType.Q8_0)
+    assert not np.array_equal(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0), tensors[quantized[0]].load())

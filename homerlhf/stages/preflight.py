@@ -1,0 +1,175 @@
+"""Check first: before any weight is read, each role's backend can serve its model's architecture.
+
+Only ``config.json`` files are read (a builtin name is known without building it; a hub id is
+looked up in the local cache only, and skipped when absent: its download would fail later with
+its own message). Each refusal is one line naming the architecture, what is supported and the
+switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
+reward model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from homerlhf.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from homerlhf.config.schema import RunConfig
+
+BUILTIN = "builtin:"
+REF_SWITCH = "set ref.backend=adapter_off (the policy base with its adapters off is the reference)"
+REWARD_SWITCH = "set reward.backend=hf (the reward model runs in-process with transformers)"
+
+
+def _hub_cached_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
+    if repo_id.count("/") != 1:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:  # a file lookup in the local cache only: never a network request
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except ValueError:
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def model_config(name: str, revision: Optional[str] = None) -> Optional[dict]:
+    """``config.json`` of a model name (a reward run dir: its ``model/``), or None when unknown offline."""
+    if name.startswith(BUILTIN):  # homerlhf.tiny models: Llama, or Qwen2 for tiny-qwen2
+        model_type = "qwen2" if name == f"{BUILTIN}tiny-qwen2" else "llama"
+        archs = ["LlamaForSequenceClassification"] if name == f"{BUILTIN}demo-rm" else ["LlamaForCausalLM"]
+        return {"model_type": model_type, "architectures": archs}
+    path = Path(name).expanduser()
+    for candidate in (path / "config.json", path / "model" / "config.json"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+    if path.exists():
+        return None
+    cached = _hub_cached_config(name, revision)
+    return json.loads(cached.read_text()) if cached else None
+
+
+def is_reward_export(name: str) -> bool:
+    """An exported reward dir, or a reward run dir that holds one: nothing left to export."""
+    path = Path(name).expanduser()
+    return (path / "manifest.json").is_file() or (path / "gguf" / "manifest.json").is_file()
+
+
+def check_exportable(config: dict, where: str, role: str, seq_len: int) -> None:
+    """The llama.cpp ``role`` worker can serve ``config``: a GGUF family exists and computes as HF does."""
+    from homerlhf.workers.gguf.registry import FAMILIES, SUPPORTED_ARCHS, family_for
+
+    switch = REF_SWITCH if role == "ref" else REWARD_SWITCH
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise UserError(f"{where}: architecture {model_type!r} cannot be served by the llama.cpp {role} worker "
+                        f"(GGUF export supports {', '.join(SUPPORTED_ARCHS)}); {switch}")
+    try:
+        family = family_for(config, where)
+    except UserError as exc:
+        raise UserError(f"{exc}; {switch}") from None
+    window = family.exact_context(config)
+    if window is not None and seq_len > window:
+        raise UserError(
+            f"{where}: {model_type}'s sliding window of {window} tokens is not applied by llama.cpp's "
+            f"{family.gguf_arch} graph, and sequences here reach {seq_len} tokens (rollout.max_prompt_len + "
+            f"rollout.max_new_tokens); lower them to {window} or less, or {switch}")
+
+
+def check_gguf_reference(path: Path) -> None:
+    """A ``ref.model`` GGUF exists and holds an architecture llama.cpp (as gguf-py knows it) runs."""
+    import gguf
+
+    from homerlhf.workers.engine import read_gguf_info
+
+    if not path.is_file():
+        raise UserError(f"ref.model {path} does not exist; give an existing .gguf file")
+    arch = read_gguf_info(path).architecture
+    if arch not in gguf.MODEL_ARCH_NAMES.values():
+        raise UserError(f"ref.model {path}: architecture {arch!r} is not one llama.cpp runs; {REF_SWITCH}")
+
+
+def check_reference_vocabulary(cfg: "RunConfig", tokenizer, model_path: str) -> None:
+    """A ``ref.model`` .gguf scores the policy's ids: checked once the tokenizer is loaded, before the weights."""
+    name = cfg.ref.model or ""
+    if cfg.ref.backend != "llamacpp" or cfg.ref.url or not name.endswith(".gguf"):
+        return
+    from homerlhf.workers.engine import read_gguf_info
+    from homerlhf.workers.vocab import check_same_vocabulary
+
+    config = model_config(model_path) or {}
+    rows = int((config.get("text_config") or config).get("vocab_size") or len(tokenizer))
+    path = Path(name).expanduser()
+    check_same_vocabulary(read_gguf_info(path, all_tokens=True).tokens, tokenizer, rows, f"ref.model {path}")
+
+
+def _check_policy(cfg: "RunConfig") -> Optional[dict]:
+    from homerlhf.models.support import check_loadable
+
+    name = cfg.model.name_or_path
+    config = model_config(name, cfg.model.revision)
+    if config is not None:
+        check_loadable(config, name, "causal-lm", cfg.model.trust_remote_code)
+    return config
+
+
+def _check_reference(cfg: "RunConfig", policy_config: Optional[dict], seq_len: int) -> None:
+    name = cfg.ref.model or cfg.model.name_or_path
+    if name.endswith(".gguf"):
+        check_gguf_reference(Path(name).expanduser())
+        return
+    config = policy_config if not cfg.ref.model else model_config(name)
+    if config is not None:
+        check_exportable(config, name, "ref", seq_len)
+
+
+def _check_reward(cfg: "RunConfig", seq_len: int) -> None:
+    from homerlhf.models.support import check_loadable
+
+    name = cfg.reward.model or ""
+    config = model_config(name) if name else None
+    if config is None:
+        return
+    if cfg.reward.backend == "hf":
+        check_loadable(config, name, "sequence-classifier", cfg.model.trust_remote_code)
+    elif not is_reward_export(name):
+        check_exportable(config, name, "reward", seq_len)
+
+
+def check_run(cfg: "RunConfig") -> None:
+    """Every role of a PPO run (policy, reference, reward) can load or serve its model."""
+    seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+    policy_config = _check_policy(cfg)
+    if cfg.ref.backend == "llamacpp" and not cfg.ref.url:
+        _check_reference(cfg, policy_config, cfg.ref.ctx or seq_len)
+    if not cfg.reward.url:
+        _check_reward(cfg, cfg.reward.ctx or seq_len)
+
+
+def check_reward_stage(cfg: "RunConfig", base: str) -> None:
+    """``homerlhf reward`` from ``base``: a sequence classifier transformers has, and, with
+    ``rm.export_gguf``, one the GGUF export takes: checked before training, not after."""
+    from homerlhf.models.support import check_loadable
+
+    config = model_config(base, cfg.model.revision)
+    if config is None:
+        return
+    check_loadable(config, base, "sequence-classifier", cfg.model.trust_remote_code)
+    if cfg.rm.export_gguf:
+        from homerlhf.workers.gguf.registry import family_for
+
+        try:
+            family_for(config, base)
+        except UserError as exc:
+            raise UserError(f"{exc}; set rm.export_gguf=false and use the reward model with reward.backend=hf") from None
+
+
+def check_sft_stage(cfg: "RunConfig", base: str) -> None:
+    """``homerlhf sft`` from ``base``: a causal LM transformers has."""
+    from homerlhf.models.support import check_loadable
+
+    config = model_config(base, cfg.model.revision)
+    if config is not None:
+        check_loadable(config, base, "causal-lm", cfg.model.trust_remote_code)

@@ -1,0 +1,89 @@
+"""Writing one GGUF: hyperparameters, vocabulary and tensors, streamed, atomically renamed into place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from homerlhf.errors import UserError
+from homerlhf.workers.gguf.quant import check_outtype, encode, file_type, tensor_qtype
+from homerlhf.workers.gguf.registry import family_for
+from homerlhf.workers.gguf.tensors import LazyTensor, read_config
+from homerlhf.workers.gguf.tokenizer import add_tokenizer
+
+KEY_ROLE = "homerlhf.role"
+KEY_SOURCE = "homerlhf.source"
+
+
+def _load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:
+        raise UserError(f"{model_dir}: the tokenizer does not load ({type(exc).__name__}: {exc}); "
+                        "the model dir must include it") from None
+
+
+def _stream(writer, mapped: dict[str, LazyTensor], outtype: str, label: str) -> None:
+    """Tensor infos first, then the data one tensor at a time: memory of one tensor, not the model."""
+    import gguf
+    from tqdm import tqdm
+
+    plan = []
+    for name, tensor in mapped.items():
+        qtype = tensor_qtype(outtype, name, tensor.shape)
+        n_bytes = int(np.prod(gguf.quants.quant_shape_to_byte_shape(tensor.shape, qtype)))
+        writer.add_tensor_info(name, tensor.shape, np.dtype(np.float32), n_bytes, raw_dtype=qtype)
+        plan.append((tensor, qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor, qtype in tqdm(plan, desc=f"export {label}", unit="tensor", leave=False):
+        writer.write_tensor_data(encode(tensor.load(), qtype))
+
+
+def write_gguf(
+    out_path: Path,
+    model_dir: Path,
+    tensors: dict[str, LazyTensor],
+    outtype: str,
+    role: str,
+    skip: Callable[[str], bool] = lambda name: False,
+) -> Path:
+    """Writes ``tensors`` (HF names) of the model in ``model_dir`` as one GGUF, atomically."""
+    import gguf
+
+    check_outtype(outtype)
+    config = read_config(model_dir)
+    family = family_for(config, str(model_dir))
+    tokenizer = _load_tokenizer(model_dir)
+    mapped = family.map_tensors(tensors, config, skip)
+    if "token_embd.weight" not in mapped:
+        raise UserError(f"{model_dir}: no token embedding (model.embed_tokens.weight) in the checkpoint")
+    vocab_size = mapped["token_embd.weight"].shape[0]
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    writer = gguf.GGUFWriter(str(tmp), family.gguf_arch)
+    try:
+        # llama.cpp keys tokenizer quirks off general.name (a "phi3" in it demands Phi-3's special
+        # tokens); workers never tokenize text, so the name stays neutral and the source is kept aside.
+        writer.add_name(f"homerlhf-{role}")
+        writer.add_string(KEY_ROLE, role)
+        writer.add_string(KEY_SOURCE, str(model_dir))
+        writer.add_file_type(file_type(outtype))
+        mapped.update(family.add_hparams(writer, config, vocab_size, str(model_dir)))
+        add_tokenizer(writer, tokenizer, vocab_size, family.tokenizer_pre)
+        _stream(writer, mapped, outtype, out_path.name)
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_path

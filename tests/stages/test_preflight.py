@@ -1,0 +1,111 @@
+"""Check first: each role's backend is checked against config.json alone, before any weight is read.
+
+Every model dir here holds a config.json and a *garbage* weights file: a check that read weights
+would fail with a load error instead of the one line asserted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from homerlhf.config import load_config
+from homerlhf.errors import UserError
+from homerlhf.stages.preflight import check_reward_stage, check_run, check_sft_stage
+
+
+def config_dir(root, name: str, **config):
+    path = root / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"not weights")
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    """config.json-only model dirs of the architectures the checks tell apart."""
+    from homerlhf.tiny import model_config
+
+    def tiny(arch, **extra):
+        values = model_config(arch, 512).to_dict()
+        values.pop("transformers_version", None)
+        return {**values, **extra}
+
+    return {
+        "gpt2": config_dir(tmp_path, "gpt2", model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+        "gpt2-rm": config_dir(tmp_path, "gpt2-rm", model_type="gpt2", architectures=["GPT2ForSequenceClassification"]),
+        "internlm2": config_dir(tmp_path, "internlm2", model_type="internlm2", architectures=["InternLM2ForCausalLM"],
+                                auto_map={"AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}),
+        "t5": config_dir(tmp_path, "t5", model_type="t5", architectures=["T5ForConditionalGeneration"]),
+        "gemma3": config_dir(tmp_path, "gemma3", **tiny("gemma3_text")),
+        "gemma2-untied": config_dir(tmp_path, "gemma2-untied", **tiny("gemma2", tie_word_embeddings=False)),
+        "mistral-window": config_dir(tmp_path, "mistral-window", **tiny("mistral", sliding_window=32)),
+    }
+
+
+def cfg_with(**overrides):
+    return load_config("cpu-tiny", overrides=[f"{k}={v}" for k, v in overrides.items()])
+
+
+def refusal(call) -> str:
+    with pytest.raises(UserError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_default_run_and_supported_models_pass(dirs):
+    check_run(cfg_with())  # builtin names: known without building them
+    check_run(cfg_with(**{"model.name_or_path": dirs["gemma3"]}))
+    check_run(cfg_with(**{"model.name_or_path": dirs["mistral-window"], "rollout.max_prompt_len": 16,
+                          "rollout.max_new_tokens": 16}))
+
+
+def test_an_architecture_the_ref_worker_cannot_serve_names_the_switch(dirs):
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["gpt2"]})))
+    assert message.startswith(f"{dirs['gpt2']}: architecture 'gpt2' cannot be served by the llama.cpp ref worker")
+    assert "gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in message
+    assert message.endswith("set ref.backend=adapter_off (the policy base with its adapters off is the reference)")
+    check_run(cfg_with(**{"model.name_or_path": dirs["gpt2"], "ref.backend": "adapter_off"}))  # the switch works
+
+
+def test_a_reward_model_the_worker_cannot_serve_names_the_switch(dirs):
+    message = refusal(lambda: check_run(cfg_with(**{"reward.model": dirs["gpt2-rm"]})))
+    assert "architecture 'gpt2' cannot be served by the llama.cpp reward worker" in message
+    assert "set reward.backend=hf" in message
+    check_run(cfg_with(**{"reward.model": dirs["gpt2-rm"], "reward.backend": "hf"}))
+
+
+def test_architectures_the_policy_cannot_load(dirs):
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["internlm2"]})))
+    assert "architecture 'internlm2' is not in transformers" in message and "model.trust_remote_code=true" in message
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["t5"], "ref.backend": "adapter_off"})))
+    assert "architecture 't5' cannot be the policy (a causal LM)" in message and "AutoModelForCausalLM" in message
+    assert "cannot be the policy" in refusal(lambda: check_sft_stage(cfg_with(), str(dirs["t5"])))
+
+
+def test_a_variant_the_export_cannot_write(dirs):
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["gemma2-untied"]})))
+    assert "tie_word_embeddings false" in message and message.endswith("is the reference)")
+
+
+def test_a_sliding_window_llama_cpp_does_not_apply(dirs):
+    """Mistral's window (32 here) is exact only within it: 48 + 24 tokens per sequence is refused."""
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["mistral-window"]})))
+    assert "mistral's sliding window of 32 tokens is not applied by llama.cpp's llama graph" in message
+    assert "sequences here reach 72 tokens" in message and "ref.backend=adapter_off" in message
+
+
+def test_reward_stage_checks_the_export_before_training(dirs):
+    message = refusal(lambda: check_reward_stage(cfg_with(), str(dirs["gpt2"])))
+    assert "architecture 'gpt2' is not supported for GGUF export" in message
+    assert message.endswith("set rm.export_gguf=false and use the reward model with reward.backend=hf")
+    check_reward_stage(cfg_with(**{"rm.export_gguf": "false"}), str(dirs["gpt2"]))
+
+
+def test_a_gguf_reference_must_exist(tmp_path):
+    message = refusal(lambda: check_run(cfg_with(**{"ref.model": tmp_path / "none.gguf"})))
+    assert message == f"ref.model {tmp_path / 'none.gguf'} does not exist; give an existing .gguf file"
