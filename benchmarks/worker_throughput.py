@@ -47,8 +47,8 @@ def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: i
     from llama_cpp import Llama
 
     from homerlhf.workers.backends import connect
+    from homerlhf.workers.engine import Engine
     from homerlhf.workers.process import WorkerProcess
-    from homerlhf.workers.server import Engine
 
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
     pairs = list(zip(prompts, responses))
@@ -116,7 +116,7 @@ def trainer_rollout_overlap(model_dir: str, work: Path, batch_size: int, chunk: 
     the compute time the two workers report in ``/health`` (``busy_s``)."""
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.trainer import StageTimes, collect_experience
+    from homerlhf.ppo.collect import StageTimes, collect_experience
     from homerlhf.stages.ppo import load_prompt_ids
     from homerlhf.tiny import build_sequence_classifier
     from homerlhf.workers.backends import llamacpp_reference, llamacpp_reward
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
 
         model = str(build_causal_lm(tmp / "tiny-llama", arch="llama"))
     gguf = export_ref(model, tmp / "ref.gguf", outtype=args.outtype)
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
 
     vocab = read_gguf_info(gguf).tokenizer_size
     ctx = args.prompt_len + args.response_len
@@ -214,7 +214,7 @@ def main(argv=None) -> None:
           f"{max(o['gpu_busy_s'], o['cpu_busy_s']):.3f} s (wall near max = full overlap; near sum = none)")
     print("  note: on a CPU-only machine the 'GPU-side' torch work competes with llama.cpp for the same cores")
     try:
-        import homerlhf.ppo.trainer  # noqa: F401  the trainer's rollout stage, when it is built
+        import homerlhf.ppo.collect  # noqa: F401  the trainer's rollout stage, when it is built
     except ImportError:
         print("\n(the PPO trainer is not available: trainer rollout overlap skipped)")
     else:

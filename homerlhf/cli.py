@@ -13,6 +13,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer uses click itself
     import click.exceptions as click_exc
 
+import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(export_app, name="export")
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
 SetOpt = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable).")
+OverwriteOpt = typer.Option(False, "--overwrite", help="Replace a run already in --out.")
 
 
 def not_built(what: str, issue: int) -> None:
@@ -56,7 +58,7 @@ def train(
     ctx: typer.Context,
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef=0.05 (repeatable)."),
+    set_: List[str] = SetOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: output_dir)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in the output dir."),
@@ -67,7 +69,7 @@ def train(
     from homerlhf.stages.ppo import run_ppo
 
     if resume is not None:
-        from homerlhf.ppo.checkpoint import resume_config
+        from homerlhf.ppo.resuming import resume_config
 
         # --resume alone continues with the run's own config; --config/--set go on top of it.
         explicit_preset = ctx.get_parameter_source("preset").name == "COMMANDLINE"
@@ -99,7 +101,7 @@ def plan(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id, local dir or builtin table name."),
     gpu_gib: Optional[float] = typer.Option(None, "--gpu-gib", help="Plan for this much GPU memory."),
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
 ) -> None:
@@ -139,11 +141,11 @@ def demo(
 def sft(
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     data: Optional[str] = typer.Option(None, "--data", help="Dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/sft"), "--out", "-o", help="Output directory."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: sft.base or model.name_or_path)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
+    overwrite: bool = OverwriteOpt,
 ) -> None:
     """Supervised fine-tuning (TRL SFTTrainer, QLoRA); writes OUT/adapter, OUT/model, OUT/sft_run.json."""
     from homerlhf.config import check_device
@@ -160,12 +162,12 @@ def sft(
 def reward(
     preset: str = PresetOpt,
     config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override (repeatable)."),
+    set_: List[str] = SetOpt,
     data: Optional[str] = typer.Option(None, "--data", help="Preference dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/reward"), "--out", "-o", help="Output directory."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: rm.base or model.name_or_path)."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out pairs (default: a data.eval_fraction split)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out."),
+    overwrite: bool = OverwriteOpt,
 ) -> None:
     """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker.
 
@@ -231,12 +233,21 @@ def worker(
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process is gone."),
 ) -> None:
     """Serve a reference or reward model from llama.cpp over HTTP (token ids in and out)."""
-    from homerlhf.workers.server import ROLES, serve
+    from homerlhf.workers.engine import ROLES
+    from homerlhf.workers.server import serve
 
     if role not in ROLES:
         raise UserError(f"--role {role!r} is not known; use ref or reward")
     serve(role, model, host=host, port=port, threads=threads, ctx=ctx, token=token,
           f32_kv_cache=f32_kv_cache, parent_pid=parent_pid, batch_tokens=batch_tokens)
+
+
+@app.command()
+def doctor() -> None:
+    """Check this machine for a run: packages, llama.cpp build and decodes, NF4, GPU, RAM, cache dir."""
+    from homerlhf.doctor import run_doctor
+
+    raise typer.Exit(run_doctor())
 
 
 @app.command("app")

@@ -2,12 +2,14 @@
 
 Everything is written with ``save_pretrained`` so the rest of homerlhf loads it exactly like a model
 from the hub (``AutoTokenizer.from_pretrained(dir)``, ``AutoModelForCausalLM.from_pretrained(dir)``).
+Given ``tokenizer_dir`` (a real tokenizer: its vocabulary, special tokens and chat template), the
+models are built for that vocabulary instead of the builtin one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -26,7 +28,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
-Arch = Literal["llama", "qwen2", "mistral", "gemma2", "gemma3_text", "phi3"]
+Arch = Literal["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"]
 # Sliding window of the tiny Gemmas: short, so every test sequence crosses it.
 TINY_WINDOW = 16
 
@@ -60,15 +62,16 @@ def build_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4):
-    """A small config of ``arch`` (GQA: 4 query heads, 2 key/value heads).
+def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4, tie_embeddings: bool = False):
+    """A small config of ``arch`` (GQA: 4 query heads, 2 key/value heads). Tie the embeddings for a
+    real 128k-262k vocabulary: the embedding is then the only vocab-sized matrix.
 
-    The Gemmas keep their real quirks: soft-caps (Gemma 2), a query scale other than
+    The Gemmas keep their real quirks (and always tie): soft-caps (Gemma 2), a query scale other than
     1/sqrt(head_dim) (``query_pre_attn_scalar`` 256), sliding-window layers with a window of
     ``TINY_WINDOW`` tokens, Gemma 3's global layer last and its two rope bases.
     """
     from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
-                              Qwen2Config)
+                              Qwen2Config, Qwen3Config)
 
     common = dict(
         vocab_size=vocab_size,
@@ -79,7 +82,7 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
         num_key_value_heads=2,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,
@@ -88,6 +91,8 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
         return LlamaConfig(**common, rope_theta=10000.0)
     if arch == "qwen2":
         return Qwen2Config(**common, rope_theta=10000.0, use_sliding_window=False)
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=hidden // 4, rope_theta=10000.0, use_sliding_window=False)
     if arch == "mistral":
         return MistralConfig(**common, head_dim=hidden // 4, sliding_window=None)
     if arch == "phi3":
@@ -102,12 +107,26 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
     raise ValueError(f"unknown tiny architecture {arch!r}; use one of {', '.join(Arch.__args__)}")
 
 
-def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **shape) -> Path:
-    """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path."""
-    from transformers import AutoModelForCausalLM
+def _tokenizer(tokenizer_dir: Optional[str | Path]):
+    """The builtin tokenizer, or the real one in ``tokenizer_dir``."""
+    if tokenizer_dir is None:
+        return build_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
+                    tokenizer_dir: Optional[str | Path] = None, **shape) -> Path:
+    """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path.
+
+    With ``tokenizer_dir``, its tokenizer is used, and its ``generation_config.json``, if it holds
+    one, becomes the model's (as a checkpoint ships it: eos list, sampling defaults).
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     out = Path(out_dir)
-    tokenizer = build_tokenizer()
+    tokenizer = _tokenizer(tokenizer_dir)
     config = model_config(arch, len(tokenizer), **shape)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
@@ -116,18 +135,22 @@ def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if tokenizer_dir is not None and (Path(tokenizer_dir) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(tokenizer_dir))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
-def build_sequence_classifier(out_dir: str | Path, arch: Arch = "llama", seed: int = 0, **shape) -> Path:
-    """A tiny ``*ForSequenceClassification`` (num_labels 1): a reward-model shaped checkpoint."""
+def build_sequence_classifier(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
+                              tokenizer_dir: Optional[str | Path] = None, **shape) -> Path:
+    """A tiny ``*ForSequenceClassification`` (num_labels 1): a reward-model shaped checkpoint.
+    ``tokenizer_dir``: a real tokenizer to build it for (default: the builtin one)."""
     from transformers import AutoModelForSequenceClassification
 
     out = Path(out_dir)
-    tokenizer = build_tokenizer()
+    tokenizer = _tokenizer(tokenizer_dir)
     config = model_config(arch, len(tokenizer), **shape)
     config.num_labels = 1
     config.pad_token_id = tokenizer.pad_token_id

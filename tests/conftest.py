@@ -33,3 +33,46 @@ def tiny_qwen2_dir(tmp_path_factory):
     from homerlhf.tiny import build_causal_lm
 
     return build_causal_lm(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2", seed=1)
+
+
+# -- real tokenizers (tests/fixtures/README.md) -----------------------------------------------------
+REAL_TOKENIZERS = ("qwen3", "llama3_1", "gemma3")
+REAL_TOKENIZER_ARCH = {"qwen3": "qwen3", "llama3_1": "llama", "gemma3": "gemma3_text"}
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dirs(tmp_path_factory) -> dict:
+    """name -> a dir ``AutoTokenizer.from_pretrained`` loads: the xz fixtures, decompressed once."""
+    import lzma
+    import shutil
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures" / "tokenizers"
+    root = tmp_path_factory.mktemp("real-tokenizers")
+    dirs = {}
+    for name in REAL_TOKENIZERS:
+        out = root / name
+        out.mkdir()
+        for packed in (fixtures / name).glob("*.json.xz"):
+            (out / packed.name.removesuffix(".xz")).write_bytes(lzma.decompress(packed.read_bytes()))
+        shutil.copy(fixtures / name / "generation_config.json", out / "generation_config.json")
+        dirs[name] = out
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def real_vocab_model_dir(real_tokenizer_dirs, tmp_path_factory):
+    """``real_vocab_model_dir(name)``: a tiny random-init causal LM of the matching architecture on
+    that real tokenizer (hidden 64, 2 layers, tied embeddings), built once per name."""
+    from homerlhf.tiny import build_causal_lm
+
+    built = {}
+
+    def build(name: str):
+        if name not in built:
+            built[name] = build_causal_lm(
+                tmp_path_factory.mktemp(f"tiny-{name}"), arch=REAL_TOKENIZER_ARCH[name], seed=0,
+                tokenizer_dir=real_tokenizer_dirs[name], hidden=64, layers=2, tie_embeddings=True)
+        return built[name]
+
+    return build

@@ -48,3 +48,24 @@ def test_tiny_sequence_classifier(tmp_path):
     with torch.no_grad():
         out = model(**tok(["Hello there"], return_tensors="pt")).logits
     assert out.shape == (1, 1)
+
+
+def test_tiny_qwen3_and_gemma3_text_on_the_builtin_tokenizer(tmp_path):
+    from homerlhf.tiny import build_causal_lm
+
+    for arch in ("qwen3", "gemma3_text"):
+        model = _check_causal_lm(build_causal_lm(tmp_path / arch, arch=arch, seed=2))
+        assert model.config.model_type == arch
+
+
+def test_real_vocab_models_keep_the_tokenizer_and_the_checkpoint_generation_config(real_vocab_model_dir):
+    import json
+
+    expected = {"qwen3": ("qwen3", 151669, [151645, 151643]), "llama3_1": ("llama", 128256, [128001, 128008, 128009]),
+                "gemma3": ("gemma3_text", 262145, [1, 106])}
+    for name, (model_type, vocab, eos) in expected.items():
+        path = real_vocab_model_dir(name)
+        config = json.loads((path / "config.json").read_text())
+        assert (config["model_type"], config["vocab_size"], config["tie_word_embeddings"]) == (model_type, vocab, True)
+        assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == eos
+        assert len(AutoTokenizer.from_pretrained(path)) == vocab

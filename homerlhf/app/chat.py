@@ -1,40 +1,18 @@
-"""Side-by-side answers for the Evaluate tab: the trained actor (a checkpoint's ``actor`` adapter)
-and the reference (the same base with the adapter off), on the same prompt, sampling settings and
-seed, each scored by the run's reward model.
-
-The base is loaded the way training loads it (:func:`homerlhf.models.policy.load_base`, 4-bit when
-the run is), so the reference here is exactly the training reference when ``ref.backend`` is
-``adapter_off``, and the weights the llama.cpp reference was exported from otherwise.
+"""The Evaluate tab's models: one run checkpoint at a time, answering side by side
+(:mod:`homerlhf.models.side_by_side`), scored by the run's reward model, whose live worker is
+reused while the run is going.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from homerlhf.app import runs
 from homerlhf.errors import UserError
+from homerlhf.models.side_by_side import Answer, EvalModels, Sampling
 
-ACTOR = "actor"
-
-
-@dataclass
-class Answer:
-    text: str
-    prompt_ids: list[int]
-    response_ids: list[int]  # up to and including EOS, as the trainer scores them
-    score: Optional[float] = None
-
-
-@dataclass
-class Sampling:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
+__all__ = ["Answer", "EvalModels", "Sampling", "get_models", "load_models", "reward_backend", "unload_all"]
 
 
 def reward_backend(cfg, run_dir: Path, tokenizer):
@@ -43,104 +21,29 @@ def reward_backend(cfg, run_dir: Path, tokenizer):
     For ``llamacpp`` the run's own worker is reused while it answers (no second copy of the
     model); otherwise a worker of our own is started on the same exported model.
     """
-    from homerlhf.stages.builtin import resolve_model
+    from homerlhf.stages.ppo import scoring_reward
 
-    rc = cfg.reward
-    if rc.backend == "hf":
-        from homerlhf.ppo.backends import HFReward
+    if cfg.reward.backend != "hf":
+        from homerlhf.workers.backends import connect
+        from homerlhf.workers.vocab import tokenizer_fingerprint
 
-        return HFReward(resolve_model(rc.model), trust_remote_code=cfg.model.trust_remote_code)
-    from homerlhf.workers.backends import connect, llamacpp_reward
-    from homerlhf.workers.vocab import tokenizer_fingerprint
-
-    live = runs.worker_urls(run_dir).get("reward")
-    if live and not rc.url and runs.run_status(run_dir).running:
-        try:
-            return connect("reward", url=live, fingerprint=tokenizer_fingerprint(tokenizer))
-        except Exception:  # noqa: BLE001 - the run's worker went away: start our own below
-            pass
-    return llamacpp_reward(cfg, tokenizer, run_dir=None)
+        live = runs.worker_urls(run_dir).get("reward")
+        if live and not cfg.reward.url and runs.run_status(run_dir).running:
+            try:
+                return connect("reward", url=live, fingerprint=tokenizer_fingerprint(tokenizer))
+            except Exception:  # noqa: BLE001 - the run's worker went away: start our own below
+                pass
+    return scoring_reward(cfg, tokenizer)
 
 
-class EvalModels:
-    """One run checkpoint loaded for chatting: base + ``actor`` adapter, tokenizer, reward backend."""
-
-    def __init__(self, run_dir: str | Path, checkpoint: str | Path, with_reward: bool = True):
-        from peft import PeftModel
-
-        from homerlhf.config import check_device
-        from homerlhf.models.policy import load_base, load_tokenizer
-        from homerlhf.stages.builtin import resolve_model
-
-        self.run_dir = Path(run_dir)
-        self.checkpoint = Path(checkpoint)
-        cfg = runs.run_config(self.run_dir)
-        if cfg is None:
-            raise UserError(f"{self.run_dir} has no run config yet; start the run or attach to a finished one")
-        check_device(cfg)
-        adapter_dir = self.checkpoint / ACTOR
-        if not (adapter_dir / "adapter_config.json").is_file():
-            raise UserError(f"checkpoint {self.checkpoint} has no '{ACTOR}' adapter; pick another checkpoint")
-        self.cfg = cfg
-        model_path = resolve_model(cfg.model.name_or_path)
-        self.tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code,
-                                        revision=cfg.model.revision)
-        base = load_base(model_path, cfg)
-        self.model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
-        self.model.set_adapter(ACTOR)
-        self.model.eval()
-        self.reward = reward_backend(cfg, self.run_dir, self.tokenizer) if with_reward else None
-        # Generation mutates no weights, but peft's adapter switch is global to the model.
-        self.lock = threading.Lock()
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-    def prompt_ids(self, text: str) -> list[int]:
-        from homerlhf.data.load import prompt_ids
-
-        ids = prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
-        return ids[-self.cfg.rollout.max_prompt_len:]
-
-    def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool) -> list[int]:
-        import contextlib
-
-        import torch
-
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        kwargs = dict(max_new_tokens=int(sampling.max_new_tokens), do_sample=True,
-                      temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-                      top_k=int(sampling.top_k), pad_token_id=self.tokenizer.pad_token_id,
-                      eos_token_id=self.tokenizer.eos_token_id)
-        # Same seed for both sides: differences come from the weights, not the dice.
-        torch.manual_seed(int(sampling.seed))
-        ctx = contextlib.nullcontext() if adapter_on else self.model.disable_adapter()
-        with torch.no_grad(), ctx:
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        response = out[0, ids.shape[1]:].tolist()
-        eos = self.tokenizer.eos_token_id
-        return response[: response.index(eos) + 1] if eos in response else response
-
-    def answer_both(self, text: str, sampling: Sampling) -> tuple[Answer, Answer]:
-        """(actor answer, reference answer) to one user message, each with its reward score."""
-        if not text.strip():
-            raise UserError("type a message first")
-        prompt = self.prompt_ids(text)
-        with self.lock:
-            actor_ids = self._generate(prompt, sampling, adapter_on=True)
-            ref_ids = self._generate(prompt, sampling, adapter_on=False)
-        answers = [Answer(self.tokenizer.decode(r, skip_special_tokens=True).strip(), prompt, r)
-                   for r in (actor_ids, ref_ids)]
-        if self.reward is not None:
-            scores = self.reward.score([prompt, prompt], [actor_ids, ref_ids])
-            for answer, score in zip(answers, scores):
-                answer.score = float(score)
-        return answers[0], answers[1]
-
-    def close(self) -> None:
-        if self.reward is not None:
-            self.reward.close()
+def load_models(run_dir: str | Path, checkpoint: str | Path, with_reward: bool = True) -> EvalModels:
+    """A checkpoint of the run in ``run_dir``, loaded with the run's config and reward model."""
+    run_dir = Path(run_dir)
+    cfg = runs.run_config(run_dir)
+    if cfg is None:
+        raise UserError(f"{run_dir} has no run config yet; start the run or attach to a finished one")
+    reward = (lambda cfg, tokenizer: reward_backend(cfg, run_dir, tokenizer)) if with_reward else None
+    return EvalModels(cfg, checkpoint, reward=reward)
 
 
 _LOADED: dict[tuple[str, str], EvalModels] = {}
@@ -155,7 +58,7 @@ def get_models(run_dir: str | Path, checkpoint: str | Path) -> EvalModels:
             for old in list(_LOADED.values()):
                 old.close()
             _LOADED.clear()
-            _LOADED[key] = EvalModels(run_dir, checkpoint)
+            _LOADED[key] = load_models(run_dir, checkpoint)
         return _LOADED[key]
 
 

@@ -20,7 +20,7 @@ N_SHOWN = 5
 
 
 def builtin_names() -> list[str]:
-    from homerlhf.data.load import BUILTIN
+    from homerlhf.data.read import BUILTIN
 
     return list(BUILTIN)
 

@@ -7,7 +7,9 @@ prompt/chosen/rejected record); the chat windows keep the history for reading.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from homerlhf.app import chat, preferences, runs
 from homerlhf.app.common import guarded
@@ -33,24 +35,49 @@ def counts_markdown(run_dir: str) -> str:
             f"`homerlhf reward --data {Path(run_dir) / preferences.PAIRS_FILE}`")
 
 
-def build(run_dir_shared) -> None:
+@dataclass
+class EvalPanel:
+    """The tab's components: run and checkpoint, sampling, the two chats, the judgement buttons."""
+
+    run_dir: Any
+    checkpoint: Any
+    refresh_btn: Any
+    sampling: list  # max new tokens, temperature, top p, top k, seed
+    left_chat: Any
+    left_score: Any
+    right_chat: Any
+    right_score: Any
+    message: Any
+    send_btn: Any
+    left_btn: Any
+    tie_btn: Any
+    right_btn: Any
+    info: Any
+    last: Any  # gr.State: the exchange waiting for a judgement
+
+
+def _sampling_controls() -> list:
     import gradio as gr
 
-    gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
-                "the reference — the base with the adapter off (right). Pick the better answer to add a "
-                "preference record for `homerlhf reward` (ties go to a separate file). Loading a checkpoint "
-                "takes a second copy of the base in memory: on a full GPU, evaluate after the run stops.")
+    with gr.Accordion("Sampling", open=False):
+        with gr.Row():
+            return [
+                gr.Slider(1, 512, value=48, step=1, label="max new tokens", elem_id="eval-max-new"),
+                gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="temperature", elem_id="eval-temperature"),
+                gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top p", elem_id="eval-top-p"),
+                gr.Slider(0, 200, value=0, step=1, label="top k (0: off)", elem_id="eval-top-k"),
+                gr.Number(0, precision=0, label="seed", elem_id="eval-seed"),
+            ]
+
+
+def _layout() -> EvalPanel:
+    import gradio as gr
+
     with gr.Row():
         run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="eval-run-dir")
         checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
         refresh_btn = gr.Button("Refresh checkpoints", elem_id="eval-refresh")
-    with gr.Accordion("Sampling", open=False):
-        with gr.Row():
-            max_new = gr.Slider(1, 512, value=48, step=1, label="max new tokens", elem_id="eval-max-new")
-            temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="temperature", elem_id="eval-temperature")
-            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top p", elem_id="eval-top-p")
-            top_k = gr.Slider(0, 200, value=0, step=1, label="top k (0: off)", elem_id="eval-top-k")
-            seed = gr.Number(0, precision=0, label="seed", elem_id="eval-seed")
+    sampling = _sampling_controls()
     with gr.Row():
         with gr.Column():
             left_chat = gr.Chatbot(label=LEFT_LABEL, height=320, elem_id="eval-left")
@@ -66,62 +93,82 @@ def build(run_dir_shared) -> None:
         tie_btn = gr.Button("Tie", elem_id="eval-tie")
         right_btn = gr.Button("Right better ▶", elem_id="eval-right-better")
     info = gr.Markdown(elem_id="eval-info")
-    last = gr.State(None)  # the exchange waiting for a judgement
+    return EvalPanel(run_dir, checkpoint, refresh_btn, sampling, left_chat, left_score, right_chat, right_score,
+                     message, send_btn, left_btn, tie_btn, right_btn, info, last=gr.State(None))
+
+
+def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
+    """Both models answer ``text``: the chats, the scores, and the exchange to judge."""
+    if not run_dir:
+        raise UserError("give a run directory (or start/attach one in the Train tab)")
+    if not ckpt:
+        raise UserError("pick a checkpoint (Refresh checkpoints); a run writes one every checkpoint.every iterations")
+    if not Path(ckpt).is_dir():
+        raise UserError(f"checkpoint not found: {ckpt}")
+    sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
+    models = chat.get_models(run_dir, ckpt)
+    left, right = models.answer_both(text, sampling)
+    user = {"role": "user", "content": text}
+    left_hist = [*(left_hist or []), user, {"role": "assistant", "content": left.text or "(empty answer)"}]
+    right_hist = [*(right_hist or []), user, {"role": "assistant", "content": right.text or "(empty answer)"}]
+    pending = {"prompt": text, "left": left.text, "right": right.text, "left_score": left.score,
+               "right_score": right.score, "checkpoint": str(ckpt), "run_dir": run_dir,
+               "sampling": sampling.__dict__}
+    return (left_hist, right_hist, score_markdown(left), score_markdown(right),
+            "Which answer is better?", pending, "")
+
+
+def judge(choice: str):
+    """The handler of one judgement button: record the pending exchange as ``choice``."""
+
+    @guarded(2, error_index=0)
+    def on_judge(pending):
+        if not pending:
+            raise UserError("send a message first; each answer pair can be judged once")
+        path = preferences.record_preference(
+            pending["run_dir"], pending["prompt"], pending["left"], pending["right"], choice,
+            left_source="actor", right_source="reference",
+            left_score=pending["left_score"], right_score=pending["right_score"],
+            extra={"checkpoint": pending["checkpoint"], "sampling": pending["sampling"]},
+        )
+        return f"Recorded **{choice}** in `{path}`. " + counts_markdown(pending["run_dir"]), None
+
+    return on_judge
+
+
+def _wire_checkpoints(panel: EvalPanel, run_dir_shared) -> None:
+    """The run dir follows the Train tab's; the checkpoint list follows the run dir."""
+    import gradio as gr
 
     def sync_run(shared):
         choices = checkpoint_choices(shared)
         return shared, gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    run_dir_shared.change(sync_run, run_dir_shared, [run_dir, checkpoint])
+    run_dir_shared.change(sync_run, run_dir_shared, [panel.run_dir, panel.checkpoint])
 
     def on_refresh(run_dir):
         choices = checkpoint_choices(run_dir)
         note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
         return gr.update(choices=choices, value=choices[0][1] if choices else None), note
 
-    refresh_btn.click(on_refresh, run_dir, [checkpoint, info])
-    run_dir.submit(on_refresh, run_dir, [checkpoint, info])
+    panel.refresh_btn.click(on_refresh, panel.run_dir, [panel.checkpoint, panel.info])
+    panel.run_dir.submit(on_refresh, panel.run_dir, [panel.checkpoint, panel.info])
 
-    @guarded(7, error_index=4)
-    def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
-        if not run_dir:
-            raise UserError("give a run directory (or start/attach one in the Train tab)")
-        if not ckpt:
-            raise UserError("pick a checkpoint (Refresh checkpoints); a run writes one every checkpoint.every iterations")
-        if not Path(ckpt).is_dir():
-            raise UserError(f"checkpoint not found: {ckpt}")
-        sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
-        models = chat.get_models(run_dir, ckpt)
-        left, right = models.answer_both(text, sampling)
-        user = {"role": "user", "content": text}
-        left_hist = [*(left_hist or []), user, {"role": "assistant", "content": left.text or "(empty answer)"}]
-        right_hist = [*(right_hist or []), user, {"role": "assistant", "content": right.text or "(empty answer)"}]
-        pending = {"prompt": text, "left": left.text, "right": right.text, "left_score": left.score,
-                   "right_score": right.score, "checkpoint": str(ckpt), "run_dir": run_dir,
-                   "sampling": sampling.__dict__}
-        return (left_hist, right_hist, score_markdown(left), score_markdown(right),
-                "Which answer is better?", pending, "")
 
-    send_outputs = [left_chat, right_chat, left_score, right_score, info, last, message]
-    send_inputs = [run_dir, checkpoint, message, left_chat, right_chat, max_new, temperature, top_p, top_k, seed]
-    send_btn.click(on_send, send_inputs, send_outputs)
-    message.submit(on_send, send_inputs, send_outputs)
+def build(run_dir_shared) -> None:
+    import gradio as gr
 
-    def judge(choice):
-        @guarded(2, error_index=0)
-        def on_judge(pending):
-            if not pending:
-                raise UserError("send a message first; each answer pair can be judged once")
-            path = preferences.record_preference(
-                pending["run_dir"], pending["prompt"], pending["left"], pending["right"], choice,
-                left_source="actor", right_source="reference",
-                left_score=pending["left_score"], right_score=pending["right_score"],
-                extra={"checkpoint": pending["checkpoint"], "sampling": pending["sampling"]},
-            )
-            return f"Recorded **{choice}** in `{path}`. " + counts_markdown(pending["run_dir"]), None
-
-        return on_judge
-
-    left_btn.click(judge("left"), last, [info, last])
-    right_btn.click(judge("right"), last, [info, last])
-    tie_btn.click(judge("tie"), last, [info, last])
+    gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
+                "the reference — the base with the adapter off (right). Pick the better answer to add a "
+                "preference record for `homerlhf reward` (ties go to a separate file). Loading a checkpoint "
+                "takes a second copy of the base in memory: on a full GPU, evaluate after the run stops.")
+    panel = _layout()
+    _wire_checkpoints(panel, run_dir_shared)
+    send = guarded(7, error_index=4)(on_send)
+    send_outputs = [panel.left_chat, panel.right_chat, panel.left_score, panel.right_score, panel.info, panel.last,
+                    panel.message]
+    send_inputs = [panel.run_dir, panel.checkpoint, panel.message, panel.left_chat, panel.right_chat, *panel.sampling]
+    panel.send_btn.click(send, send_inputs, send_outputs)
+    panel.message.submit(send, send_inputs, send_outputs)
+    for button, choice in ((panel.left_btn, "left"), (panel.right_btn, "right"), (panel.tie_btn, "tie")):
+        button.click(judge(choice), panel.last, [panel.info, panel.last])

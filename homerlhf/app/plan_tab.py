@@ -152,12 +152,30 @@ def save_yaml(cfg, path: str) -> Path:
 # -- layout ---------------------------------------------------------------------------------
 
 
-def build(settings: Settings):
-    """Lay out the tab. Returns (load handler, its inputs, its outputs) for the page's load event."""
+@dataclass
+class PlanPanel:
+    """The tab's own components (the run settings are :class:`Settings`)."""
+
+    card: Any
+    plan_btn: Any
+    apply_btn: Any
+    message: Any
+    verdict: Any
+    chart: Any
+    table: Any
+    command: Any
+    yaml_path: Any
+    save_btn: Any
+    suggestion: Any  # gr.State: the last plan's suggestion as section.key=value items
+
+    @property
+    def plan_outputs(self) -> list:
+        return [self.message, self.verdict, self.chart, self.table, self.command, self.suggestion]
+
+
+def _layout(settings: Settings) -> PlanPanel:
     import gradio as gr
 
-    gr.Markdown("### Plan\nA preset is a memory plan for one card. The planner adds up the bytes of every "
-                "component in each PPO phase and says whether it fits.")
     with gr.Row():
         settings.preset.render()
         settings.model.render()
@@ -175,17 +193,43 @@ def build(settings: Settings):
     with gr.Row():
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
-    suggestion = gr.State([])
+    return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
+                     suggestion=gr.State([]))
+
+
+def on_preset(preset, model, preset_model):
+    """A new preset: its card, the model (the new default unless the user typed one), the new default."""
+    new_default = preset_model_of(preset)
+    # Keep a model the user typed; follow the preset when it was the old preset's default.
+    new_model = new_default if (model or "").strip() in ("", preset_model) else model
+    return card_markdown(preset), new_model, new_default
+
+
+def on_apply(items, overrides):
+    """The suggestion's items written into the overrides text."""
+    if not items:
+        raise UserError("no suggestion to apply: the plan fits, or run Plan first")
+    for item in items:
+        key, _, value = item.partition("=")
+        overrides = set_override(overrides, key, value)
+    return f"Applied: `{' '.join(items)}`", overrides
+
+
+def on_save(preset, model, overrides, preset_model, path):
+    out = save_yaml(resolved_config(preset, model, overrides, preset_model), path)
+    return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
+
+
+def build(settings: Settings):
+    """Lay out the tab. Returns (load handler, its inputs, its outputs) for the page's load event."""
+    import gradio as gr
+
+    gr.Markdown("### Plan\nA preset is a memory plan for one card. The planner adds up the bytes of every "
+                "component in each PPO phase and says whether it fits.")
+    panel = _layout(settings)
     s = settings
     inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
-
-    def on_preset(preset, model, preset_model):
-        new_default = preset_model_of(preset)
-        # Keep a model the user typed; follow the preset when it was the old preset's default.
-        new_model = new_default if (model or "").strip() in ("", preset_model) else model
-        return card_markdown(preset), new_model, new_default
-
-    s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [card, s.model, s.preset_model])
+    s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [panel.card, s.model, s.preset_model])
 
     @guarded(6, error_index=0)
     def on_plan(preset, model, overrides, preset_model, gpu_gib):
@@ -195,29 +239,14 @@ def build(settings: Settings):
         return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=rows, headers=headers),
                 command_text(preset, model, overrides, preset_model), suggestion_overrides(plan))
 
-    plan_outputs = [message, verdict, chart, table, command, suggestion]
-    plan_btn.click(on_plan, inputs, plan_outputs)
-
-    @guarded(2, error_index=0)
-    def on_apply(items, overrides):
-        if not items:
-            raise UserError("no suggestion to apply: the plan fits, or run Plan first")
-        for item in items:
-            key, _, value = item.partition("=")
-            overrides = set_override(overrides, key, value)
-        return f"Applied: `{' '.join(items)}`", overrides
-
-    apply_btn.click(on_apply, [suggestion, s.overrides], [message, s.overrides]).then(on_plan, inputs, plan_outputs)
-
-    @guarded(1, error_index=0)
-    def on_save(preset, model, overrides, preset_model, path):
-        out = save_yaml(resolved_config(preset, model, overrides, preset_model), path)
-        return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
-
-    save_btn.click(on_save, [s.preset, s.model, s.overrides, s.preset_model, yaml_path], message)
+    panel.plan_btn.click(on_plan, inputs, panel.plan_outputs)
+    panel.apply_btn.click(guarded(2, error_index=0)(on_apply), [panel.suggestion, s.overrides],
+                          [panel.message, s.overrides]).then(on_plan, inputs, panel.plan_outputs)
+    panel.save_btn.click(guarded(1, error_index=0)(on_save),
+                         [s.preset, s.model, s.overrides, s.preset_model, panel.yaml_path], panel.message)
 
     def on_load(preset, model, overrides, preset_model, gpu_gib):
         """What the page shows when it opens: the card and the plan of the current settings."""
         return (card_markdown(preset), *on_plan(preset, model, overrides, preset_model, gpu_gib))
 
-    return on_load, inputs, [card, *plan_outputs]
+    return on_load, inputs, [panel.card, *panel.plan_outputs]

@@ -4,8 +4,9 @@ directory, and watch it live (plots, progress with ETA, latest samples, worker s
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from homerlhf.app import monitor, runs
 from homerlhf.app.common import guarded
@@ -79,13 +80,38 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
             worker_table(path, status), status.log_tail[-3000:], len(rows))
 
 
-def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs"):
-    """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components.
-    Returns (handler, inputs, outputs) for the page's load event (it fills in the command)."""
+@dataclass
+class TrainPanel:
+    """The tab's components: run controls, the monitor, and the state of the attached run."""
+
+    run_dir: Any
+    overwrite: Any
+    command: Any
+    start_btn: Any
+    stop_btn: Any
+    kill_btn: Any
+    runs_dd: Any
+    refresh_btn: Any
+    attach_btn: Any
+    message: Any
+    status_md: Any
+    progress_md: Any
+    plot: Any
+    samples: Any
+    workers: Any
+    log_box: Any
+    attached: Any  # gr.State: the run directory being watched
+    n_rows: Any  # gr.State: metrics rows drawn so far
+    timer: Any
+
+    @property
+    def monitor_outputs(self) -> list:
+        return [self.status_md, self.progress_md, self.plot, self.samples, self.workers, self.log_box, self.n_rows]
+
+
+def _layout(runs_root: str) -> TrainPanel:
     import gradio as gr
 
-    gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
-                "never stops it. Stop asks it to save a checkpoint, then exit.")
     with gr.Row():
         run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir")
         overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
@@ -108,85 +134,114 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
                            interactive=False, elem_id="train-workers")
     with gr.Accordion("Training log (tail)", open=False):
         log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
-    attached = gr.State("")
-    n_rows = gr.State(-1)
-    timer = gr.Timer(POLL_S)
+    return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, runs_dd, refresh_btn, attach_btn,
+                      message, status_md, progress_md, plot, samples, workers, log_box,
+                      attached=gr.State(""), n_rows=gr.State(-1), timer=gr.Timer(POLL_S))
 
-    def show_command(preset, model, overrides, preset_model, run_dir, overwrite):
-        try:
-            items = run_overrides(model, overrides, preset_model)
-        except UserError as exc:
-            return f"# {exc}"
-        return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite), multiline=True)
 
-    cmd_inputs = [preset, model, overrides, preset_model_state, run_dir, overwrite]
-    for comp in (preset, model, overrides, run_dir, overwrite):
-        comp.change(show_command, cmd_inputs, command)
-
-    monitor_outputs = [status_md, progress_md, plot, samples, workers, log_box, n_rows]
-
-    def refresh(run_dir, last_n):
-        out = list(poll(run_dir, last_n))
-        if run_dir and out[2] is None:  # no new iteration: leave the plot and samples as they are
-            out[2], out[3] = gr.update(), gr.update()
-        return tuple(out)
-
-    @guarded(3, error_index=0)
-    def on_start(preset, model, overrides, preset_model, run_dir, overwrite):
-        if not (run_dir or "").strip():
-            raise UserError("give a run directory")
-        from homerlhf.config import check_device, load_config
-        from homerlhf.stages.preflight import check_run
-
+def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> str:
+    """The ``homerlhf train`` command the Start button runs (or the reason there is none)."""
+    try:
         items = run_overrides(model, overrides, preset_model)
-        cfg = load_config(preset, None, items)
-        check_device(cfg)  # reported here, not as a crashed run
-        check_run(cfg)  # models the backends cannot serve: likewise
-        path = Path(run_dir.strip())
-        if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
-            raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
-        status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
-        return f"Started: {status.message()}", str(path), str(path)
+    except UserError as exc:
+        return f"# {exc}"
+    return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite), multiline=True)
 
-    start_btn.click(on_start, cmd_inputs, [message, attached, run_dir_shared]).then(
-        refresh, [attached, n_rows], monitor_outputs)
 
-    @guarded(1, error_index=0)
-    def on_stop(run_dir):
-        if not run_dir:
-            raise UserError("no run attached")
-        return runs.stop_run(run_dir)
+def refresh(run_dir, last_n):
+    """The monitor's outputs for ``run_dir``; the plot and samples stay as they are without a new row."""
+    import gradio as gr
 
-    @guarded(1, error_index=0)
-    def on_kill(run_dir):
-        if not run_dir:
-            raise UserError("no run attached")
-        return runs.stop_run(run_dir, force=True)
+    out = list(poll(run_dir, last_n))
+    if run_dir and out[2] is None:
+        out[2], out[3] = gr.update(), gr.update()
+    return tuple(out)
 
-    stop_btn.click(on_stop, attached, message)
-    kill_btn.click(on_kill, attached, message)
+
+def on_start(preset, model, overrides, preset_model, run_dir, overwrite) -> tuple[str, str, str]:
+    """Start ``homerlhf train`` in ``run_dir`` as its own process: (message, attached, shared run dir)."""
+    if not (run_dir or "").strip():
+        raise UserError("give a run directory")
+    from homerlhf.config import check_device, load_config
+    from homerlhf.stages.preflight import check_run
+
+    items = run_overrides(model, overrides, preset_model)
+    cfg = load_config(preset, None, items)
+    check_device(cfg)  # reported here, not as a crashed run
+    check_run(cfg)  # models the backends cannot serve: likewise
+    path = Path(run_dir.strip())
+    if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
+        raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
+    status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
+    return f"Started: {status.message()}", str(path), str(path)
+
+
+def on_attach(choice) -> tuple[str, str, str, int]:
+    """Watch an existing run: (message, attached, shared run dir, rows drawn = -1 to redraw)."""
+    if not (choice or "").strip():
+        raise UserError("pick a run from the list (Refresh list) or type its directory")
+    path = Path(choice.strip())
+    if not path.is_dir():
+        raise UserError(f"no run directory at '{choice}'; pick one from the list or type a path")
+    if not runs.is_run_dir(path):
+        raise UserError(f"{path} holds no run (no metrics.jsonl, checkpoints or config)")
+    return f"Attached to `{path}`.", str(path), str(path), -1
+
+
+def known_runs(run_dir: str, runs_root: str) -> list[str]:
+    """Run directories beside ``run_dir`` and under ``runs_root``, without repeats."""
+    found: list[str] = []
+    for root in (Path(run_dir).parent if run_dir else None, Path(runs_root)):
+        if root is not None:
+            found += [str(p) for p in runs.list_runs(root) if str(p) not in found]
+    return found
+
+
+def on_stop(run_dir) -> str:
+    """Ask the attached run to save a checkpoint and exit."""
+    if not run_dir:
+        raise UserError("no run attached")
+    return runs.stop_run(run_dir)
+
+
+def on_kill(run_dir) -> str:
+    """Stop the attached run at once."""
+    if not run_dir:
+        raise UserError("no run attached")
+    return runs.stop_run(run_dir, force=True)
+
+
+def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: str) -> None:
+    """Start, stop, list and attach; each start or attach redraws the monitor."""
+    import gradio as gr
+
+    panel.start_btn.click(guarded(3, error_index=0)(on_start), cmd_inputs,
+                          [panel.message, panel.attached, run_dir_shared]).then(
+        refresh, [panel.attached, panel.n_rows], panel.monitor_outputs)
+    panel.stop_btn.click(guarded(1, error_index=0)(on_stop), panel.attached, panel.message)
+    panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
 
     def on_refresh(run_dir):
-        found: list[str] = []
-        for root in (Path(run_dir).parent if run_dir else None, Path(runs_root)):
-            if root is not None:
-                found += [str(p) for p in runs.list_runs(root) if str(p) not in found]
+        found = known_runs(run_dir, runs_root)
         return gr.update(choices=found, value=found[0] if found else None)
 
-    refresh_btn.click(on_refresh, run_dir, runs_dd)
+    panel.refresh_btn.click(on_refresh, panel.run_dir, panel.runs_dd)
+    panel.attach_btn.click(guarded(4, error_index=0)(on_attach), panel.runs_dd,
+                           [panel.message, panel.attached, run_dir_shared, panel.n_rows]).then(
+        refresh, [panel.attached, panel.n_rows], panel.monitor_outputs)
 
-    @guarded(4, error_index=0)
-    def on_attach(choice):
-        if not (choice or "").strip():
-            raise UserError("pick a run from the list (Refresh list) or type its directory")
-        path = Path(choice.strip())
-        if not path.is_dir():
-            raise UserError(f"no run directory at '{choice}'; pick one from the list or type a path")
-        if not runs.is_run_dir(path):
-            raise UserError(f"{path} holds no run (no metrics.jsonl, checkpoints or config)")
-        return f"Attached to `{path}`.", str(path), str(path), -1
 
-    attach_btn.click(on_attach, runs_dd, [message, attached, run_dir_shared, n_rows]).then(
-        refresh, [attached, n_rows], monitor_outputs)
-    timer.tick(refresh, [attached, n_rows], monitor_outputs, show_progress="hidden")
-    return show_command, cmd_inputs, command
+def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs"):
+    """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components.
+    Returns (handler, inputs, outputs) for the page's load event (it fills in the command)."""
+    import gradio as gr
+
+    gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
+                "never stops it. Stop asks it to save a checkpoint, then exit.")
+    panel = _layout(runs_root)
+    cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
+    for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
+        comp.change(show_command, cmd_inputs, panel.command)
+    _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root)
+    panel.timer.tick(refresh, [panel.attached, panel.n_rows], panel.monitor_outputs, show_progress="hidden")
+    return show_command, cmd_inputs, panel.command

@@ -6,7 +6,7 @@ Gradio app read them from here.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -77,12 +77,26 @@ class RolloutConfig(_Section):
     chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
     max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
-    truncation_penalty: Optional[float] = Field(
-        None, description="Score given to responses that hit max_new_tokens without EOS (None: off)."
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
     )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; must stay 1 (off) for training.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; must stay 0 (off) for training.")
+    truncation_penalty: Optional[float] = Field(
+        None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
+    )
+
+    @model_validator(mode="after")
+    def _full_distribution(self) -> "RolloutConfig":
+        # PPO's ratios and KL score log_softmax(logits / temperature) over the whole vocabulary; a
+        # truncated sampler would make every rollout off-policy.
+        if self.top_p < 1 or self.top_k > 0:
+            raise ValueError(
+                f"rollout.top_p={self.top_p}, rollout.top_k={self.top_k}: training rollouts must sample the "
+                "full distribution that PPO scores; set rollout.top_p=1.0 and rollout.top_k=0 "
+                "(use rollout.temperature to sharpen it)"
+            )
+        return self
 
 
 class PPOConfig(_Section):
@@ -141,43 +155,55 @@ class DataConfig(_Section):
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
 
 
-class SFTConfig(_Section):
-    """``homerlhf sft``: supervised fine-tuning with TRL's SFTTrainer (loss on completions only)."""
+# Fields whose defaults differ between the two TRL stages, each described once.
+TrainData = Annotated[str, Field(
+    description="Training data: builtin:<name>, hub id or local file (sft: prompt/completion rows; rm: preference pairs)."
+)]
+PeakLR = Annotated[float, Field(
+    gt=0, description="Peak learning rate of what trains (the adapter and the RM's score head; every weight with method full)."
+)]
 
-    base: Optional[str] = Field(None, description="Model to fine-tune (default: model.name_or_path).")
-    data: str = Field("builtin:demo-sft", description="SFT dataset: builtin:<name>, hub id or local file.")
+
+class TRLStageConfig(_Section):
+    """What the two TRL stages (``sft``, ``rm``) share. The LoRA settings are ``actor.lora`` for SFT,
+    which trains the policy as PPO's actor does after it, and ``rm.lora`` for the reward model."""
+
+    base: Optional[str] = Field(None, description="Model this stage starts from (default: model.name_or_path).")
+    data: TrainData
     method: Literal["qlora", "lora", "full"] = Field(
         "qlora",
-        description="qlora: LoRA (actor.lora) on a 4-bit base; lora: on a full-precision base; full: all weights (tiny models).",
+        description="qlora: LoRA (sft: actor.lora; rm: rm.lora, plus the score head) on a 4-bit base; "
+        "lora: the same on a full-precision base; full: all weights (tiny models).",
     )
     epochs: float = Field(1.0, gt=0, description="Passes over the training data.")
     max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
-    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
-    batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
+    lr: PeakLR
+    batch_size: int = Field(4, ge=1, description="Rows (sft: sequences; rm: pairs) per forward/backward.")
     grad_accum: int = Field(4, ge=1, description="Micro-batches per optimizer step.")
-    max_len: int = Field(1024, ge=8, description="Tokens per sequence (prompt + completion).")
+    max_len: int = Field(
+        1024, ge=8,
+        description="Tokens per sequence (prompt + reply); longer sft rows lose the end of the completion, "
+        "longer rm sequences the start of the prompt.",
+    )
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
 
 
-class RewardTrainConfig(_Section):
+class SFTConfig(TRLStageConfig):
+    """``homerlhf sft``: supervised fine-tuning with TRL's SFTTrainer (loss on completions only)."""
+
+    data: TrainData = "builtin:demo-sft"
+    lr: PeakLR = 2e-4
+
+
+class RewardTrainConfig(TRLStageConfig):
     """``homerlhf reward``: a Bradley-Terry reward model with TRL's RewardTrainer."""
 
-    base: Optional[str] = Field(None, description="Model the reward model starts from (default: model.name_or_path).")
-    data: str = Field("builtin:demo-pairs", description="Preference dataset: builtin:<name>, hub id or local file.")
+    data: TrainData = "builtin:demo-pairs"
+    lr: PeakLR = 1e-4
     eval_data: Optional[str] = Field(
         None, description="Held-out preference dataset (default: a data.eval_fraction split of rm.data)."
     )
-    method: Literal["qlora", "lora", "full"] = Field(
-        "qlora", description="qlora: LoRA + score head on a 4-bit base; lora: full-precision base; full: all weights."
-    )
     lora: LoraConfig = LoraConfig()
-    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
-    max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
-    lr: float = Field(1e-4, gt=0, description="Peak learning rate (adapter and score head).")
-    batch_size: int = Field(4, ge=1, description="Pairs per forward/backward.")
-    grad_accum: int = Field(4, ge=1, description="Micro-batches per optimizer step.")
-    max_len: int = Field(1024, ge=8, description="Tokens per sequence (prompt + reply), left-truncated.")
-    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
     center_rewards_coef: Optional[float] = Field(
         None, ge=0, description="Penalty on mean reward squared, keeps scores centred (None: off)."
     )
@@ -245,4 +271,15 @@ class RunConfig(_Section):
             raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
         if not self.reward.model and not self.reward.url:
             raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        return self
+
+    @model_validator(mode="after")
+    def _reference_at_rollout_temperature(self) -> "RunConfig":
+        # The KL reference must score at the temperature the actor samples and is scored at; the
+        # llama.cpp worker computes at temperature 1 only.
+        if self.rollout.temperature != 1.0 and self.ref.backend == "llamacpp":
+            raise ValueError(
+                f"rollout.temperature={self.rollout.temperature} needs ref.backend=adapter_off: the llama.cpp "
+                "reference scores at temperature 1 only (or keep rollout.temperature=1.0)"
+            )
         return self

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from homerlhf.errors import UserError
-from homerlhf.memory.planner import GIB, Plan
+from homerlhf.memory.components import GIB
+from homerlhf.memory.planner import Plan
 from homerlhf.memory.shapes import ModelShape, resolve_shape
 
 KIND_ORDER = ("weights", "adapters", "optimizer", "gradients", "buffers", "kv_cache", "activations", "logits", "overhead")

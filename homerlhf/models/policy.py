@@ -8,6 +8,10 @@ single adapter (named ``actor``) and one forward gives both log-probs and values
 
 Sequences everywhere are a left-padded prompt (B, P) followed by a right-padded response (B, T);
 ``attention_mask`` covers both, so padded slots change nothing.
+
+The policy is the distribution the actor samples from, ``softmax(logits / temperature)``: every
+log-prob it returns (actor and adapter-off reference) is taken at its ``temperature``, after the
+model's own logit post-processing, and ``generate`` samples from exactly that distribution.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from torch import Tensor, nn
 
 from homerlhf.config.schema import LoraConfig, QuantConfig, RunConfig
 from homerlhf.errors import UserError
-from homerlhf.models.logprobs import chunked_logprobs, position_ids_from_mask, response_hidden
+from homerlhf.models.generation import checkpoint_defaults_off, stop_token_ids
+from homerlhf.models.logprobs import chunked_logprobs, output_logit_transform, position_ids_from_mask, response_hidden
 
 ACTOR = "actor"
 CRITIC = "critic"
@@ -68,20 +73,26 @@ def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM"):
     )
 
 
-def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None):
-    """The policy tokenizer, left-padding (generation), with a pad token (eos when the model has none)."""
+def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None,
+                   padding_side: Optional[str] = "left"):
+    """The model's tokenizer with a pad token (eos when the model has none).
+
+    ``padding_side``: "left" for generation (the policy); None keeps the tokenizer's own (TRL's
+    trainers pad as the tokenizer says).
+    """
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code, revision=revision)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise UserError(
-            f"cannot load a tokenizer from '{model_path}': {str(exc).splitlines()[0]} "
+            f"cannot load a tokenizer from '{model_path}': {str(exc).strip().splitlines()[0][:200]} "
             "(give a local HF model dir, a cached hub id, or builtin:<name>)"
         ) from None
-    if tokenizer.pad_token_id is None:
+    if tokenizer.pad_token_id is None:  # many base models ship without one; eos is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
     return tokenizer
 
 
@@ -146,27 +157,16 @@ class ValueHead(nn.Module):
         return self.linear(hidden.float()).squeeze(-1)
 
 
-def output_head(causal_lm):
-    """hidden (..., H) -> logits (..., V) as ``causal_lm`` computes them: its LM head, soft-capped
-    (``cap * tanh(logits / cap)``, in float32) where the config says so (Gemma 2)."""
-    head = causal_lm.get_output_embeddings()
-    cap = getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
-    if not cap:
-        return head
-
-    def soft_capped(hidden: Tensor) -> Tensor:
-        return cap * torch.tanh(head(hidden).float() / cap)
-
-    return soft_capped
-
-
 @torch.no_grad()
 def check_logits_path(causal_lm, where: str) -> None:
-    """The chunked log-probs compute ``output_head(final hidden state)``: refuse a model whose own
-    forward does more (a logit scale, say), on a probe of 8 tokens."""
+    """The chunked log-probs compute ``output_logit_transform(lm_head(final hidden state))``: refuse a
+    model whose own forward does something else to its logits, on a probe of 8 tokens."""
     ids = torch.arange(8, device=causal_lm.device).unsqueeze(0) % causal_lm.config.get_text_config().vocab_size
     backbone = getattr(causal_lm, causal_lm.base_model_prefix)
-    ours = output_head(causal_lm)(backbone(input_ids=ids).last_hidden_state).float()
+    ours = causal_lm.get_output_embeddings()(backbone(input_ids=ids).last_hidden_state).float()
+    transform = output_logit_transform(causal_lm.config)
+    if transform is not None:
+        ours = transform(ours)
     theirs = causal_lm(input_ids=ids).logits.float()
     gap = (ours - theirs).abs().max().item()
     if not gap <= 1e-3 * (1.0 + theirs.abs().max().item()):
@@ -179,17 +179,24 @@ class PolicyModel:
 
     Every forward takes ``input_ids``/``attention_mask`` of shape (B, P + T) (left-padded prompt,
     right-padded response) and ``response_len`` T, and returns per-response-token tensors (B, T).
+    ``temperature`` is the sampling temperature all log-probs are taken at; ``stop_ids`` the stop
+    set (:func:`homerlhf.models.generation.stop_token_ids`), read before anything can change the
+    checkpoint's generation config.
     """
 
-    def __init__(self, model, value_head: ValueHead, tokenizer, *, shared_adapter: bool, logprob_chunk_size: int):
+    def __init__(self, model, value_head: ValueHead, tokenizer, *, shared_adapter: bool, logprob_chunk_size: int,
+                 temperature: float = 1.0):
         self.model = model  # peft PeftModel
         self.value_head = value_head
         self.tokenizer = tokenizer
         self.shared_adapter = shared_adapter
         self.logprob_chunk_size = logprob_chunk_size
+        self.temperature = temperature
         inner = model.get_base_model()
         self.backbone = getattr(inner, inner.base_model_prefix)  # the decoder, LoRA injected in place
-        self.lm_head = output_head(inner)
+        self.lm_head = inner.get_output_embeddings()
+        self.logit_transform = output_logit_transform(inner.config)
+        self.stop_ids = stop_token_ids(tokenizer, inner.generation_config)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
@@ -222,6 +229,7 @@ class PolicyModel:
             tokenizer,
             shared_adapter=cfg.critic.shared_adapter,
             logprob_chunk_size=cfg.ppo.logprob_chunk_size,
+            temperature=cfg.rollout.temperature,
         )
 
     # -- parameters ---------------------------------------------------------------------------
@@ -278,10 +286,11 @@ class PolicyModel:
 
     def _logprobs(self, hidden: Tensor, input_ids: Tensor, response_len: int) -> tuple[Tensor, Tensor]:
         targets = input_ids[:, input_ids.shape[1] - response_len :]
-        return chunked_logprobs(self.lm_head, response_hidden(hidden, response_len), targets, self.logprob_chunk_size)
+        return chunked_logprobs(self.lm_head, response_hidden(hidden, response_len), targets, self.logprob_chunk_size,
+                                temperature=self.temperature, transform=self.logit_transform)
 
     def actor_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor]:
-        """(logprobs, entropy) of the response tokens under the actor, each (B, T)."""
+        """(logprobs, entropy) of the response tokens under the actor at ``temperature``, each (B, T)."""
         with self.use_adapter(ACTOR):
             hidden = self.hidden_states(input_ids, attention_mask)
             return self._logprobs(hidden, input_ids, response_len)
@@ -306,28 +315,25 @@ class PolicyModel:
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
-        """Log-probs (B, T) under the base with every adapter off: the KL reference."""
+        """Log-probs (B, T) under the base with every adapter off, at ``temperature``: the KL reference."""
         with self.model.disable_adapter():
             hidden = self.hidden_states(input_ids, attention_mask)
             return self._logprobs(hidden, input_ids, response_len)[0]
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, **sampling) -> Tensor:
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config) -> Tensor:
         """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
 
-        ``sampling``: HF generate kwargs (max_new_tokens, temperature, top_p, top_k, ...). Positions
-        after a row's EOS hold the pad id.
+        ``generation_config``: a complete one from
+        :func:`homerlhf.models.generation.build_generation_config`; nothing of the checkpoint's own
+        generation config is used. Positions after a row's stop token hold the pad id.
         """
-        with self.use_adapter(ACTOR):
-            out = self.model.generate(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                do_sample=True,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id,
-                use_cache=True,
-                **sampling,
-            )
+        if generation_config.temperature != self.temperature:
+            raise ValueError(f"sampling at temperature {generation_config.temperature} but log-probs are "
+                             f"taken at {self.temperature}: build both from the same config")
+        with self.use_adapter(ACTOR), checkpoint_defaults_off(self.model.get_base_model(), generation_config):
+            out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                      generation_config=generation_config)
         return out[:, prompt_ids.shape[1] :]
 
     # -- saving -------------------------------------------------------------------------------

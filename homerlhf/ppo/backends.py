@@ -69,22 +69,11 @@ def _completed(fn, *args) -> Future:
     return future
 
 
-def _left_padded(prompt_ids: TokenIds, response_ids: TokenIds, pad_id: int, device):
-    """Prompt + response per sample, left-padded: (B, L) ids and mask; the last column is real."""
-    import torch
-
-    rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
-        mask[i, width - len(row):] = 1
-    return ids.to(device), mask.to(device)
-
-
 class AdapterOffReference(ReferenceBackend):
     """The policy's own 4-bit base with every adapter disabled: no extra memory, exact base weights.
+
+    Log-probs are taken at the policy's sampling temperature (``policy.temperature``, passed into
+    the chunked computation by ``PolicyModel.reference_logprobs``), like the actor's.
 
     It shares the policy's modules, so it must not run concurrently with a policy forward:
     ``submit_logprobs`` computes in the caller's thread and returns a finished future.
@@ -97,22 +86,19 @@ class AdapterOffReference(ReferenceBackend):
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         import torch
 
+        from homerlhf.ppo.rollout import pad_sequences
+
         out: list[list[float]] = []
         pad = self.policy.tokenizer.pad_token_id
         for start in range(0, len(prompt_ids), self.batch_size):
             prompts = prompt_ids[start:start + self.batch_size]
             responses = response_ids[start:start + self.batch_size]
-            width = max(len(r) for r in responses)
-            # Responses right-padded to a common width, prompts left-padded: the policy's layout.
-            p_ids, p_mask = _left_padded(prompts, [[] for _ in prompts], pad, self.policy.device)
-            r_ids = torch.full((len(responses), width), pad, dtype=torch.long)
-            r_mask = torch.zeros((len(responses), width), dtype=torch.long)
-            for i, r in enumerate(responses):
-                r_ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-                r_mask[i, :len(r)] = 1
-            ids = torch.cat([p_ids, r_ids.to(p_ids.device)], dim=1)
-            mask = torch.cat([p_mask, r_mask.to(p_ids.device)], dim=1)
-            lp = self.policy.reference_logprobs(ids, mask, width)
+            # Prompts left-padded, responses right-padded to a common width: the policy's layout.
+            p_ids, p_mask = pad_sequences(prompts, pad, "left", self.policy.device)
+            r_ids, r_mask = pad_sequences(responses, pad, "right", self.policy.device)
+            ids = torch.cat([p_ids, r_ids], dim=1)
+            mask = torch.cat([p_mask, r_mask], dim=1)
+            lp = self.policy.reference_logprobs(ids, mask, r_ids.shape[1])
             out.extend(row[:len(r)].tolist() for row, r in zip(lp.float().cpu(), responses))
         return out
 
@@ -165,15 +151,19 @@ class HFReward(RewardBackend):
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
         import torch
 
+        from homerlhf.models.logprobs import position_ids_from_mask
+        from homerlhf.ppo.rollout import pad_sequences
+
         backbone = getattr(self.model, self.model.base_model_prefix)
         scores: list[float] = []
         with torch.no_grad():
             for start in range(0, len(prompt_ids), self.batch_size):
-                ids, mask = _left_padded(prompt_ids[start:start + self.batch_size],
-                                         response_ids[start:start + self.batch_size], self.pad_id, self.device)
+                # Prompt + response per sample, left-padded: the last column is real.
+                rows = [list(p) + list(r) for p, r in zip(prompt_ids[start:start + self.batch_size],
+                                                          response_ids[start:start + self.batch_size])]
+                ids, mask = pad_sequences(rows, self.pad_id, "left", self.device)
                 hidden = backbone(
-                    input_ids=ids, attention_mask=mask,
-                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False,
+                    input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
                 ).last_hidden_state
                 # Left padding puts every row's last real token in the last column; pooling it
                 # ourselves avoids HF's pad-id search, which misfires when pad == eos.

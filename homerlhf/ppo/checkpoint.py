@@ -1,4 +1,4 @@
-"""Full PPO checkpoints: atomic writes, the last K kept, exact resume, resume-compatibility checks.
+"""Full PPO checkpoints: atomic writes, the last K kept, loading, resume-compatibility checks.
 
 A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
 
@@ -17,6 +17,9 @@ then renamed into place and the parent fsynced. A crash at any moment therefore 
 previous checkpoints untouched plus a ``.tmp-`` directory (ignored and later removed), or a
 complete new one: a directory named ``iter_*`` whose manifest matches its files. ``.pt`` files are
 our own tensors and plain containers and are loaded with ``torch.load(..., weights_only=True)``.
+
+The random states are :mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds (which checkpoint, which
+config, the logs cut back) is :mod:`homerlhf.ppo.resuming`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -32,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import torch
 
 from homerlhf.errors import UserError
+from homerlhf.ppo.rng import capture_rng_state, restore_rng_state
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "MANIFEST.json"
@@ -137,64 +139,11 @@ def check_resume_compatible(saved, new, where: str | Path) -> None:
         )
 
 
-# -- RNG ---------------------------------------------------------------------------------------
-def capture_rng_state(generators: Optional[Mapping[str, torch.Generator]] = None) -> dict[str, Any]:
-    """Every random state a PPO iteration draws from, as tensors and plain containers."""
-    version, mt_state, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": {"version": version, "state": list(mt_state), "gauss": gauss},
-        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "generators": {name: gen.get_state() for name, gen in (generators or {}).items()},
-    }
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any], generators: Optional[Mapping[str, torch.Generator]] = None) -> None:
-    """Inverse of :func:`capture_rng_state`. CUDA states are restored only when as many GPUs exist."""
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    npst = state["numpy"]
-    np.random.set_state((npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
-                         npst["has_gauss"], npst["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    cuda_states = state.get("cuda") or []
-    if cuda_states and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
-        torch.cuda.set_rng_state_all(cuda_states)
-    saved_generators = state.get("generators", {})
-    for name, gen in (generators or {}).items():
-        if name in saved_generators:
-            gen.set_state(saved_generators[name])
-
-
 # -- the metrics / samples logs ---------------------------------------------------------------
 def log_offsets(run_dir: str | Path) -> dict[str, int]:
     """Byte size of each append-only log in the run dir (0 for one not written yet)."""
     run_dir = Path(run_dir)
     return {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOG_FILES}
-
-
-def truncate_logs(run_dir: str | Path, offsets: Mapping[str, int]) -> None:
-    """Cut each log back to its size at checkpoint time: rows of iterations after the checkpoint
-    are redone by the resumed run, so keeping them would duplicate them."""
-    run_dir = Path(run_dir)
-    for name, size in offsets.items():
-        path = run_dir / name
-        if not path.exists():
-            if size:
-                raise UserError(f"cannot resume {run_dir}: {name} is missing but the checkpoint counted "
-                                f"{size} bytes of it; restore the file or start a new run with --out")
-            continue
-        if path.stat().st_size < size:
-            raise UserError(f"cannot resume {run_dir}: {name} is shorter than when the checkpoint was written; "
-                            "restore the file or start a new run with --out")
-        with open(path, "r+b") as fh:
-            fh.truncate(size)
-            fh.flush()
-            os.fsync(fh.fileno())
 
 
 # -- finding checkpoints -----------------------------------------------------------------------
@@ -273,7 +222,6 @@ def save_checkpoint(
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(iteration)
-    final = root / name
     tmp = root / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -297,27 +245,38 @@ def save_checkpoint(
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "config.yaml").write_text(to_yaml(config))
 
+    _seal(tmp, iteration)
+    final = _move_into_place(tmp, root / name)
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def _seal(tmp: Path, iteration: int) -> None:
+    """fsync every file and directory under ``tmp``, then write the manifest (sizes and sha256) last:
+    until it exists, nothing there counts as a checkpoint."""
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
         _fsync_file(path)
         files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
         _fsync_dir(sub)
-    # The manifest last: until it exists, nothing here counts as a checkpoint.
     manifest = tmp / MANIFEST
     manifest.write_text(json.dumps({"format": FORMAT_VERSION, "iteration": iteration, "files": files}, indent=1))
     _fsync_file(manifest)
     _fsync_dir(tmp)
 
+
+def _move_into_place(tmp: Path, final: Path) -> Path:
+    """Rename the sealed ``tmp`` to ``final`` (replacing a checkpoint of the same iteration) and
+    fsync the parent directory."""
     if final.exists():  # the same iteration saved again (a stop right after a periodic save)
-        old = root / f".old-{name}-{os.getpid()}"
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
-    prune_checkpoints(run_dir, keep)
+    _fsync_dir(final.parent)
     return final
 
 
@@ -391,47 +350,3 @@ def load_checkpoint(
     if restore_rng:
         restore_rng_state(torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True), generators)
     return state
-
-
-def saved_config(ckpt: str | Path):
-    """The resolved ``RunConfig`` a checkpoint was written with."""
-    from homerlhf.config import from_yaml_file
-
-    return from_yaml_file(Path(ckpt) / "config.yaml")
-
-
-def find_resume_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint ``--resume RUN_DIR`` continues from, or a one-line error saying why there is none."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"--resume {run_dir}: no such run directory; give the --out of an earlier run")
-    ckpt = latest_complete_checkpoint(run_dir)
-    if ckpt is None:
-        raise UserError(f"--resume {run_dir}: the run has no complete checkpoint yet; start it again with "
-                        "--overwrite (checkpoints are written every checkpoint.every iterations and at stop)")
-    return ckpt
-
-
-def resume_config(run_dir: str | Path, *, preset: Optional[str] = None, config_file: Optional[str | Path] = None,
-                  overrides=()):
-    """The config of ``--resume RUN_DIR`` and the checkpoint it continues from.
-
-    The base is the config the checkpoint was written with (so ``--resume RUN_DIR`` alone continues
-    the same run); a ``--config`` file and ``--set`` overrides go on top, e.g. ``ppo.iterations=200``.
-    With an explicit ``preset`` the config is built from scratch instead. Either way a change to an
-    ``INCOMPATIBLE_KEYS`` entry is refused in one line naming the key. Returns ``(config, ckpt)``.
-    """
-    from homerlhf.config import load_config
-    from homerlhf.config.loader import _read_yaml, apply_overrides, deep_merge, validate
-
-    ckpt = find_resume_checkpoint(run_dir)
-    saved = saved_config(ckpt)
-    if preset is not None:
-        new = load_config(preset, config_file, overrides)
-    else:
-        data = saved.model_dump(mode="json")
-        if config_file is not None:
-            data = deep_merge(data, _read_yaml(Path(config_file), "config file"))
-        new = validate(apply_overrides(data, overrides))
-    check_resume_compatible(saved, new, run_dir)
-    return new.model_copy(update={"output_dir": str(run_dir)}), ckpt

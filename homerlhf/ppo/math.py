@@ -24,7 +24,6 @@ __all__ = [
     "gae",
     "policy_loss",
     "value_loss",
-    "entropy_from_logits",
     "explained_variance",
     "truncation_penalized_scores",
 ]
@@ -250,23 +249,6 @@ def value_loss(
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).to(values.dtype), mask)
     return loss, clipfrac
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the categorical distribution given by ``logits``, ``-sum_v p_v log p_v``.
-
-    Args:
-        logits: ``[..., V]``; ``-inf`` entries (top-k / top-p filtered) count as probability 0.
-
-    Returns: ``[...]``, in float32 for 16-bit logits (their softmax is too coarse), else in the
-    logits' dtype. Feed it chunks of positions: it holds two copies of ``logits``.
-    """
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1)
-    # p = 0 where logp = -inf; the clamp keeps 0 * -inf from turning into nan.
-    logp = logp.clamp(min=torch.finfo(logp.dtype).min)
-    return -(logp.exp() * logp).sum(dim=-1)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

@@ -1,15 +1,24 @@
-"""Per-iteration metrics: one JSON line each in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), samples.
+"""Per-iteration metrics: the row of one iteration (``iteration_metrics``), written as one JSON line
+in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), and the samples.
 
-Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means and
-``docs/ppo_details.md`` documents every name in it.
+Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means (in the
+order rows are written) and ``docs/ppo_details.md`` documents every name in it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Iterable
+
+from torch import Tensor
+
+from homerlhf.ppo.advantages import sequence_kl
+from homerlhf.ppo.collect import StageTimes
+from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.math import explained_variance, masked_mean
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
     "iteration": "PPO iteration number, starting at 1.",
@@ -50,8 +59,77 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "peak_mem_generation_gib": "Peak memory during generation, GiB (CUDA: max allocated; CPU: process RSS).",
     "peak_mem_scoring_gib": "Peak memory during scoring, GiB (CUDA: max allocated; CPU: process RSS).",
     "peak_mem_update_gib": "Peak memory during the update, GiB (CUDA: max allocated; CPU: process RSS).",
+    "predicted_mem_generation_gib": "The memory planner's allocated GiB for generation, to compare with peak_mem_generation_gib.",
+    "predicted_mem_scoring_gib": "The memory planner's allocated GiB for scoring, to compare with peak_mem_scoring_gib.",
+    "predicted_mem_update_gib": "The memory planner's allocated GiB for the update (at the micro-batch in use).",
     "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
 }
+
+
+def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float) -> dict[str, float]:
+    """What the iteration's experience says: scores, rewards, KL, entropy, values and returns.
+
+    ``exp``: with rewards, KL and advantages computed; ``scores`` (B,) as they entered the rewards;
+    ``entropy`` (B, T) at rollout; ``kl_coef``: the coefficient those rewards used.
+    """
+    mask = exp.response_mask
+    kl_per_seq = sequence_kl(exp)
+    return {
+        "score_mean": float(exp.scores.mean()),
+        "score_std": float(exp.scores.std()) if len(exp) > 1 else 0.0,
+        "score_used_mean": float(scores.mean()),
+        "reward_mean": float((exp.rewards * mask).sum(dim=1).mean()),
+        "kl_mean": float(kl_per_seq.mean()),
+        "kl_per_token": float(masked_mean(exp.kl, mask)),
+        "kl_coef": kl_coef,
+        "entropy": float(masked_mean(entropy, mask)),
+        "value_mean": float(masked_mean(exp.values, mask)),
+        "return_mean": float(masked_mean(exp.returns, mask)),
+        "explained_variance": float(explained_variance(exp.values, exp.returns, mask)),
+        "response_length_mean": float(mask.sum(dim=1).float().mean()),
+        "truncated_fraction": float(exp.truncated.float().mean()),
+    }
+
+
+UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
+                  "grad_norm_critic", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
+                  "micro_batch_size", "oom_retries")
+
+
+def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_batch_size: int,
+                 iteration_s: float) -> dict[str, float]:
+    """Wall seconds per stage and tokens per second of generation, scoring and update."""
+    n_response = float(exp.response_mask.sum())
+    n_tokens = n_response + float(exp.prompt_mask.sum())
+    return {
+        "time_generation_s": times.generation,
+        "time_scoring_s": times.scoring,
+        "time_reference_reward_wait_s": times.reference_reward_wait,
+        "time_advantages_s": times.advantages,
+        "time_update_s": times.update,
+        "time_iteration_s": iteration_s,
+        "tokens_per_s_generation": n_response / max(times.generation, 1e-9),
+        "tokens_per_s_scoring": n_tokens / max(times.scoring, 1e-9),
+        "tokens_per_s_update": n_tokens * optimizer_steps * mini_batch_size
+        / max(len(exp), 1) / max(times.update, 1e-9),
+    }
+
+
+def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float,
+                      update: dict[str, float], times: StageTimes, *, mini_batch_size: int,
+                      started: float) -> dict[str, Any]:
+    """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
+
+    ``update``: ``ppo_update``'s stats plus ``micro_batch_size`` and ``oom_retries``; ``started``:
+    ``time.perf_counter()`` at the iteration's start.
+    """
+    row: dict[str, Any] = {
+        "iteration": iteration,
+        **rollout_metrics(exp, scores, entropy, kl_coef),
+        **{key: update[key] for key in UPDATE_METRICS},
+        **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
+    }
+    return {key: row[key] for key in METRIC_DESCRIPTIONS if key in row}
 
 
 def _clean(value: Any) -> Any:

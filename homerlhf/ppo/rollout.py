@@ -1,19 +1,23 @@
 """Rollout: batched sampling with the actor from left-padded prompts.
 
 A rollout batch is a left-padded prompt block (B, P) and a right-padded response block (B, T) whose
-mask is 1 up to and including each row's EOS. Rows that hit ``max_new_tokens`` without EOS are
-``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
+mask is 1 up to and including each row's first stop token (any of the policy's stop set: EOS, the
+checkpoint's eos list, the chat template's end-of-turn token). Rows that hit ``max_new_tokens``
+without one are ``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
+Sampling uses a complete generation config built from ``cfg.rollout`` alone
+(:func:`homerlhf.models.generation.build_generation_config`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Literal, Sequence
 
 import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RolloutConfig
+from homerlhf.models.generation import build_generation_config
 from homerlhf.ppo.math import truncation_penalized_scores
 
 
@@ -21,9 +25,9 @@ from homerlhf.ppo.math import truncation_penalized_scores
 class RolloutBatch:
     prompt_ids: Tensor  # (B, P) long, left-padded with the pad id
     prompt_mask: Tensor  # (B, P) long, 1 on prompt tokens
-    response_ids: Tensor  # (B, T) long, right-padded with the pad id after EOS
-    response_mask: Tensor  # (B, T) long, 1 up to and including EOS
-    truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
+    response_ids: Tensor  # (B, T) long, right-padded with the pad id after the stop token
+    response_mask: Tensor  # (B, T) long, 1 up to and including the first stop token
+    truncated: Tensor  # (B,) bool, hit max_new_tokens without a stop token
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -33,7 +37,7 @@ class RolloutBatch:
         return [ids[mask.bool()].tolist() for ids, mask in zip(self.prompt_ids, self.prompt_mask)]
 
     def response_lists(self) -> list[list[int]]:
-        """Response ids up to and including EOS, one list per sample."""
+        """Response ids up to and including the stop token, one list per sample."""
         return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
 
     def sequences(self) -> tuple[Tensor, Tensor]:
@@ -43,37 +47,34 @@ class RolloutBatch:
         return input_ids, attention_mask
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
-    """Token lists -> ``(ids, mask)``, each (B, max_len), padded on the left."""
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: Literal["left", "right"] = "left",
+                  device=None) -> tuple[Tensor, Tensor]:
+    """Token lists -> ``(ids, mask)``, each (B, max_len) long, padded on ``side`` with ``pad_id``.
+
+    Prompts are padded on the left (generation continues from the last column), responses and
+    whole sequences for a sequence classifier on the right.
+    """
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if len(seq):
-            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
+            cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+            ids[row, cols] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, cols] = 1
     return ids.to(device), mask.to(device)
 
 
-def response_mask_and_truncated(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
-    """From raw generated ids (B, T): mask (B, T) long, 1 up to and including the first EOS,
-    and truncated (B,) bool, True where a row has no EOS."""
-    is_eos = response_ids == eos_id
-    # Tokens strictly after the first EOS have a positive count of EOS before them.
-    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
-    mask = (eos_before == 0).long()
-    truncated = ~is_eos.any(dim=1)
+def response_mask_and_truncated(response_ids: Tensor, stop_ids: Iterable[int]) -> tuple[Tensor, Tensor]:
+    """From raw generated ids (B, T) and the stop set: mask (B, T) long, 1 up to and including the
+    first stop token, and truncated (B,) bool, True where a row has none."""
+    stops = torch.as_tensor(sorted(set(stop_ids)), dtype=response_ids.dtype, device=response_ids.device)
+    is_stop = torch.isin(response_ids, stops)
+    # Tokens strictly after the first stop have a positive count of stops before them.
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    mask = (stops_before == 0).long()
+    truncated = ~is_stop.any(dim=1)
     return mask, truncated
-
-
-def sampling_kwargs(rollout: RolloutConfig) -> dict:
-    """HF ``generate`` sampling settings from the config (top_k 0 and top_p 1 mean off)."""
-    return {
-        "max_new_tokens": rollout.max_new_tokens,
-        "temperature": rollout.temperature,
-        "top_p": rollout.top_p,
-        "top_k": rollout.top_k if rollout.top_k > 0 else None,
-    }
 
 
 def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
@@ -81,11 +82,13 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     tokenizer = policy.tokenizer
     # Left truncation keeps the end of a prompt, where the generation prompt (assistant tag) sits.
     prompts = [list(p)[-rollout.max_prompt_len :] for p in prompts]
-    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id, device=policy.device)
+    prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
     policy.eval()
-    response_ids = policy.generate(prompt_ids, prompt_mask, **sampling_kwargs(rollout))
-    response_mask, truncated = response_mask_and_truncated(response_ids, tokenizer.eos_token_id)
-    # Generation may pad finished rows with a pad id equal to EOS; the mask alone decides.
+    config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                                     stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
+    response_ids = policy.generate(prompt_ids, prompt_mask, config)
+    response_mask, truncated = response_mask_and_truncated(response_ids, policy.stop_ids)
+    # Generation pads finished rows with the pad id, which may be a stop token; the mask alone decides.
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)
     return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated)
 

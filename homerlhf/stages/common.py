@@ -1,5 +1,11 @@
-"""What the SFT and reward stages share: model loading (4-bit or not), LoRA, trainer arguments,
-merging an adapter into the full-precision base, and the run directory's files."""
+"""What the SFT and reward stages share: the base model and its tokenizer, model loading (4-bit or
+not), LoRA, trainer arguments, training, saving (an adapter merged into the full-precision base),
+and the run directory's files.
+
+A TRL stage is: claim the run dir, load and check the data (before any model is built), resolve the
+base (:func:`open_base`), fit rows to ``max_len``, then :func:`train_and_save` with the stage's own
+trainer, and write the summary. Only the data, the trainer and the extra evaluation differ.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 
@@ -108,22 +114,22 @@ def _quiet_head_swap(auto_cls):
     return suppress_seqcls_warning()
 
 
-def load_tokenizer(base: str, cfg):
-    from transformers import AutoTokenizer
+def open_base(base: Optional[str], section, cfg) -> tuple[str, str, Any]:
+    """``(name, path, tokenizer)`` of the model a stage starts from: ``base``, else the section's
+    ``base``, else the policy model. The tokenizer keeps its own padding side (TRL pads with it)."""
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.models.registry import resolve_model
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load the tokenizer of '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
-    if tokenizer.pad_token is None:  # many base models ship without one; eos is the usual stand-in
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    name = base or section.base or cfg.model.name_or_path
+    path = resolve_model(name)
+    return name, path, load_tokenizer(path, trust_remote_code=cfg.model.trust_remote_code, padding_side=None)
 
 
-def lora_config(lora, task_type: str):
+def lora_config(section, lora, task_type: str):
+    """peft's LoRA config from ``lora`` for methods qlora and lora; None for ``full``."""
     from homerlhf.models.policy import peft_lora_config
 
-    return peft_lora_config(lora, task_type)
+    return None if section.method == "full" else peft_lora_config(lora, task_type)
 
 
 def match_trainable_dtype(model, cfg) -> None:
@@ -178,6 +184,42 @@ def save_merged(auto_cls, base: str, adapter_dir: Path, out_dir: Path, cfg, toke
     model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def train_and_save(make_trainer: Callable[[], Any], method: Method, cfg, out: Path, base_path: str, tokenizer,
+                   auto_cls, evaluate: Optional[Callable[[Any], dict[str, Any]]] = None,
+                   **merge_kwargs) -> dict[str, Any]:
+    """Train, then save ``OUT/model`` (and ``OUT/adapter`` unless ``full``); the trainer dir goes.
+
+    ``make_trainer()`` builds the TRL trainer and its model, so that nothing else holds the trained
+    model once it is dropped before the merge loads the full-precision base. ``evaluate(model)``:
+    summary entries computed on the trained model before it is saved. ``merge_kwargs`` go to the
+    base's ``from_pretrained`` for the merge. Returns the summary entries: ``evaluate``'s, then
+    steps, losses, seconds and the directories.
+    """
+    trainer = make_trainer()
+    if method == "qlora":
+        match_trainable_dtype(trainer.model, cfg)
+    with Timer() as timer:
+        result = trainer.train()
+    final_loss = train_loss(trainer) or float(result.training_loss)
+    report = dict(evaluate(trainer.model)) if evaluate else {}
+    report.update(steps=result.global_step, train_loss=final_loss,
+                  mean_train_loss=float(result.training_loss), seconds=timer.seconds)
+    model_dir, adapter_dir = out / "model", out / "adapter"
+    if method == "full":
+        trainer.model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    else:
+        trainer.model.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
+        del trainer
+        if on_cuda(cfg):
+            torch.cuda.empty_cache()
+        save_merged(auto_cls, base_path, adapter_dir, model_dir, cfg, tokenizer, **merge_kwargs)
+    shutil.rmtree(out / "trainer", ignore_errors=True)
+    report.update(model_dir=str(model_dir), adapter_dir=None if method == "full" else str(adapter_dir))
+    return report
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

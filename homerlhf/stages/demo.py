@@ -64,15 +64,16 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path) -> Path:
     return out_png
 
 
-def before_after(run_dir: Path, checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
+def before_after(checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
     """The SFT policy (adapter off) and the PPO actor on the same held-out prompts and seeds,
     with the response cap PPO trained with (the reward worker's context is sized for it)."""
-    from homerlhf.app.chat import EvalModels, Sampling
     from homerlhf.data import builtin
+    from homerlhf.models.side_by_side import EvalModels, Sampling
+    from homerlhf.stages.ppo import scoring_reward
 
     seed = cfg.seed
     _, held_out = builtin.split_examples(seed)
-    models = EvalModels(run_dir, checkpoint)
+    models = EvalModels(cfg, checkpoint, reward=scoring_reward)
     rows = []
     try:
         for i, example in enumerate(held_out[:N_SAMPLES]):
@@ -136,8 +137,8 @@ def print_summary(rows: list[dict[str, Any]], metrics: list[dict[str, Any]], tim
 
 def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Run the demo into ``out``; returns the PPO metrics, before/after rows and artifact paths."""
+    from homerlhf.models.registry import resolve_model
     from homerlhf.ppo.metrics import read_metrics
-    from homerlhf.stages.builtin import resolve_model
     from homerlhf.stages.ppo import prepare_run_dir, run_ppo
 
     out = Path(out)
@@ -171,7 +172,7 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
     _log("4/4 reward curve and before/after samples")
     t0 = time.perf_counter()
     curve = plot_reward_curve(metrics, out / "reward_curve.png")
-    rows = before_after(out, result["checkpoint"], cfg)
+    rows = before_after(result["checkpoint"], cfg)
     samples_md = write_samples_markdown(rows, out / "before_after.md")
     (out / "before_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     times["samples + plot"] = time.perf_counter() - t0

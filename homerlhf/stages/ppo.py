@@ -13,17 +13,11 @@ from typing import Any, Optional
 
 from homerlhf.config import RunConfig, to_yaml
 from homerlhf.errors import UserError
+from homerlhf.models.registry import resolve_model
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
-
-
-def resolve(name_or_path: str) -> str:
-    """``builtin:<name>`` -> a local dir (built once); hub ids and local dirs pass through."""
-    from homerlhf.stages.builtin import resolve_model
-
-    return resolve_model(name_or_path)
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
@@ -38,7 +32,8 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
     """The configured prompt dataset, chat-templated and tokenised (left-truncated)."""
-    from homerlhf.data.load import load_prompts, tokenize_prompts
+    from homerlhf.data.load import load_prompts
+    from homerlhf.data.tokens import tokenize_prompts
 
     records, _report = load_prompts(cfg.data.prompts, cfg.data)
     return tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len)
@@ -78,7 +73,7 @@ def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
 
         if not cfg.reward.model:
             raise UserError("reward.backend 'hf' needs reward.model (a reward run dir, HF dir or hub id)")
-        path = resolve(cfg.reward.model)
+        path = resolve_model(cfg.reward.model)
         device = "cuda" if cfg.card.device == "cuda" and torch.cuda.is_available() else "cpu"
         reward = HFReward(path, device=device, dtype=compute_dtype(cfg.quant, device),
                           batch_size=cfg.ppo.micro_batch_size, trust_remote_code=cfg.model.trust_remote_code)
@@ -87,6 +82,18 @@ def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
     from homerlhf.workers.backends import llamacpp_reward
 
     return llamacpp_reward(cfg, policy.tokenizer, run_dir)
+
+
+def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
+    """The configured reward model for scoring outside a PPO run (side-by-side answers): in process
+    for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model."""
+    if cfg.reward.backend == "hf":
+        from homerlhf.ppo.backends import HFReward
+
+        return HFReward(resolve_model(cfg.reward.model), trust_remote_code=cfg.model.trust_remote_code)
+    from homerlhf.workers.backends import llamacpp_reward
+
+    return llamacpp_reward(cfg, tokenizer, run_dir=None)
 
 
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
@@ -101,7 +108,8 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
     """
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.checkpoint import check_resume_compatible, find_resume_checkpoint, saved_config
+    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
@@ -121,7 +129,7 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
     seed_everything(cfg.seed)
 
-    model_path = resolve(cfg.model.name_or_path)
+    model_path = resolve_model(cfg.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     prompts = load_prompt_ids(cfg, tokenizer)
     check_reference_vocabulary(cfg, tokenizer, model_path)

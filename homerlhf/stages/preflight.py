@@ -82,7 +82,7 @@ def check_gguf_reference(path: Path) -> None:
     """A ``ref.model`` GGUF exists and holds an architecture llama.cpp (as gguf-py knows it) runs."""
     import gguf
 
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
 
     if not path.is_file():
         raise UserError(f"ref.model {path} does not exist; give an existing .gguf file")
@@ -96,7 +96,7 @@ def check_reference_vocabulary(cfg: "RunConfig", tokenizer, model_path: str) -> 
     name = cfg.ref.model or ""
     if cfg.ref.backend != "llamacpp" or cfg.ref.url or not name.endswith(".gguf"):
         return
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import check_same_vocabulary
 
     config = model_config(model_path) or {}

@@ -8,7 +8,7 @@ Writes, under the run directory OUT:
 
 - ``adapter/``  peft adapter incl. the score head (methods qlora and lora);
 - ``model/``    the merged HF ``*ForSequenceClassification`` (num_labels 1) + tokenizer;
-- ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.export``);
+- ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.gguf``);
 - ``reward_run.json``  base model, data reports, counts, held-out pairwise accuracy, time.
 
 ``homerlhf train`` takes ``reward.model: OUT`` directly.
@@ -25,20 +25,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from homerlhf.data.load import fit_length, load_preferences, sequence_ids
-from homerlhf.stages.common import (
-    Timer,
-    lora_config,
-    load_model,
-    match_trainable_dtype,
-    load_tokenizer,
-    on_cuda,
-    prepare_out,
-    save_merged,
-    train_loss,
-    trainer_args,
-    write_json,
-)
+from homerlhf.data.load import load_preferences
+from homerlhf.data.tokens import fit_length, sequence_ids
+from homerlhf.ppo.rollout import pad_sequences
+from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
 
 def pair_ids(records, tokenizer, max_len: int) -> dict[str, list[list[int]]]:
@@ -70,14 +60,8 @@ def score_ids(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size
     device = next(model.parameters()).device
     scores = []
     for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start : start + batch_size]
-        width = max(len(s) for s in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(chunk):
-            ids[i, : len(s)] = torch.tensor(s)
-            mask[i, : len(s)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # (b, 1)
+        ids, mask = pad_sequences(sequences[start : start + batch_size], pad_id, side="right", device=device)
+        logits = model(input_ids=ids, attention_mask=mask).logits  # (b, 1)
         scores.append(logits[:, 0].float().cpu())
     return torch.cat(scores)
 
@@ -89,6 +73,16 @@ def pairwise_accuracy(model, pairs: dict[str, list[list[int]]], pad_id: int) -> 
     return float((chosen > rejected).float().mean())
 
 
+def _accuracies(model, train_records, eval_records, tokenizer, max_len: int) -> dict[str, Optional[float]]:
+    """Pairwise accuracy on the held-out pairs (None when there are none) and on up to 256 training pairs."""
+    pad = tokenizer.pad_token_id
+    held_out = pair_ids(eval_records, tokenizer, max_len)
+    return {
+        "eval_accuracy": pairwise_accuracy(model, held_out, pad) if eval_records else None,
+        "train_accuracy": pairwise_accuracy(model, pair_ids(train_records[:256], tokenizer, max_len), pad),
+    }
+
+
 def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
     """Export the RM in ``run_dir`` for the llama.cpp worker into ``run_dir/gguf`` (atomically).
 
@@ -96,7 +90,7 @@ def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
     """
     run_dir = Path(run_dir)
     try:
-        from homerlhf.workers.export import export_reward
+        from homerlhf.workers.gguf import export_reward
     except ImportError as exc:
         print(f"[homerlhf] warning: reward GGUF export skipped ({exc})", file=sys.stderr)
         return None
@@ -123,14 +117,18 @@ def _split(records, fraction: float, seed: int):
     return [records[i] for i in order[n_eval:]], [records[i] for i in order[:n_eval]]
 
 
-def run_reward(
-    cfg,
-    out: str | Path,
-    data: Optional[str] = None,
-    base: Optional[str] = None,
-    eval_data: Optional[str] = None,
-    overwrite: bool = False,
-) -> dict[str, Any]:
+def _train_and_eval(records, report, eval_source, cfg, tokenizer, max_len: int):
+    """(train records, eval records, eval report or None), fitted to ``max_len``; without
+    ``eval_source`` the eval records are a ``data.eval_fraction`` split of ``records``."""
+    records = _fit(records, report, tokenizer, max_len, cfg.data.overlong)
+    if not eval_source:
+        return (*_split(records, cfg.data.eval_fraction, cfg.seed), None)
+    eval_records, eval_report = load_preferences(eval_source, cfg.data)
+    return records, _fit(eval_records, eval_report, tokenizer, max_len, cfg.data.overlong), eval_report
+
+
+def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[str] = None,
+               eval_data: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
     """Train a reward model on ``data`` from ``base`` (default ``cfg.rm.base`` or the policy model).
 
     Returns the summary also written to ``OUT/reward_run.json``.
@@ -139,95 +137,44 @@ def run_reward(
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    from homerlhf.stages.builtin import resolve_model
-
     from homerlhf.stages.preflight import check_reward_stage
 
     section = cfg.rm
     check_reward_stage(cfg, base or section.base or cfg.model.name_or_path)  # before anything is trained
     out = prepare_out(Path(out), "reward_run.json", overwrite)
-    base_name = base or section.base or cfg.model.name_or_path
-    source = data or section.data
-    eval_source = eval_data or section.eval_data
-    records, report = load_preferences(source, cfg.data)  # bad data fails before a model is built
-    base_path = resolve_model(base_name)
-    tokenizer = load_tokenizer(base_path, cfg)
-    records = _fit(records, report, tokenizer, section.max_len, cfg.data.overlong)
-    if eval_source:
-        train_records = records
-        eval_records, eval_report = load_preferences(eval_source, cfg.data)
-        eval_records = _fit(eval_records, eval_report, tokenizer, section.max_len, cfg.data.overlong)
-    else:
-        train_records, eval_records = _split(records, cfg.data.eval_fraction, cfg.seed)
-        eval_report = None
-    print(report.summary())
-    if eval_report is not None:
-        print(eval_report.summary())
+    records, report = load_preferences(data or section.data, cfg.data)  # bad data fails before a model is built
+    base_name, base_path, tokenizer = open_base(base, section, cfg)
+    train_records, eval_records, eval_report = _train_and_eval(
+        records, report, eval_data or section.eval_data, cfg, tokenizer, section.max_len
+    )
+    print("\n".join(r.summary() for r in (report, eval_report) if r is not None))
 
-    torch.manual_seed(cfg.seed)  # the score head is initialised at random
-    model = load_model(AutoModelForSequenceClassification, base_path, cfg, section.method, num_labels=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    peft_config = None if section.method == "full" else lora_config(section.lora, "SEQ_CLS")
-    args = RewardConfig(
-        **trainer_args(section, cfg, out),
-        max_length=None,  # already left-truncated by pair_ids; TRL would drop over-long pairs instead
-        center_rewards_coefficient=section.center_rewards_coef,
-        disable_dropout=True,
-    )
-    trainer = RewardTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict(pair_ids(train_records, tokenizer, section.max_len)),
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
-    if section.method == "qlora":
-        match_trainable_dtype(trainer.model, cfg)
-    with Timer() as timer:
-        result = trainer.train()
-    final_loss = train_loss(trainer) or float(result.training_loss)
-    eval_pairs = pair_ids(eval_records, tokenizer, section.max_len)
-    accuracy = (
-        pairwise_accuracy(trainer.model, eval_pairs, tokenizer.pad_token_id) if eval_records else None
-    )
-    train_accuracy = pairwise_accuracy(
-        trainer.model, pair_ids(train_records[:256], tokenizer, section.max_len), tokenizer.pad_token_id
-    )
-
-    model_dir = out / "model"
-    if section.method == "full":
-        trainer.model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    else:
-        trainer.model.save_pretrained(out / "adapter")
-        tokenizer.save_pretrained(out / "adapter")
-        del trainer, model
-        if on_cuda(cfg):
-            torch.cuda.empty_cache()
-        save_merged(
-            AutoModelForSequenceClassification, base_path, out / "adapter", model_dir, cfg, tokenizer,
-            num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    def make_trainer():
+        torch.manual_seed(cfg.seed)  # the score head is initialised at random
+        model = load_model(AutoModelForSequenceClassification, base_path, cfg, section.method, num_labels=1)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        return RewardTrainer(
+            model=model,
+            args=RewardConfig(
+                **trainer_args(section, cfg, out),
+                max_length=None,  # already left-truncated by pair_ids; TRL would drop over-long pairs instead
+                center_rewards_coefficient=section.center_rewards_coef,
+                disable_dropout=True,
+            ),
+            train_dataset=Dataset.from_dict(pair_ids(train_records, tokenizer, section.max_len)),
+            processing_class=tokenizer,
+            peft_config=lora_config(section, section.lora, "SEQ_CLS"),
         )
-    shutil.rmtree(out / "trainer", ignore_errors=True)
 
+    trained = train_and_save(make_trainer, section.method, cfg, out, base_path, tokenizer,
+                             AutoModelForSequenceClassification,
+                             lambda model: _accuracies(model, train_records, eval_records, tokenizer, section.max_len),
+                             num_labels=1, pad_token_id=tokenizer.pad_token_id)
     summary = {
-        "stage": "reward",
-        "base_model": base_name,
-        "base_path": base_path,
-        "method": section.method,
+        "stage": "reward", "base_model": base_name, "base_path": base_path, "method": section.method,
         "data": report.to_dict(),
         "eval_data": eval_report.to_dict() if eval_report else f"{cfg.data.eval_fraction:g} split of the data",
-        "n_train": len(train_records),
-        "n_eval": len(eval_records),
-        "eval_accuracy": accuracy,
-        "train_accuracy": train_accuracy,
-        "steps": result.global_step,
-        "train_loss": final_loss,
-        "mean_train_loss": float(result.training_loss),
-        "seconds": timer.seconds,
-        "model_dir": str(model_dir),
-        "adapter_dir": None if section.method == "full" else str(out / "adapter"),
-        "gguf_dir": None,
+        "n_train": len(train_records), "n_eval": len(eval_records), **trained, "gguf_dir": None,
     }
     write_json(out / "reward_run.json", summary)
     if section.export_gguf:

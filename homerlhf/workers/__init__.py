@@ -1,1 +1,2 @@
-"""GGUF export, the llama.cpp worker server, its client and process lifecycle."""
+"""GGUF export, the llama.cpp worker (:mod:`.engine` computes, :mod:`.server` serves it over HTTP),
+its client and process lifecycle."""

@@ -142,8 +142,8 @@ def cache_key(kind: str, model_dir: Path, **options) -> str:
 
 def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device: str = "cpu") -> Path:
     """The reference GGUF for ``model``, exported once into the cache."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import resolve_model_dir
     from homerlhf.workers.gguf import export_ref
 
     model_dir = resolve_model_dir(model)
@@ -157,8 +157,8 @@ def cached_ref_gguf(model: str, outtype: str, from_nf4: bool, quant=None, device
 
 def cached_reward_dir(model: str, outtype: str) -> Path:
     """An exported reward dir for ``model``: the run's own ``gguf/`` if it has one, else a cached export."""
+    from homerlhf.models.registry import resolve_model_dir
     from homerlhf.paths import cache_dir
-    from homerlhf.workers.export import resolve_model_dir
     from homerlhf.workers.gguf import export_reward, reward_model_dir
 
     root = resolve_model_dir(model)
@@ -193,7 +193,7 @@ def _process(role: str, model: Path, rc: "BackendConfig", cfg: "RunConfig", run_
 
 def gguf_as_reference(path: Path, tokenizer, vocab_rows: int) -> Path:
     """A ``ref.model`` .gguf served as it is, after its vocabulary is checked against the policy's."""
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import check_same_vocabulary
 
     if not path.is_file():

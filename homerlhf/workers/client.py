@@ -1,5 +1,8 @@
 """HTTP client of one worker: requests with retry, restart of a local worker that died.
 
+A worker killed by a crash signal (SIGILL: a llama.cpp build for another CPU) is not restarted: the
+client raises the one-line explanation of :func:`homerlhf.workers.process.signal_death` instead.
+
 A request is re-sent whole after a restart and its answer is taken only from the one response that
 completes, so every sample gets its result exactly once: none lost, none counted twice.
 """
@@ -94,11 +97,21 @@ class WorkerClient:
                     raise WorkerError(f"the {self.process.role} worker at {self.url} keeps failing ({type(exc).__name__}: {exc}); its last lines:\n{self.process.tail()}") from exc
                 time.sleep(0.2 * failures)
                 return
+            death = self.process.death()
+            if death is not None and not death.restartable:
+                raise UserError(self.process.death_line(death), exit_code=1) from None  # it would crash again
             if self.restarts >= self.max_restarts:
-                raise WorkerError(f"the {self.process.role} worker died {self.restarts + 1} times; giving up. Its last lines:\n{self.process.tail()}") from exc
+                raise UserError(self._give_up_line(death), exit_code=1) from None
             self.restarts += 1
             self.url = self.process.start()
             self._generation += 1
+
+    def _give_up_line(self, death) -> str:
+        process = self.process
+        times = f"the {process.role} worker died {self.restarts + 1} times; giving up"
+        if death is None:
+            return f"{times} (the last time with exit code {process.exit_code}); see its log: {process.log_path}"
+        return f"{times}; the last time by {death.name} ({death.meaning}); {death.fix} (worker log: {process.log_path})"
 
     def close(self) -> None:
         """Closes connections and stops a local worker. Safe to call twice."""

@@ -4,11 +4,16 @@ A worker is ``python -m homerlhf.cli worker ... --parent-pid <ours>``. Three gua
 outliving its owner: :meth:`WorkerProcess.stop` (called by the backend's ``close``), an ``atexit``
 hook for every worker still running at interpreter exit (normal exit, Ctrl-C, an uncaught error),
 and the worker's own parent watch, which covers ``kill -9`` of the owner where no Python code runs.
+
+A worker killed by a signal is described in one line (:func:`signal_death`): which signal, what it
+means for a llama.cpp process, and what to do. Crash signals (SIGILL, SIGSEGV, ...) come from the
+code on this CPU and come back on every start, so the client does not restart such a worker.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import os
 import re
 import signal
@@ -17,6 +22,7 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +41,66 @@ def _stop_all() -> None:
 
 
 atexit.register(_stop_all)
+
+# llama.cpp for any x86-64 CPU with AVX2/FMA/F16C (Intel since 2013, AMD since 2015), not only the
+# one it was compiled on.
+# .ci/run builds with exactly these flags; README shows the same command.
+PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+
+
+def portable_reinstall_command() -> str:
+    """The pip command that replaces the installed llama-cpp-python by a portable build of its version.
+
+    ``--no-cache-dir`` and ``--no-binary``: pip must compile, never reuse a wheel built for another CPU."""
+    try:
+        pin = f"llama-cpp-python=={importlib.metadata.version('llama-cpp-python')}"
+    except importlib.metadata.PackageNotFoundError:
+        pin = "llama-cpp-python"
+    return (f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install --force-reinstall --no-deps --no-cache-dir '
+            f"--no-binary llama-cpp-python {pin}")
+
+
+@dataclass(frozen=True)
+class SignalDeath:
+    """How a llama.cpp process killed by ``signum`` is explained, and whether a fresh start can help."""
+
+    signum: int
+    meaning: str
+    fix: str
+    restartable: bool
+
+    @property
+    def name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
+# Crash signals are raised by llama.cpp's own code on this CPU: the same start crashes the same way.
+_REINSTALL = "reinstall the portable llama.cpp build: {cmd}"
+_CHECK_THEN_REINSTALL = "run `homerlhf doctor`; if its llama.cpp decode checks fail too, " + _REINSTALL
+_DEATHS = {
+    signal.SIGILL: ("illegal instruction: the llama.cpp build uses CPU instructions this machine lacks",
+                    _REINSTALL, False),
+    signal.SIGSEGV: ("llama.cpp crashed (invalid memory access)", _CHECK_THEN_REINSTALL, False),
+    signal.SIGBUS: ("llama.cpp crashed (bus error; a model file rewritten while mapped causes it too)",
+                    _CHECK_THEN_REINSTALL, False),
+    signal.SIGFPE: ("llama.cpp crashed (arithmetic fault)", _CHECK_THEN_REINSTALL, False),
+    signal.SIGABRT: ("llama.cpp aborted on a failed check", "its log says which", False),
+    signal.SIGKILL: ("killed from outside, often by the kernel's out-of-memory killer (`dmesg` says)",
+                     "free memory or lower the worker's ctx/threads", True),
+    signal.SIGTERM: ("stopped from outside, by a user or a supervisor", "start the run again", True),
+}
+
+
+def signal_death(returncode: Optional[int]) -> Optional[SignalDeath]:
+    """The explanation of a process that ended with ``returncode`` by a signal (< 0), else None."""
+    if returncode is None or returncode >= 0:
+        return None
+    signum = -returncode
+    meaning, fix, restartable = _DEATHS.get(signum, ("killed by a signal", "see its log", True))
+    return SignalDeath(signum, meaning, fix.format(cmd=portable_reinstall_command()), restartable)
 
 
 class WorkerProcess:
@@ -55,6 +121,7 @@ class WorkerProcess:
         self._log_file = None
         self.url: Optional[str] = None
         self.starts = 0
+        self._exit_code: Optional[int] = None  # of the last process, once it ended by itself
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "homerlhf.cli", "worker", "--role", self.role, "--model", str(self.model),
@@ -73,6 +140,22 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def exit_code(self) -> Optional[int]:
+        """How the last worker process ended by itself (negative: by that signal); None while it runs
+        and after :meth:`stop` ended it."""
+        if self._proc is not None:
+            return self._proc.poll()
+        return self._exit_code
+
+    def death(self) -> Optional[SignalDeath]:
+        """Why the last worker process died, if a signal killed it."""
+        return signal_death(self.exit_code)
+
+    def death_line(self, death: SignalDeath) -> str:
+        """One line for the user: the signal, what it means for a llama.cpp worker, what to do."""
+        return f"the {self.role} worker died by {death.name} ({death.meaning}); {death.fix} (worker log: {self.log_path})"
+
     def start(self) -> str:
         """Spawns the worker, waits for its ready line; returns its URL. Raises UserError on failure."""
         self.stop()
@@ -85,6 +168,7 @@ class WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log_file = open(self.log_path, "ab")
+        self._exit_code = None
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # Own session: a Ctrl-C in the terminal reaches the trainer, which then stops us in order.
         self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._log_file,
@@ -101,6 +185,9 @@ class WorkerProcess:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self.stop()
+                death = signal_death(code)
+                if death is not None:
+                    raise UserError(self.death_line(death), exit_code=1)
                 raise UserError(f"the {self.role} worker exited with code {code} before it was ready; its last lines:\n{self.tail()}")
             time.sleep(0.05)
         self.stop()
@@ -124,6 +211,7 @@ class WorkerProcess:
         """Terminate (then kill) the worker and reap it. Safe to call twice."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            self._exit_code = proc.poll()  # None: it was still running, the signal below is ours
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:

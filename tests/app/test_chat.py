@@ -1,20 +1,16 @@
-"""Side-by-side answers: the actor adapter on vs off, the same seed, reward scores from the run's RM."""
+"""The Evaluate tab's loading: the run's config and reward model, one-line errors for what is missing."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from homerlhf.app import chat
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A run directory as the trainer leaves it: resolved config and one checkpoint whose actor
-    adapter is perturbed (a fresh LoRA has B = 0 and would equal the reference exactly)."""
+    """A run directory with a resolved config (an HF reward model) and no checkpoint."""
     from homerlhf.config import load_config, to_yaml
-    from homerlhf.models.policy import PolicyModel
-    from homerlhf.stages.builtin import resolve_model
     from homerlhf.tiny import build_sequence_classifier
 
     root = tmp_path_factory.mktemp("eval-run")
@@ -24,57 +20,23 @@ def run_dir(tmp_path_factory):
         "reward.backend=hf", f"reward.model={rm_dir}",
     ])
     (root / "config.yaml").write_text(to_yaml(cfg))
-    policy = PolicyModel.from_config(cfg, resolve_model(cfg.model.name_or_path))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name and ".actor." in name:
-                param.normal_(std=0.5)
-    policy.save(root / "checkpoints" / "iter_000001")
     return root
 
 
-@pytest.mark.slow  # ~15 s idle, ~35 s on a busy 2-core machine
-def test_actor_and_reference_answer_with_scores(run_dir):
-    from homerlhf.errors import UserError
+def test_the_reward_model_is_the_runs(run_dir):
+    from homerlhf.app import runs
     from homerlhf.ppo.backends import HFReward
 
-    models = chat.EvalModels(run_dir, run_dir / "checkpoints" / "iter_000001")
-    sampling = chat.Sampling(max_new_tokens=6, temperature=1.0, seed=7)
-    actor, ref = models.answer_both("Tell me about tea.", sampling)
-    assert actor.prompt_ids == ref.prompt_ids
-    assert 0 < len(actor.response_ids) <= 6 and 0 < len(ref.response_ids) <= 6
-    assert actor.response_ids != ref.response_ids  # the perturbed adapter changes the answer
-
-    # The same seed reproduces both answers exactly.
-    again = models.answer_both("Tell me about tea.", sampling)
-    assert (again[0].response_ids, again[1].response_ids) == (actor.response_ids, ref.response_ids)
-
-    # Scores are the run's reward model on exactly these ids.
-    rm = HFReward(str(run_dir / "rm"))
-    expected = rm.score([actor.prompt_ids, ref.prompt_ids], [actor.response_ids, ref.response_ids])
-    assert [actor.score, ref.score] == pytest.approx(expected, abs=1e-5)
-
-    # The reference is the base with the adapter off: a plain base model samples the same ids.
-    from homerlhf.models.policy import load_base
-    from homerlhf.stages.builtin import resolve_model
-
-    base = load_base(resolve_model("builtin:tiny-llama"), models.cfg)
-    torch.manual_seed(7)
-    ids = torch.tensor([ref.prompt_ids])
-    out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=True,
-                        temperature=1.0, top_p=1.0, top_k=0, pad_token_id=models.tokenizer.pad_token_id,
-                        eos_token_id=models.tokenizer.eos_token_id)
-    assert out[0, ids.shape[1]:].tolist()[: len(ref.response_ids)] == ref.response_ids
-
-    with pytest.raises(UserError, match="type a message"):
-        models.answer_both("  ", sampling)
+    cfg = runs.run_config(run_dir)
+    reward = chat.reward_backend(cfg, run_dir, tokenizer=None)
+    assert isinstance(reward, HFReward) and reward.source_path == str(run_dir / "rm")
+    reward.close()
 
 
 def test_missing_checkpoint_or_config_is_a_user_error(run_dir, tmp_path):
     from homerlhf.errors import UserError
 
     with pytest.raises(UserError, match="no 'actor' adapter"):
-        chat.EvalModels(run_dir, run_dir / "checkpoints" / "iter_999999")
+        chat.load_models(run_dir, run_dir / "checkpoints" / "iter_999999")
     with pytest.raises(UserError, match="no run config"):
-        chat.EvalModels(tmp_path, tmp_path)
+        chat.load_models(tmp_path, tmp_path)

@@ -30,7 +30,9 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     assert panels["Entropy"] == ["entropy"]
     assert panels["Clip fraction"] == ["policy_clipfrac", "value_clipfrac"]
     assert set(panels["Tokens / s"]) == {"tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_update"}
-    assert set(panels["Memory (GiB)"]) == {"peak_mem_generation_gib", "peak_mem_scoring_gib", "peak_mem_update_gib"}
+    # The measured peaks and, beside them, the planner's prediction for the same phases.
+    assert set(panels["Memory (GiB)"]) == {f"{kind}_mem_{phase}_gib" for kind in ("peak", "predicted")
+                                           for phase in ("generation", "scoring", "update")}
     assert panels["Approx KL old→new policy"] == ["approx_kl"]
 
 

@@ -36,10 +36,10 @@ def test_preset_validates_and_round_trips(path: Path, tmp_path):
 def test_user_yaml_then_overrides_win(tmp_path):
     user = tmp_path / "run.yaml"
     user.write_text(yaml.safe_dump({"ppo": {"kl_coef": 0.1, "gamma": 0.9}}))
-    cfg = load_config("cpu-tiny", user, ["ppo.kl_coef=0.05", "rollout.top_k=5"])
+    cfg = load_config("cpu-tiny", user, ["ppo.kl_coef=0.05", "rollout.max_new_tokens=5"])
     assert cfg.ppo.kl_coef == 0.05
     assert cfg.ppo.gamma == 0.9
-    assert cfg.rollout.top_k == 5
+    assert cfg.rollout.max_new_tokens == 5
 
 
 def test_config_is_frozen():
@@ -54,6 +54,9 @@ def test_config_is_frozen():
         (["ppo.kl_coef=abc"], "ppo.kl_coef"),
         (["ppo.nope=1"], "unknown config key 'ppo.nope'"),
         (["rollout.top_p=2"], "rollout.top_p"),
+        (["rollout.top_p=0.9"], "rollout.top_p=0.9, rollout.top_k=0: training rollouts must sample the full"),
+        (["rollout.top_k=5"], "set rollout.top_p=1.0 and rollout.top_k=0"),
+        (["rollout.temperature=0.7"], "rollout.temperature=0.7 needs ref.backend=adapter_off"),
         (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
         (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
         (["ppo"], "section.key=value"),
@@ -88,3 +91,24 @@ def test_override_values_parse_as_yaml():
 
 def test_defaults_validate():
     RunConfig()
+
+
+def test_sft_and_rm_share_one_description_per_field_and_keep_their_defaults():
+    from homerlhf.config.schema import RewardTrainConfig, SFTConfig, TRLStageConfig
+
+    shared = TRLStageConfig.model_fields
+    assert set(SFTConfig.model_fields) == set(shared)  # SFT's LoRA settings are actor.lora
+    assert set(RewardTrainConfig.model_fields) - set(shared) == {"eval_data", "lora", "center_rewards_coef", "export_gguf"}
+    for name, field in shared.items():
+        assert field.description
+        assert SFTConfig.model_fields[name].description == RewardTrainConfig.model_fields[name].description == field.description
+    # The defaults each stage had before they shared a base.
+    common = dict(base=None, method="qlora", epochs=1.0, max_steps=None, batch_size=4, grad_accum=4, max_len=1024,
+                  warmup_ratio=0.03)
+    assert SFTConfig().model_dump() == dict(common, data="builtin:demo-sft", lr=2e-4)
+    assert RewardTrainConfig().model_dump() == dict(
+        common, data="builtin:demo-pairs", lr=1e-4, eval_data=None, center_rewards_coef=None, export_gguf=True,
+        lora=dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear"),
+    )
+    with pytest.raises(UserError, match="rm.lr"):
+        load_config("cpu-tiny", overrides=["rm.lr=0"])

@@ -1,5 +1,6 @@
 """Every dataset format the loader accepts, written to a real file (with malformed rows), read with
-the ``datasets`` library and checked record by record, with the bad-row report."""
+the ``datasets`` library and checked record by record, with the bad-row report (sources:
+test_read.py; tokenisation: test_tokens.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,8 @@ import json
 import pytest
 
 from homerlhf.config import load_config
-from homerlhf.data.load import (
-    LoadReport,
-    fit_length,
-    load_preferences,
-    load_prompts,
-    load_sft,
-    parse_hh,
-    tokenize_prompts,
-)
+from homerlhf.data.formats import parse_hh
+from homerlhf.data.load import LoadReport, load_preferences, load_prompts, load_sft
 from homerlhf.errors import UserError
 
 
@@ -272,70 +266,3 @@ def test_sft_formats(tmp_path):
     records, report = load_sft(msgs)
     assert records == [{"prompt": [user("Q")], "completion": [bot("A")]}]
     assert reasons(report) == ["messages must end with an assistant turn after a user turn"]
-
-
-# ------------------------------------------------------------------------- builtin, errors
-
-
-def test_builtin_sources():
-    prompts, report = load_prompts("builtin:demo")
-    assert report.n_bad == 0 and len(prompts) == 120
-    pairs, _ = load_preferences("builtin:demo-pairs")
-    held, _ = load_preferences("builtin:demo-pairs-heldout")
-    assert not {p["prompt"][0]["content"] for p in pairs} & {p["prompt"][0]["content"] for p in held}
-    sft, _ = load_sft("builtin:demo-sft")
-    assert len(sft) == 600 and sft[0]["completion"][0]["role"] == "assistant"
-    with pytest.raises(UserError, match="unknown builtin dataset 'builtin:nope'"):
-        load_prompts("builtin:nope")
-
-
-def test_missing_file_and_bad_suffix(tmp_path):
-    with pytest.raises(UserError, match="dataset file not found"):
-        load_prompts(str(tmp_path / "nope.jsonl"))
-    (tmp_path / "data.txt").write_text("x")
-    with pytest.raises(UserError, match="use a .jsonl, .json, .csv or .parquet file"):
-        load_prompts(str(tmp_path / "data.txt"))
-
-
-def test_max_rows(tmp_path):
-    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(10)])
-    cfg = load_config("cpu-tiny", overrides=["data.max_rows=3"])
-    records, report = load_prompts(src, cfg.data)
-    assert len(records) == 3 and report.n_rows == 3
-
-
-# ----------------------------------------------------------------------- tokens and length
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from homerlhf.tiny import build_tokenizer
-
-    return build_tokenizer()
-
-
-def test_tokenize_prompts_uses_chat_template_and_left_truncates(tokenizer):
-    records = [{"prompt": [user("Tell me about tea.")]}, {"prompt": [user("Tell me about tea. " * 10)]}]
-    full = tokenizer.apply_chat_template(records[0]["prompt"], add_generation_prompt=True, tokenize=False)
-    assert full == "<|user|>Tell me about tea.<|end|><|assistant|>"
-    ids = tokenize_prompts(records, tokenizer, max_prompt_len=12)
-    assert ids[0] == tokenizer(full, add_special_tokens=False)["input_ids"]
-    assert len(ids[1]) == 12
-    # Left truncation keeps the end: the generation prompt is the last token.
-    assert ids[1][-1] == tokenizer.convert_tokens_to_ids("<|assistant|>")
-    report = LoadReport(source="s", kind="prompt", n_rows=2, n_usable=2)
-    assert tokenize_prompts(records, tokenizer, 12, overlong="drop", report=report) == [ids[0]]
-    assert (report.n_dropped, report.n_usable) == (1, 1)
-
-
-def test_fit_length_truncate_and_drop():
-    records = [{"prompt": [user(str(i))]} for i in range(4)]
-    report = LoadReport(source="s", kind="prompt", n_rows=4, n_usable=4)
-    kept = fit_length(records, [3, 10, 5, 11], 5, "truncate", report)
-    assert kept == records and report.n_truncated == 2 and report.n_dropped == 0
-    report = LoadReport(source="s", kind="prompt", n_rows=4, n_usable=4)
-    kept = fit_length(records, [3, 10, 5, 11], 5, "drop", report)
-    assert kept == [records[0], records[2]] and report.n_dropped == 2 and report.n_usable == 2
-    assert "2 dropped as too long" in report.summary()
-    with pytest.raises(UserError, match="longer than 2 tokens"):
-        fit_length(records, [3, 10, 5, 11], 2, "drop", LoadReport(source="s", kind="prompt"))

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from homerlhf.config import load_config
-from homerlhf.models.logprobs import naive_logprobs, position_ids_from_mask
+from homerlhf.models.generation import build_generation_config
+from homerlhf.models.logprobs import position_ids_from_mask
 from homerlhf.models.policy import ACTOR, CRITIC, PolicyModel
-from homerlhf.ppo.rollout import left_pad
+from homerlhf.ppo.rollout import pad_sequences
 
 
 def _cfg(*extra):
@@ -26,7 +27,7 @@ def _batch(pad_id):
     """Two samples with different prompt and response lengths (left / right padded)."""
     prompts = [[4, 300, 301, 302, 20, 1, 6], [4, 310, 1, 6]]
     responses = [[120, 121, 1], [130, 131, 132, 133, 134]]
-    p_ids, p_mask = left_pad(prompts, pad_id)
+    p_ids, p_mask = pad_sequences(prompts, pad_id)
     width = max(map(len, responses))
     r_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses])
     r_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
@@ -48,7 +49,7 @@ def test_base_is_really_nf4_and_only_adapters_and_value_head_train(policy):
     assert policy.value_head.linear.weight.dtype == torch.float32
 
 
-def test_chunked_actor_logprobs_equal_full_logits(policy):
+def test_chunked_actor_logprobs_equal_full_logits(policy, naive_logprobs):
     ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
     with torch.no_grad():
         logprobs, _ = policy.actor_logprobs(ids, mask, T)
@@ -134,41 +135,87 @@ def test_shared_adapter_one_forward_and_save(tiny_llama_dir, tmp_path):
 
 
 def test_generate_returns_only_the_response(policy):
-    prompts, prompt_mask = left_pad([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    prompts, prompt_mask = pad_sequences([[4, 300, 301, 1, 6], [4, 1, 6]], policy.tokenizer.pad_token_id)
+    config = build_generation_config(max_new_tokens=5, temperature=1.0, stop_ids=policy.stop_ids,
+                                     pad_id=policy.tokenizer.pad_token_id)
     torch.manual_seed(0)
-    response = policy.generate(prompts, prompt_mask, max_new_tokens=5)
+    response = policy.generate(prompts, prompt_mask, config)
     assert response.shape[0] == 2 and 1 <= response.shape[1] <= 5
+    config.temperature = 0.5  # not the temperature its log-probs are taken at
+    with pytest.raises(ValueError, match="temperature"):
+        policy.generate(prompts, prompt_mask, config)
 
 
-def test_gemma2_soft_capped_logprobs_equal_its_own_logits(tmp_path):
-    """Gemma 2 caps its logits (cap * tanh(x / cap)): the chunked log-probs must too."""
-    from homerlhf.tiny import build_causal_lm
+def test_load_tokenizer_padding_side_and_pad_fallback(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
 
-    model_dir = build_causal_lm(tmp_path / "gemma2", arch="gemma2", seed=5)
-    policy = PolicyModel.from_config(_cfg(), str(model_dir))
-    ids, mask, r_mask, T = _batch(policy.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logprobs, _ = policy.actor_logprobs(ids, mask, T)
-        logits = policy.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
-        raw = policy.model.get_base_model().lm_head(policy.hidden_states(ids, mask))
-    assert logits.abs().max() < 30.0 and (raw - logits).abs().max() > 1e-4  # the cap really changes them
-    naive = naive_logprobs(logits[:, -T - 1 : -1], ids[:, -T:])
-    torch.testing.assert_close(logprobs * r_mask, naive * r_mask, atol=1e-5, rtol=0)
+    from homerlhf.errors import UserError
+    from homerlhf.models.policy import load_tokenizer
+
+    saved = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    saved.padding_side = "right"
+    saved.pad_token = None  # many base models ship without one
+    saved.save_pretrained(tmp_path / "tok")
+
+    for_generation = load_tokenizer(str(tmp_path / "tok"))
+    assert for_generation.padding_side == "left"
+    assert for_generation.pad_token_id == for_generation.eos_token_id
+    own = load_tokenizer(str(tmp_path / "tok"), padding_side=None)  # TRL's trainers: the tokenizer's own side
+    assert own.padding_side == "right" and own.pad_token_id == own.eos_token_id
+    with pytest.raises(UserError, match="cannot load a tokenizer from") as err:
+        load_tokenizer(str(tmp_path / "missing"))
+    assert "\n" not in str(err.value)
+
+
+def test_softcapped_logprobs_equal_the_model_forward(tmp_path, naive_logprobs):
+    """A Gemma-2 base soft-caps its logits (tanh(z / cap) * cap) in forward: the NF4 policy's chunked
+    log-probs go through the same, at temperature 1 and 0.7."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from homerlhf.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, final_logit_softcapping=0.5,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                          bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ids, mask, r_mask, T = _batch(tokenizer.pad_token_id)
+    for temperature in (1.0, 0.7):
+        policy = PolicyModel.from_config(_cfg(f"rollout.temperature={temperature}"), str(tmp_path))
+        with torch.no_grad():
+            ours, _ = policy.actor_logprobs(ids, mask, T)
+            ref = policy.reference_logprobs(ids, mask, T)
+            logits = policy.model(input_ids=ids, attention_mask=mask,
+                                  position_ids=position_ids_from_mask(mask)).logits[:, -T - 1 : -1]
+            uncapped = policy.lm_head(policy.hidden_states(ids, mask))[:, -T - 1 : -1]
+        expected = naive_logprobs(logits / temperature, ids[:, -T:])
+        torch.testing.assert_close(ours * r_mask, expected * r_mask, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ref * r_mask, expected * r_mask, atol=1e-5, rtol=0)  # LoRA B starts at 0
+        # The cap really bites at this setting: without it the log-probs are far off.
+        assert ((naive_logprobs(uncapped / temperature, ids[:, -T:]) - expected) * r_mask).abs().max() > 1e-2
 
 
 def test_a_model_whose_logits_are_more_than_the_lm_head_is_refused():
-    """Cohere scales its logits (logit_scale): log-probs from lm_head(hidden) would be wrong."""
-    from transformers import AutoModelForCausalLM, CohereConfig
+    """The probe refuses a forward that does something to its logits we do not model (here a
+    Llama whose forward doubles them), and passes Cohere's logit_scale, which we do model."""
+    from transformers import AutoModelForCausalLM, CohereConfig, LlamaConfig, LlamaForCausalLM
 
     from homerlhf.errors import UserError
     from homerlhf.models.policy import check_logits_path
 
-    def cohere(logit_scale: float):
-        torch.manual_seed(0)
-        config = CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=4, logit_scale=logit_scale)
-        return AutoModelForCausalLM.from_config(config).eval()
+    class DoubledLogits(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0
+            return out
 
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    torch.manual_seed(0)
     with pytest.raises(UserError, match="computes its logits beyond the LM head"):
-        check_logits_path(cohere(0.0625), "cohere")
-    check_logits_path(cohere(1.0), "cohere")  # the same model unscaled passes
+        check_logits_path(DoubledLogits(LlamaConfig(**shape)).eval(), "doubled")
+    check_logits_path(LlamaForCausalLM(LlamaConfig(**shape)).eval(), "llama")
+    cohere = AutoModelForCausalLM.from_config(CohereConfig(**shape, logit_scale=0.0625)).eval()
+    check_logits_path(cohere, "cohere")

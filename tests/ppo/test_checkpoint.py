@@ -1,4 +1,5 @@
-"""Checkpoints: complete round trip into a real PolicyModel, atomicity, pruning, resume checks."""
+"""Checkpoints: complete round trip into a real PolicyModel, atomicity, pruning, resume checks
+(the logs cut back on resume: test_resuming.py; random states: test_rng.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from homerlhf.config import load_config
 from homerlhf.errors import UserError
 from homerlhf.ppo import checkpoint as C
+from homerlhf.ppo import resuming as R
 from homerlhf.ppo.kl import AdaptiveKLController
 from homerlhf.ppo.running import RunningMoments
 
@@ -74,7 +76,7 @@ def test_round_trip_restores_weights_optimizer_controllers_and_rng(policy, cfg, 
     assert state["iteration"] == 3 and state["trainer"] == {"data_cursor": 21}
     assert state["logs"] == {"metrics.jsonl": len('{"iteration": 1}\n'), "samples.jsonl": 0}
     assert C.is_complete(ckpt, verify_hashes=True)
-    assert C.saved_config(ckpt) == cfg
+    assert R.saved_config(ckpt) == cfg
 
 
 def test_keeps_last_k_and_resaving_an_iteration_replaces_it(policy, cfg, tmp_path):
@@ -109,7 +111,7 @@ def test_interrupted_save_never_looks_complete(policy, cfg, tmp_path):
     leftovers = [p.name for p in (tmp_path / "checkpoints").iterdir()]
     assert any(name.startswith(".tmp-iter_000002") for name in leftovers)
     assert C.latest_complete_checkpoint(tmp_path) == good
-    assert C.find_resume_checkpoint(tmp_path) == good
+    assert R.find_resume_checkpoint(tmp_path) == good
 
     # A directory with the right name but a file cut short is not complete either.
     broken = tmp_path / "checkpoints" / "iter_000009"
@@ -123,7 +125,7 @@ def test_interrupted_save_never_looks_complete(policy, cfg, tmp_path):
     (good / C.MANIFEST).unlink()
     assert C.latest_complete_checkpoint(tmp_path) is None
     with pytest.raises(UserError, match="no complete checkpoint"):
-        C.find_resume_checkpoint(tmp_path)
+        R.find_resume_checkpoint(tmp_path)
 
 
 def test_resume_compatibility_names_the_key(cfg):
@@ -144,16 +146,3 @@ def test_resume_compatibility_names_the_key(cfg):
             C.check_resume_compatible(cfg, validate(new), "runs/x")
         assert "\n" not in str(info.value)
         assert C.config_fingerprint(cfg) != C.config_fingerprint(validate(new))
-
-
-def test_truncate_logs_cuts_rows_after_the_checkpoint(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"iteration": 1}\n{"iteration": 2}\n')
-    offsets = C.log_offsets(tmp_path)
-    with path.open("a") as fh:
-        fh.write('{"iteration": 3}\n{"itera')  # a row of a later iteration and a torn write
-    C.truncate_logs(tmp_path, offsets)
-    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
-    path.write_text("")
-    with pytest.raises(UserError, match="shorter than when the checkpoint"):
-        C.truncate_logs(tmp_path, offsets)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from homerlhf.ppo.math import (
-    entropy_from_logits,
     explained_variance,
     gae,
     kl_penalized_rewards,
@@ -296,29 +295,7 @@ def test_value_loss_by_hand():
     close(v.grad, [[-0.2, 0.0, 0.0], [0.0, 0.1, 0.0]])
 
 
-# ---------------------------------------------------------------- entropy, explained variance
-
-
-def test_entropy_from_logits_by_hand():
-    logits = t(
-        [
-            [[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), -math.inf, -math.inf]],
-            [[0.0, -math.inf, 0.0, -math.inf], [1000.0, 0.0, 0.0, 0.0]],
-        ]
-    )
-    # uniform over 4: ln 4 = 1.3862943611
-    # p = [1/4, 3/4]: 0.25*ln 4 + 0.75*ln(4/3) = 0.3465735903 + 0.2157615544 = 0.5623351447
-    # uniform over 2 (two -inf): ln 2 = 0.6931471806
-    # one logit 1000 above the rest: p ~ [1, 3e-435...] -> 0 (and no nan from exp overflow)
-    h = entropy_from_logits(logits)
-    assert h.shape == (2, 2)
-    close(h, [[1.3862943611, 0.5623351447], [0.6931471806, 0.0]])
-
-
-def test_entropy_from_logits_upcasts_16_bit():
-    h = entropy_from_logits(torch.zeros(3, 8, dtype=torch.bfloat16))
-    assert h.dtype == torch.float32
-    close(h, [math.log(8.0)] * 3)
+# ---------------------------------------------------------------- explained variance
 
 
 def test_explained_variance_by_hand():

@@ -1,5 +1,6 @@
-"""The PPO loop on a real 4-bit tiny policy: it learns a known reward and OOM backoff is exact
-(checkpoints and resume: tests/ppo/test_checkpoint.py, tests/stages/test_resume.py)."""
+"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, early stop and the shared
+adapter (OOM backoff: tests/ppo/test_update.py; checkpoints and resume: tests/ppo/test_checkpoint.py,
+tests/stages/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -8,98 +9,38 @@ from collections import Counter
 import pytest
 import torch
 
-from homerlhf.config import load_config
+from homerlhf.memory.planner import predicted_peaks
+from homerlhf.memory.search import apply_overrides
+from homerlhf.memory.shapes import resolve_shape
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.trainer import (
-    PPOTrainer,
-    UpdateState,
-    collect_experience,
-    compute_advantages,
-    seed_everything,
-    train_minibatch,
-)
-
-
-def _cfg(*extra):
-    return load_config("cpu-tiny", overrides=[
-        "ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false", *extra])
-
-
-def _prompt_ids(tokenizer, n):
-    from homerlhf.data.builtin import prompt_records
-
-    out = []
-    for record in prompt_records()[:n]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": record["prompt"]}],
-                                            add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
-
-
-# -- OOM backoff --------------------------------------------------------------------------------
-def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_dir):
-    from accelerate import Accelerator
-
-    from homerlhf.memory.oom import inject_oom_at
-
-    cfg = _cfg("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_new_tokens=6",
-               "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.max_grad_norm=1e6")
-    seed_everything(0)
-    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    prompts = _prompt_ids(policy.tokenizer, 8)
-    # The target token rewards rows unevenly, so advantages (and gradients) are far from uniform.
-    reward = CallableReward(lambda p, r: sum(t % 7 == 0 for t in r) / len(r))
-    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
-    exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
-    assert exp.response_mask.sum(dim=1).unique().numel() > 1 or exp.prompt_mask.sum(dim=1).unique().numel() > 1
-
-    params = policy.actor_parameters() + policy.critic_parameters()
-    start = [p.detach().clone() for p in params]
-    accelerator = Accelerator(cpu=True)
-
-    def one_step(inject: bool):
-        for p, s in zip(params, start):
-            p.data.copy_(s)
-        # Plain SGD: its step is proportional to the gradient, so any mis-weighting shows.
-        actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
-        critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
-        state = UpdateState(micro_batch_size=8)
-        policy.train()
-        if inject:
-            with inject_oom_at(micro_batch_size=8, times=1) as injector:
-                train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
-            assert injector.raised == [8]
-        else:
-            train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
-        return [p.detach().clone() for p in params], state
-
-    unsplit, state_a = one_step(inject=False)
-    retried, state_b = one_step(inject=True)
-    assert state_a.micro_batch_size == 8 and state_a.oom_retries == 0
-    assert state_b.micro_batch_size == 4 and state_b.oom_retries == 1
-    moved = max(float((u - s).abs().max()) for u, s in zip(unsplit, start))
-    assert moved > 1e-3  # the step really changed the LoRA weights
-    diff = max(float((u - r).abs().max()) for u, r in zip(unsplit, retried))
-    assert diff <= 1e-5, diff
+from homerlhf.ppo.trainer import PPOTrainer, seed_everything
 
 
 # -- shared adapter, early stop -----------------------------------------------------------------
-def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir):
-    cfg = _cfg("critic.shared_adapter=true", "rollout.batch_size=4", "rollout.chunk_size=2",
+def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_cfg, prompt_ids):
+    cfg = ppo_cfg("critic.shared_adapter=true", "rollout.batch_size=4", "rollout.chunk_size=2",
                "rollout.max_new_tokens=4", "ppo.mini_batch_size=2", "ppo.micro_batch_size=1", "ppo.epochs=3",
                "ppo.early_stop_kl=1e-9", "actor.lr=1e-2")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
     before = [p.detach().clone() for p in policy.actor_parameters()]
     reward = CallableReward(lambda p, r: float(len(r)))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, _prompt_ids(policy.tokenizer, 4))
+    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4))
     row = trainer.step()
     # The first step's approx_kl is 0 (new policy == old); after one step it exceeds 1e-9: stop.
     assert row["early_stopped"] == 1 and row["optimizer_steps"] == 2
     assert row["kl_mean"] == pytest.approx(0.0, abs=1e-6)
     assert all(p.requires_grad for p in policy.value_head.parameters())
     assert max(float((p - b).abs().max()) for p, b in zip(policy.actor_parameters(), before)) > 0
+    # The planner's prediction for this model and these settings is logged beside the measured peaks.
+    predicted = predicted_peaks(cfg, resolve_shape(str(tiny_llama_dir)))
+    assert {name: row[f"predicted_mem_{name}_gib"] for name in predicted} == predicted
+    assert set(predicted) == {"generation", "scoring", "update"} and row["peak_mem_kind"] == "cpu_rss"
+    # After an OOM backoff the update is predicted at the micro-batch in use.
+    trainer.update_state.micro_batch_size = 2
+    at_two = predicted_peaks(apply_overrides(cfg, {"ppo.micro_batch_size": 2}), resolve_shape(str(tiny_llama_dir)))
+    assert trainer.memory_metrics()["predicted_mem_update_gib"] == at_two["update"] != predicted["update"]
 
 
 # -- learning ----------------------------------------------------------------------------------
@@ -128,7 +69,7 @@ def peaked_policy_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ppo_learns_to_say_the_target_token(peaked_policy_dir):
+def test_ppo_learns_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_ids):
     """Reward = fraction of response tokens equal to the policy's most frequent token at the start.
 
     Fixed seed, real NF4 base, LoRA actor + critic, adapter-off reference, the same 16 prompts every
@@ -136,13 +77,13 @@ def test_ppo_learns_to_say_the_target_token(peaked_policy_dir):
     while the KL to the reference stays bounded. Measured: 0.06 -> 0.40 by iteration 5 (KL 6.5 nats).
     """
     iterations = 5
-    cfg = _cfg("rollout.batch_size=16", "rollout.chunk_size=16", "rollout.max_new_tokens=6",
+    cfg = ppo_cfg("rollout.batch_size=16", "rollout.chunk_size=16", "rollout.max_new_tokens=6",
                "rollout.max_prompt_len=16", "ppo.mini_batch_size=16", "ppo.micro_batch_size=16",
                "ppo.epochs=2", "actor.lr=3e-3", "critic.lr=3e-3", "ppo.kl_coef=0.03",
                f"ppo.iterations={iterations}")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(peaked_policy_dir))
-    prompts = _prompt_ids(policy.tokenizer, 16)
+    prompts = prompt_ids(policy.tokenizer, 16)
 
     from homerlhf.ppo.rollout import generate_rollout
 

@@ -1,42 +1,15 @@
-"""``resolve_model``: builtin names built once into the cache, everything else passed through."""
+"""The demo models, registered by ``homerlhf.stages.builtin`` and built by the SFT stage."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from homerlhf.errors import UserError
-from homerlhf.stages.builtin import cache_key, resolve_model
+import homerlhf.stages  # noqa: F401 - what registers the demo models
+from homerlhf.models.registry import builtin_names, resolve_model
 
 
-def test_tiny_models_are_built_once_and_cached():
-    from transformers import AutoConfig
-
-    path = resolve_model("builtin:tiny-qwen2")
-    assert os.path.basename(path) == cache_key("tiny-qwen2")
-    assert AutoConfig.from_pretrained(path).model_type == "qwen2"
-    mtime = os.path.getmtime(os.path.join(path, "model.safetensors"))
-    assert resolve_model("builtin:tiny-qwen2") == path
-    assert os.path.getmtime(os.path.join(path, "model.safetensors")) == mtime
-    # nothing half-built is left next to it
-    assert not [p for p in os.listdir(os.path.dirname(path)) if p.startswith(".tmp-")]
-
-
-def test_other_names_pass_through(tmp_path):
-    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert resolve_model(str(tmp_path)) == str(tmp_path)
-
-
-@pytest.mark.parametrize("bad, fragment", [
-    ("builtin:nope", "unknown builtin model 'builtin:nope'"),
-    ("./no/such/dir", "does not exist"),
-    ("/no/such/model.gguf", "does not exist"),
-])
-def test_bad_names_are_one_line_errors(bad, fragment):
-    with pytest.raises(UserError, match=fragment) as err:
-        resolve_model(bad)
-    assert "\n" not in str(err.value)
+def test_importing_the_stages_registers_the_demo_models_after_the_tiny_ones():
+    assert builtin_names() == ["builtin:tiny-llama", "builtin:tiny-qwen2", "builtin:demo-sft", "builtin:demo-rm"]
 
 
 @pytest.mark.slow
@@ -46,7 +19,7 @@ def test_demo_sft_replies_like_the_builtin_task():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from homerlhf.data import builtin
-    from homerlhf.data.load import tokenize_prompts
+    from homerlhf.data.tokens import tokenize_prompts
 
     path = resolve_model("builtin:demo-sft")
     model = AutoModelForCausalLM.from_pretrained(path)

@@ -107,7 +107,8 @@ def _held_out_accuracy(run_dir, n=300):
 def demo_rm_dir():
     from pathlib import Path
 
-    from homerlhf.stages.builtin import resolve_model
+    import homerlhf.stages  # noqa: F401 - registers builtin:demo-rm
+    from homerlhf.models.registry import resolve_model
 
     return Path(resolve_model("builtin:demo-rm"))
 

@@ -34,7 +34,7 @@ def _is_classifier(config: dict) -> bool:
 
 
 def _model_dir(model: str) -> Path:
-    from homerlhf.workers.export import resolve_model_dir  # moves to homerlhf.models (issue 13)
+    from homerlhf.models.registry import resolve_model_dir
 
     return resolve_model_dir(str(model))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,16 +15,32 @@ from homerlhf.workers.gguf import export_ref, export_reward, permute_qk
 IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
 
 
-def llama_cpp_logits(gguf_path, ids) -> np.ndarray:
-    """(T, V) logits of llama.cpp for ``ids`` (F32 KV cache)."""
-    from llama_cpp import Llama
+# Run in a child interpreter: a llama.cpp build for another CPU dies by SIGILL, and in this process
+# it would take the whole test run with it.
+LLAMA_CPP_LOGITS = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
 
-    llm = Llama(str(gguf_path), logits_all=True, type_k=0, type_v=0, n_ctx=64, verbose=False)
+llm = Llama(sys.argv[1], logits_all=True, type_k=0, type_v=0, n_ctx=64, verbose=False)
+ids = json.loads(sys.argv[2])
+llm.eval(ids)
+np.save(sys.argv[3], np.array(llm.scores[: len(ids)], dtype=np.float64))
+llm.close()
+print(json.dumps({"saved": sys.argv[3]}))
+"""
+
+
+def llama_cpp_logits(gguf_path, ids) -> np.ndarray:
+    """(T, V) logits of llama.cpp for ``ids`` (F32 KV cache), computed in a child process."""
+    from homerlhf.doctor import ChildFailed, run_child
+
+    out = Path(gguf_path).with_suffix(".logits.npy")
     try:
-        llm.eval(ids)
-        return np.array(llm.scores[: len(ids)], dtype=np.float64)
-    finally:
-        llm.close()
+        run_child(LLAMA_CPP_LOGITS, str(gguf_path), json.dumps(list(ids)), str(out), timeout=300)
+    except ChildFailed as exc:
+        pytest.fail(f"llama.cpp on {Path(gguf_path).name}: {exc.detail}; {exc.fix}", pytrace=False)
+    return np.load(out)
 
 
 def mean_kl(logits_p: np.ndarray, logits_q: np.ndarray) -> float:
@@ -180,7 +197,7 @@ def test_sentencepiece_style_vocabulary(tmp_path):
 
     from homerlhf.data import builtin
     from homerlhf.tiny import model_config
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import tokenizer_fingerprint, vocab_fingerprint
 
     spm = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))

@@ -1,0 +1,175 @@
+"""The pieces of a memory plan: byte counts of what a PPO run keeps on the GPU.
+
+Each function counts one kind of memory (NF4 weights, LoRA adapters, optimizer states, saved
+activations, log-prob buffers, ...) from a :class:`~homerlhf.memory.shapes.ModelShape` and a
+``RunConfig``; :mod:`homerlhf.memory.phases` puts them together per phase. Formulas and their
+sources are in ``docs/memory.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from homerlhf.config.schema import RunConfig
+from homerlhf.memory.shapes import ModelShape
+
+GIB = 1024**3
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# bitsandbytes NF4: two 4-bit codes per byte, one absmax per 64-weight block. Double quant stores
+# that absmax as 8 bits plus one fp32 constant per 256 absmax values.
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+# bitsandbytes 8-bit optimizers: blockwise quantized states (block 256, fp32 absmax); tensors with
+# fewer than 4096 elements keep 32-bit states (Optimizer8bit's min_8bit_size).
+OPT8_BLOCK = 256
+OPT8_MIN_SIZE = 4096
+
+
+def nf4_bytes_per_param(double_quant: bool) -> float:
+    if double_quant:
+        return 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DQ_BLOCK)
+    return 0.5 + 4 / NF4_BLOCK
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the estimate cannot read from the config; defaults follow homerlhf's trainer."""
+
+    cuda_context_gib: float = 0.5  # CUDA context + cuBLAS workspace, outside the torch allocator
+    fragmentation: float = 0.10  # reserved-but-unallocated blocks, as a fraction of allocated bytes
+    upcast_non_quantized: bool = True  # prepare_model_for_kbit_training: non-4-bit params to fp32
+    attention: str = "sdpa"  # "sdpa" never materialises (T x T) scores; "eager" does
+    scoring_batch: str = "chunk"  # scoring forwards run on a whole rollout chunk ("micro": micro-batches)
+
+
+@dataclass
+class Component:
+    name: str
+    kind: str  # weights | adapters | optimizer | gradients | activations | kv_cache | logits | buffers | overhead
+    bytes: int
+    in_allocator: bool = True  # counted by torch.cuda.max_memory_allocated
+    note: str = ""
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gib": round(self.gib, 4)}
+
+
+def adam_state_bytes(numels: Iterable[int], optimizer: str) -> int:
+    """Bytes of Adam's two moments for parameters of these sizes under ``optimizer``."""
+    total = 0
+    for numel in numels:
+        if optimizer == "adamw" or numel < OPT8_MIN_SIZE:
+            total += 8 * numel  # exp_avg + exp_avg_sq in fp32
+        else:
+            # two uint8 states, their fp32 absmax per block and two 256-entry fp32 quantile maps
+            total += 2 * numel + 2 * 4 * math.ceil(numel / OPT8_BLOCK) + 2 * 256 * 4
+    return total
+
+
+def _optimizer_state_bytes(shape: ModelShape, r: int, targets, optimizer: str) -> int:
+    """Adam's states for one adapter's LoRA matrices (A: r x in, B: out x r) in every layer."""
+    linears = shape.layer_linears()
+    if targets != "all-linear":
+        linears = [lin for lin in linears if lin.name in set(targets)]
+    numels = [n for lin in linears for n in (r * lin.in_features, lin.out_features * r)]
+    return adam_state_bytes(numels, optimizer) * shape.num_layers
+
+
+def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int) -> float:
+    """Bytes one decoder layer saves for backward, per token (frozen 4-bit base + LoRA, sdpa).
+
+    a: activation bytes, t: sequence length. Saved: each RMSNorm's input and output (the output is
+    the LoRA A input; 2h per norm); sdpa's q, GQA-repeated k and v, and output (4 q_dim); the
+    MLP's gate, act(gate), up and their product (4 I); the additive attention mask (t per token);
+    each LoRA A output (r). A frozen 4-bit matmul saves no input: its input-gradient needs only the
+    weight (bitsandbytes ``MatMul4Bit``). Checked against saved-tensor hooks in the tests.
+    """
+    h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
+    n_lin = len(shape.layer_linears())
+    return a * (4 * h + 4 * q + 4 * i + t) + 4 * lora_r * n_lin
+
+
+def forward_layer_transient_per_token(shape: ModelShape, a: int, c: int) -> float:
+    """Peak extra bytes per token while one layer runs without grad: residual + normed, then the
+    larger of attention (q, repeated k/v, output) and MLP (act(gate), up, product + its cast)."""
+    h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
+    return 2 * a * h + max(4 * a * q + c * h, 3 * a * i + c * i)
+
+
+def lengths(cfg: RunConfig) -> tuple[int, int, int]:
+    p, n = cfg.rollout.max_prompt_len, cfg.rollout.max_new_tokens
+    return p, n, p + n
+
+
+def dtype_bytes(cfg: RunConfig, assumptions: Assumptions) -> tuple[int, int, int]:
+    """(compute c, activation a, non-quantized parameter) bytes."""
+    name = cfg.quant.compute_dtype
+    if name == "auto":
+        name = "bf16" if cfg.card.device == "cuda" else "fp32"
+    c = _DTYPE_BYTES[name]
+    upcast = cfg.quant.load_in_4bit and assumptions.upcast_non_quantized
+    return c, (4 if upcast else c), (4 if upcast else c)
+
+
+def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) -> list[Component]:
+    c, a, nq = dtype_bytes(cfg, assumptions)
+    comps = []
+    if cfg.quant.load_in_4bit:
+        per = nf4_bytes_per_param(cfg.quant.double_quant)
+        note = f"{per:.4f} B/param: 4-bit codes + absmax per {NF4_BLOCK}" + (" (double quant)" if cfg.quant.double_quant else "")
+        comps.append(Component("base linear weights (NF4)", "weights", int(shape.linear_weight_params * per), note=note))
+    else:
+        comps.append(Component("base linear weights", "weights", shape.linear_weight_params * c))
+    dtype = "fp32" if nq == 4 else "compute dtype"
+    comps.append(Component("embeddings", "weights", shape.embedding_params * nq, note=dtype + (", tied LM head" if shape.tie_word_embeddings else "")))
+    if shape.lm_head_params:
+        comps.append(Component("LM head", "weights", shape.lm_head_params * nq, note=dtype))
+    comps.append(Component("norms + biases", "weights", shape.norm_params * nq + shape.linear_bias_params * c))
+    actor_lora = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules)
+    comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}, fp32"))
+    if not cfg.critic.shared_adapter:
+        critic_lora = shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules)
+        comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}, fp32"))
+    comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
+    for role, sec in (("actor", cfg.actor), ("critic", cfg.critic)):
+        if role == "critic" and cfg.critic.shared_adapter:
+            states = 8 * (shape.hidden_size + 1)  # only the value head
+        else:
+            states = _optimizer_state_bytes(shape, sec.lora.r, sec.lora.target_modules, sec.optimizer)
+            if role == "critic":
+                states += 8 * (shape.hidden_size + 1)
+        paged = sec.optimizer.startswith("paged")
+        comps.append(Component(
+            f"optimizer states {role} ({sec.optimizer})", "optimizer", states, in_allocator=not paged,
+            note="unified memory, evictable to CPU" if paged else "",
+        ))
+    _, n, t = lengths(cfg)
+    # ids + attention mask (int64) per position; ~8 fp32 per response token (log-probs, ref log-probs,
+    # values, rewards, advantages, returns, masks).
+    exp = cfg.rollout.batch_size * (t * 16 + n * 8 * 4)
+    comps.append(Component("experience buffer", "buffers", exp, note=f"{cfg.rollout.batch_size} samples"))
+    return comps
+
+
+def overhead_components(cfg: RunConfig, allocated: int, assumptions: Assumptions) -> list[Component]:
+    if cfg.card.device != "cuda":
+        return []
+    return [
+        Component("CUDA context", "overhead", int(assumptions.cuda_context_gib * GIB), in_allocator=False),
+        Component("allocator fragmentation", "overhead", int(assumptions.fragmentation * allocated), in_allocator=False,
+                  note=f"{assumptions.fragmentation:.0%} of allocated"),
+    ]
+
+
+def logprob_buffer_bytes(batch: int, n: int, cfg: RunConfig, shape: ModelShape) -> int:
+    """fp32 (B, chunk, V) logits, log-softmax, softmax (entropy) and its product/grad: 4 buffers."""
+    chunk = min(cfg.ppo.logprob_chunk_size, n)
+    return 4 * batch * chunk * shape.vocab_size * 4
+

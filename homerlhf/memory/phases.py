@@ -1,0 +1,131 @@
+"""The three PPO phases as memory: the components alive at each phase's peak moment.
+
+A phase's peak is the largest of a few moments (e.g. prefill vs. the last decode step); the
+components returned are those of the peak moment, so they add up to the phase total. The
+persistent components (weights, adapters, optimizer states, experience) are added by
+:func:`homerlhf.memory.planner.plan`.
+"""
+
+from __future__ import annotations
+
+from homerlhf.memory.components import (
+    Component,
+    dtype_bytes,
+    forward_layer_transient_per_token,
+    layer_saved_bytes_per_token,
+    lengths,
+    logprob_buffer_bytes,
+)
+
+PHASES = ("generation", "scoring", "update")
+
+
+def generation_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
+    c, a, _ = dtype_bytes(cfg, assumptions)
+    b = cfg.rollout.chunk_size
+    p, n, t = lengths(cfg)
+    kv_per_token = 2 * shape.num_layers * shape.kv_dim * a
+    logits_per_row = shape.vocab_size * (16 + (12 if cfg.rollout.top_p < 1 else 0))
+    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c,
+                        note="largest linear, bf16 copy per matmul") if cfg.quant.load_in_4bit else None
+    prefill = b * p * forward_layer_transient_per_token(shape, a, c) + b * p * p * a  # + the additive causal mask
+    if assumptions.attention == "eager":
+        prefill += 2 * b * shape.num_heads * p * p * a
+    moments = {
+        "prefill": [
+            Component("KV cache", "kv_cache", b * p * kv_per_token, note=f"{b} x {p} prompt tokens"),
+            Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens"),
+            Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers"),
+        ],
+        "last decode step": [
+            # DynamicCache grows by torch.cat: one layer's K or V briefly exists twice.
+            Component("KV cache", "kv_cache", b * t * kv_per_token * (shape.num_layers + 1) // shape.num_layers,
+                      note=f"{b} x {t} tokens, 2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B"),
+            Component("decode activations", "activations", int(b * forward_layer_transient_per_token(shape, a, c))),
+            Component("sampling logits", "logits", b * logits_per_row, note="fp32 + warpers"),
+        ],
+    }
+    for comps in moments.values():
+        if dequant:
+            comps.append(dequant)
+    return _largest(moments)
+
+
+def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
+    c, a, _ = dtype_bytes(cfg, assumptions)
+    b = cfg.rollout.chunk_size if assumptions.scoring_batch == "chunk" else cfg.ppo.micro_batch_size
+    p, n, t = lengths(cfg)
+    hidden = b * t * shape.hidden_size * a
+    layer = b * t * forward_layer_transient_per_token(shape, a, c) + b * t * t * a
+    if assumptions.attention == "eager":
+        layer += 2 * b * shape.num_heads * t * t * a
+    outputs = b * n * 4 * 4  # log-probs, entropy, values, ref log-probs: (B, N) fp32
+    moments = {
+        "forward (actor/critic/ref)": [
+            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens ({assumptions.scoring_batch})"),
+            Component("layer activations (no grad)", "activations", int(layer)),
+        ],
+        "actor log-probs": [
+            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens"),
+            Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(b, n, cfg, shape),
+                      note=f"{b} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} fp32 x 4"),
+            Component("scoring outputs", "buffers", outputs),
+        ],
+    }
+    if cfg.quant.load_in_4bit:
+        moments["forward (actor/critic/ref)"].append(
+            Component("dequantized weight", "activations", shape.largest_linear_params * c))
+    return _largest(moments)
+
+
+def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
+    c, a, _ = dtype_bytes(cfg, assumptions)
+    m = cfg.ppo.micro_batch_size
+    p, n, t = lengths(cfg)
+    tokens = m * t
+    r = max(cfg.actor.lora.r, cfg.critic.lora.r)
+    per_layer = layer_saved_bytes_per_token(shape, a, t, r)
+    h, i = shape.hidden_size, shape.intermediate_size
+    ckpt = cfg.training.gradient_checkpointing
+    if ckpt:
+        saved = Component("checkpointed layer inputs", "activations", tokens * h * a * (shape.num_layers + 1),
+                          note=f"{m} x {t} tokens x {shape.num_layers + 1} x h")
+        recompute = Component("recomputed layer", "activations", int(tokens * per_layer), note="one layer in backward")
+    else:
+        saved = Component("saved activations", "activations", int(tokens * per_layer * shape.num_layers + tokens * h * a),
+                          note=f"{m} x {t} tokens x {shape.num_layers} layers, no checkpointing")
+        recompute = None
+    attn_scores = None
+    if assumptions.attention == "eager":
+        count = 1 if ckpt else shape.num_layers
+        attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a)
+    bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP")
+    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4 + (shape.hidden_size + 1) * 4
+    if not cfg.critic.shared_adapter:
+        grads += shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
+    grad = Component("LoRA + value head grads", "gradients", grads, note="fp32, accumulated over the mini-batch")
+    lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape),
+                   note=f"{m} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} fp32 x 4, recomputed per chunk")
+    loss = Component("PPO loss tensors", "buffers", m * n * 4 * 12)
+    layer_bwd = [grad, saved] + ([recompute] if recompute else []) + [bwd]
+    if attn_scores:
+        layer_bwd.append(attn_scores)
+    moments = {
+        "actor loss backward": [grad, saved, lp, loss] + ([attn_scores] if attn_scores and not ckpt else []),
+        "layer backward": layer_bwd,
+    }
+    if cfg.quant.load_in_4bit:
+        dq = Component("dequantized weight", "activations", shape.largest_linear_params * c)
+        for comps in moments.values():
+            comps.append(dq)
+    return _largest(moments)
+
+
+def _largest(moments: dict[str, list[Component]]) -> tuple[str, list[Component]]:
+    name = max(moments, key=lambda k: sum(x.bytes for x in moments[k]))
+    return name, moments[name]
+
+
+
+# What each phase's transient memory is, in the order a PPO iteration runs them.
+PHASE_BUILDERS = {"generation": generation_phase, "scoring": scoring_phase, "update": update_phase}

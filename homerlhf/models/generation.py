@@ -1,0 +1,107 @@
+"""What a rollout samples from, stated in full: its ``GenerationConfig`` and its stop set.
+
+PPO scores every sampled token with ``log_softmax(logits / temperature)`` (old, new and reference
+log-probs alike). The samples must come from exactly that distribution, yet HF ``generate`` fills
+every field a caller leaves unset from the checkpoint's ``generation_config.json``: a
+``repetition_penalty``, ``no_repeat_ngram_size``, default ``top_k``/``top_p``/``temperature``,
+suppressed or forced tokens, a minimum length. Any of them makes the rollout off-policy from the
+first step, silently. So a rollout's config is built from our settings alone, with every logits
+processor explicitly off, and the model's own generation config is set aside while it samples
+(:func:`checkpoint_defaults_off`).
+
+A turn ends at any token of the stop set (:func:`stop_token_ids`): the tokenizer's EOS, the
+checkpoint's ``eos_token_id`` list, and the token the chat template closes an assistant turn with.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Optional
+
+# Assistant text for the probe conversation; plain ASCII no template rewrites.
+PROBE_REPLY = "PROBE"
+
+
+def build_generation_config(*, max_new_tokens: int, temperature: float, stop_ids: Iterable[int], pad_id: int):
+    """A complete ``GenerationConfig`` for sampling from ``softmax(logits / temperature)``.
+
+    Every field a checkpoint could set to reshape the distribution is given its "off" value here;
+    the fields whose only "off" value is ``None`` (suppressed/forced tokens, bad words, sequence
+    bias, min-p, min_new_tokens, stop strings) are kept off by :func:`checkpoint_defaults_off`.
+    """
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=True,
+        num_beams=1,
+        num_return_sequences=1,
+        max_new_tokens=max_new_tokens,
+        min_length=0,  # (min_new_tokens stays None: HF warns when both are set)
+        temperature=temperature,
+        top_k=0,  # HF's global default is 50, not off
+        top_p=1.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        length_penalty=1.0,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        eos_token_id=sorted(set(int(i) for i in stop_ids)),
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+
+
+@contextmanager
+def checkpoint_defaults_off(model, generation_config) -> Iterator[None]:
+    """Make ``generation_config`` the model's own for the duration of a ``generate`` call.
+
+    ``generate`` fills every ``None`` field of the config it is given from
+    ``model.generation_config``; with that replaced by the given config itself, nothing from the
+    checkpoint's ``generation_config.json`` can reach the sampler. ``model``: the HF model (for a
+    peft model, ``get_base_model()``: peft reads the config from there).
+    """
+    saved = model.generation_config
+    model.generation_config = generation_config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def template_end_of_turn_ids(tokenizer) -> list[int]:
+    """The special token the chat template writes right after an assistant reply, as a list.
+
+    Found by rendering ``[user, assistant PROBE_REPLY]`` and tokenizing what follows the reply:
+    Qwen's ``<|im_end|>``, Llama-3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``. Only a special
+    (added) token counts: the newline some templates write after it is text, not a stop. Empty when
+    the tokenizer has no chat template, the reply is followed by nothing, or by ordinary text.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY}]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    at = rendered.rfind(PROBE_REPLY)
+    if at < 0:
+        return []
+    after = tokenizer(rendered[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
+    if not after:
+        return []
+    added = tokenizer.added_tokens_decoder.get(after[0])
+    return [after[0]] if added is not None and added.special else []
+
+
+def stop_token_ids(tokenizer, generation_config: Optional[object] = None) -> list[int]:
+    """The stop set of a tokenizer/checkpoint pair, sorted: the tokenizer's EOS, the generation
+    config's ``eos_token_id`` (an int or a list) and :func:`template_end_of_turn_ids`."""
+    ids: set[int] = set(template_end_of_turn_ids(tokenizer))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    listed = getattr(generation_config, "eos_token_id", None)
+    if listed is not None:
+        ids.update(int(i) for i in ([listed] if isinstance(listed, int) else listed))
+    return sorted(ids)

@@ -1,0 +1,121 @@
+"""Side-by-side answers: the trained actor (a checkpoint's ``actor`` adapter) and the reference (the
+same base with the adapter off), on the same prompt, sampling settings and seed, each scored by a
+reward model.
+
+The base is loaded the way training loads it (:func:`homerlhf.models.policy.load_base`, 4-bit when
+the run is), so the reference here is exactly the training reference when ``ref.backend`` is
+``adapter_off``, and the weights the llama.cpp reference was exported from otherwise.
+
+The reward model is the caller's: a function of ``(cfg, tokenizer)`` returning anything with
+``score(prompt_ids, response_ids)`` and ``close()`` (a ``homerlhf.ppo.backends.RewardBackend``), e.g.
+``homerlhf.stages.ppo.scoring_reward``; the app's reuses a running run's own worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from homerlhf.config.schema import RunConfig
+from homerlhf.errors import UserError
+
+
+@dataclass
+class Answer:
+    text: str
+    prompt_ids: list[int]
+    response_ids: list[int]  # up to and including EOS, as the trainer scores them
+    score: Optional[float] = None
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+class EvalModels:
+    """One run checkpoint loaded for chatting: base + ``actor`` adapter, tokenizer, reward model.
+
+    ``cfg``: the run's config; ``reward``: builds the reward model from ``(cfg, tokenizer)``
+    (None: answers go unscored).
+    """
+
+    def __init__(self, cfg: RunConfig, checkpoint: str | Path,
+                 reward: Optional[Callable[[RunConfig, Any], Any]] = None):
+        from peft import PeftModel
+
+        from homerlhf.config import check_device
+        from homerlhf.models.policy import ACTOR, load_base, load_tokenizer
+        from homerlhf.models.registry import resolve_model
+
+        self.checkpoint = Path(checkpoint)
+        check_device(cfg)
+        adapter_dir = self.checkpoint / ACTOR
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise UserError(f"checkpoint {self.checkpoint} has no '{ACTOR}' adapter; pick another checkpoint")
+        self.cfg = cfg
+        model_path = resolve_model(cfg.model.name_or_path)
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code,
+                                        revision=cfg.model.revision)
+        base = load_base(model_path, cfg)
+        self.model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
+        self.model.set_adapter(ACTOR)
+        self.model.eval()
+        self.reward = reward(cfg, self.tokenizer) if reward is not None else None
+        # Generation mutates no weights, but peft's adapter switch is global to the model.
+        self.lock = threading.Lock()
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def prompt_ids(self, text: str) -> list[int]:
+        from homerlhf.data.tokens import prompt_ids
+
+        ids = prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+        return ids[-self.cfg.rollout.max_prompt_len:]
+
+    def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool) -> list[int]:
+        import contextlib
+
+        import torch
+
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        kwargs = dict(max_new_tokens=int(sampling.max_new_tokens), do_sample=True,
+                      temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                      top_k=int(sampling.top_k), pad_token_id=self.tokenizer.pad_token_id,
+                      eos_token_id=self.tokenizer.eos_token_id)
+        # Same seed for both sides: differences come from the weights, not the dice.
+        torch.manual_seed(int(sampling.seed))
+        ctx = contextlib.nullcontext() if adapter_on else self.model.disable_adapter()
+        with torch.no_grad(), ctx:
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        response = out[0, ids.shape[1]:].tolist()
+        eos = self.tokenizer.eos_token_id
+        return response[: response.index(eos) + 1] if eos in response else response
+
+    def answer_both(self, text: str, sampling: Sampling) -> tuple[Answer, Answer]:
+        """(actor answer, reference answer) to one user message, each with its reward score."""
+        if not text.strip():
+            raise UserError("type a message first")
+        prompt = self.prompt_ids(text)
+        with self.lock:
+            actor_ids = self._generate(prompt, sampling, adapter_on=True)
+            ref_ids = self._generate(prompt, sampling, adapter_on=False)
+        answers = [Answer(self.tokenizer.decode(r, skip_special_tokens=True).strip(), prompt, r)
+                   for r in (actor_ids, ref_ids)]
+        if self.reward is not None:
+            scores = self.reward.score([prompt, prompt], [actor_ids, ref_ids])
+            for answer, score in zip(answers, scores):
+                answer.score = float(score)
+        return answers[0], answers[1]
+
+    def close(self) -> None:
+        if self.reward is not None:
+            self.reward.close()

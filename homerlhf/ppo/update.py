@@ -1,0 +1,175 @@
+"""Stage 4 of a PPO iteration: K epochs of clipped updates over mini-batches, each accumulated
+over micro-batches, with the OOM backoff and the non-finite guard.
+
+Backward and gradient clipping go through ``accelerate.Accelerator`` (``backward``,
+``clip_grad_norm_``). Gradient accumulation is done by hand in ``make_accumulate``: its loss
+weighting must be exact for the OOM backoff to redo a step with smaller micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from homerlhf.config.schema import PPOConfig, RunConfig
+from homerlhf.errors import UserError
+from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.guards import NonFiniteGuard
+from homerlhf.ppo.math import masked_mean, policy_loss, value_loss
+
+
+def build_optimizer(name: str, params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float):
+    """``adamw`` (torch, fp32 states) or bitsandbytes' ``adamw_8bit`` / ``paged_adamw_8bit``."""
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    import bitsandbytes as bnb
+
+    if name == "adamw_8bit":
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    if name == "paged_adamw_8bit":
+        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    raise UserError(f"unknown optimizer '{name}'; use adamw, adamw_8bit or paged_adamw_8bit")
+
+
+def _losses(pg: tuple[Tensor, Tensor, Tensor], vf: tuple[Tensor, Tensor], entropy: Tensor,
+            mask: Tensor) -> dict[str, Tensor]:
+    """``policy_loss``'s and ``value_loss``'s results and the entropy, under their metric names."""
+    (pg_loss, pg_clipfrac, approx_kl), (vf_loss, vf_clipfrac) = pg, vf
+    return {
+        "policy_loss": pg_loss, "value_loss": vf_loss, "policy_clipfrac": pg_clipfrac,
+        "value_clipfrac": vf_clipfrac, "approx_kl": approx_kl, "entropy": masked_mean(entropy, mask),
+    }
+
+
+def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, Tensor]:
+    """Forward one micro-batch (one adapter for both); the policy and value losses (with graphs) and
+    their stats."""
+    input_ids, attention_mask = micro.sequences()
+    logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, micro.response_len)
+    mask = micro.response_mask
+    return _losses(policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range),
+                   value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
+
+
+def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backward: Callable[[Tensor], None],
+                               share: Tensor) -> dict[str, Tensor]:
+    """Actor forward and backward, then critic forward and backward, each loss weighted by ``share``.
+
+    The two forwards are separate (different adapters); backward each at once so only one graph is
+    alive at a time. Returns the losses and their stats.
+    """
+    input_ids, attention_mask = micro.sequences()
+    mask = micro.response_mask
+    logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
+    pg = policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range)
+    backward(pg[0] * share)
+    values = policy.critic_values(input_ids, attention_mask, micro.response_len)
+    vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
+    backward(vf[0] * share)
+    return _losses(pg, vf, entropy, mask)
+
+
+def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None]):
+    """``accumulate(micro_batch_size) -> stats``: zero grads, then forward/backward every micro-batch.
+
+    Each micro-batch's (token-mean) losses are weighted by its share of the mini-batch's response
+    tokens, so the accumulated gradient is the token-mean gradient of the whole mini-batch whatever
+    the micro-batch size: an OOM retry with halved micro-batches gives the same step. The optimizer
+    step is the caller's (see ``homerlhf.memory.oom``).
+    """
+    from homerlhf.memory.oom import maybe_raise
+
+    total_tokens = minibatch.response_mask.sum()
+
+    def accumulate(micro_batch_size: int) -> dict[str, float]:
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        stats: dict[str, float] = {}
+        for micro in minibatch.split(micro_batch_size):
+            maybe_raise(micro_batch_size)
+            share = micro.response_mask.sum() / total_tokens
+            if policy.shared_adapter:
+                out = micro_batch_losses(policy, micro, ppo)
+                backward((out["policy_loss"] + ppo.vf_coef * out["value_loss"]) * share)
+            else:
+                out = backward_separate_adapters(policy, micro, ppo, backward, share)
+            for key, value in out.items():
+                stats[key] = stats.get(key, 0.0) + float(value.detach()) * float(share)
+        return stats
+
+    return accumulate
+
+
+@dataclass
+class UpdateState:
+    """What survives between mini-batch steps (and an OOM backoff)."""
+
+    micro_batch_size: int
+    oom_retries: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
+                    state: UpdateState, guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
+    """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches).
+
+    With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
+    set in the stats); the guard raises once too many came in a row.
+    """
+    optimizers = (actor_opt, critic_opt)
+    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, accelerator.backward)
+    if cfg.training.dynamic_micro_batch:
+        from homerlhf.memory.oom import run_with_backoff
+
+        def on_retry(old: int, new: int, exc: BaseException) -> None:
+            state.oom_retries += 1
+            state.micro_batch_size = new
+
+        stats = run_with_backoff(accumulate, state.micro_batch_size, on_retry=on_retry, phase="update")
+    else:
+        stats = accumulate(state.micro_batch_size)
+    actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
+    critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
+    stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
+    stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
+    checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
+    if guard is not None and not guard.check({k: stats[k] for k in checked if k in stats}):
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        stats["skipped"] = 1.0
+        state.history.append(stats)
+        return stats
+    stats["skipped"] = 0.0
+    actor_opt.step()
+    critic_opt.step()
+    state.history.append(stats)
+    return stats
+
+
+def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
+               generator: torch.Generator, state: UpdateState,
+               guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
+    """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``."""
+    policy.train()
+    early_stopped = False
+    steps = []
+    for _ in range(cfg.ppo.epochs):
+        for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
+            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard))
+            if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
+                early_stopped = True
+                break
+        if early_stopped:
+            break
+    policy.eval()
+    taken = [s for s in steps if not s.get("skipped")] or steps  # skipped steps' stats are NaN/inf
+    out = {key: float(np.mean([s[key] for s in taken])) for key in steps[0] if key != "skipped"}
+    out["optimizer_steps"] = len(steps)
+    out["nonfinite_skipped_steps"] = sum(1 for s in steps if s.get("skipped"))
+    out["early_stopped"] = int(early_stopped)
+    return out

@@ -1,0 +1,43 @@
+"""Where rows come from: builtin names, missing or unreadable files, the row cap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from homerlhf.config import load_config
+from homerlhf.data.load import load_preferences, load_prompts, load_sft
+from homerlhf.errors import UserError
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_builtin_sources():
+    prompts, report = load_prompts("builtin:demo")
+    assert report.n_bad == 0 and len(prompts) == 120
+    pairs, _ = load_preferences("builtin:demo-pairs")
+    held, _ = load_preferences("builtin:demo-pairs-heldout")
+    assert not {p["prompt"][0]["content"] for p in pairs} & {p["prompt"][0]["content"] for p in held}
+    sft, _ = load_sft("builtin:demo-sft")
+    assert len(sft) == 600 and sft[0]["completion"][0]["role"] == "assistant"
+    with pytest.raises(UserError, match="unknown builtin dataset 'builtin:nope'"):
+        load_prompts("builtin:nope")
+
+
+def test_missing_file_and_bad_suffix(tmp_path):
+    with pytest.raises(UserError, match="dataset file not found"):
+        load_prompts(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(UserError, match="use a .jsonl, .json, .csv or .parquet file"):
+        load_prompts(str(tmp_path / "data.txt"))
+
+
+def test_max_rows(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(10)])
+    cfg = load_config("cpu-tiny", overrides=["data.max_rows=3"])
+    records, report = load_prompts(src, cfg.data)
+    assert len(records) == 3 and report.n_rows == 3

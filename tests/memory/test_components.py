@@ -1,0 +1,45 @@
+"""The byte counts of the plan's pieces against real bitsandbytes and torch objects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homerlhf.memory.components import adam_state_bytes, nf4_bytes_per_param
+
+
+def test_nf4_bytes_match_bitsandbytes():
+    import bitsandbytes.functional as F
+
+    weight = torch.randn(512, 1024)
+    for double_quant in (True, False):
+        packed, state = F.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
+        stored = packed.numel() * packed.element_size() + state.absmax.numel() * state.absmax.element_size()
+        if double_quant:
+            stored += state.state2.absmax.numel() * state.state2.absmax.element_size()
+        assert stored == pytest.approx(weight.numel() * nf4_bytes_per_param(double_quant), rel=1e-9)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit", "paged_adamw_8bit"])
+def test_optimizer_state_bytes_match_the_real_optimizers(optimizer):
+    import bitsandbytes as bnb
+
+    make = {"adamw": torch.optim.AdamW, "adamw_8bit": bnb.optim.AdamW8bit, "paged_adamw_8bit": bnb.optim.PagedAdamW8bit}
+    # A LoRA A (16 x 896), B (4864 x 16) and a value head (1 x 896, under the 8-bit size floor).
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in [(16, 896), (4864, 16), (1, 896)]]
+    opt = make[optimizer](params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    with pytest.warns(UserWarning) if optimizer.startswith("paged") else _nothing():
+        opt.step()
+    real = sum(v.numel() * v.element_size() for st in opt.state.values() for k, v in st.items()
+               if torch.is_tensor(v) and k != "step")
+    assert adam_state_bytes([p.numel() for p in params], optimizer) == real
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,90 @@
+"""Model names resolved: builtin names built once into the cache, local paths checked, hub ids passed
+through (``resolve_model``) or looked up in the hub cache (``resolve_model_dir``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from homerlhf.errors import UserError
+from homerlhf.models import registry
+from homerlhf.models.registry import cache_key, resolve_model, resolve_model_dir
+from homerlhf.paths import cache_dir
+
+
+def test_tiny_models_are_built_once_and_cached():
+    from transformers import AutoConfig
+
+    path = resolve_model("builtin:tiny-qwen2")
+    assert os.path.basename(path) == cache_key("tiny-qwen2")
+    assert AutoConfig.from_pretrained(path).model_type == "qwen2"
+    mtime = os.path.getmtime(os.path.join(path, "model.safetensors"))
+    assert resolve_model("builtin:tiny-qwen2") == path
+    assert os.path.getmtime(os.path.join(path, "model.safetensors")) == mtime
+    # nothing half-built is left next to it
+    assert not [p for p in os.listdir(os.path.dirname(path)) if p.startswith(".tmp-")]
+
+
+def test_other_names_pass_through(tmp_path):
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("builtin:nope", "unknown builtin model 'builtin:nope'"),
+    ("./no/such/dir", "does not exist"),
+    ("/no/such/model.gguf", "does not exist"),
+])
+def test_bad_names_are_one_line_errors(bad, fragment):
+    with pytest.raises(UserError, match=fragment) as err:
+        resolve_model(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_a_registered_builtin_is_built_once_per_recipe(tmp_path, monkeypatch):
+    recipe = tmp_path / "recipe.txt"
+    recipe.write_text("one")
+    builds = []
+
+    def build(out):
+        builds.append(out)
+        (out / "model").mkdir()
+
+    monkeypatch.setattr(registry, "_BUILTINS", dict(registry._BUILTINS))
+    registry.register_builtin("test-model", build, lambda: [recipe], finish=lambda built: built / "model")
+    assert "builtin:test-model" in registry.builtin_names()
+
+    first = resolve_model("builtin:test-model")
+    assert first.endswith("/model") and os.path.isdir(first) and len(builds) == 1
+    assert resolve_model("builtin:test-model") == first and len(builds) == 1
+    recipe.write_text("two")  # a changed recipe never reuses the old build
+    second = resolve_model("builtin:test-model")
+    assert second != first and len(builds) == 2
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    def build(out):
+        (out / "half-written").write_text("x")
+        raise RuntimeError("build failed")
+
+    monkeypatch.setattr(registry, "_BUILTINS", dict(registry._BUILTINS))
+    registry.register_builtin("test-broken", build, lambda: [tmp_path / "no-such-recipe"])
+    with pytest.raises(RuntimeError, match="build failed"):
+        resolve_model("builtin:test-broken")
+    assert not [p for p in os.listdir(cache_dir("builtin")) if p.startswith((".tmp-test-broken", "test-broken"))]
+
+
+def test_resolve_model_dir(tmp_path, tiny_llama_dir):
+    assert resolve_model_dir(str(tiny_llama_dir)) == tiny_llama_dir
+    assert resolve_model_dir("builtin:tiny-qwen2") == Path(resolve_model("builtin:tiny-qwen2"))
+    (tmp_path / "weights.bin").write_text("")
+    with pytest.raises(UserError, match="is a file; pass the HF model directory"):
+        resolve_model_dir(str(tmp_path / "weights.bin"))
+    with pytest.raises(UserError, match="does not exist; check the path"):
+        resolve_model_dir(str(tmp_path / "missing"))
+    # The suite runs offline: a hub id that is not in the hub cache is one line, not a traceback.
+    with pytest.raises(UserError, match="was not found locally and the hub is unreachable") as err:
+        resolve_model_dir("homerlhf-tests/no-such-model")
+    assert "\n" not in str(err.value)

@@ -1,0 +1,85 @@
+"""Side-by-side answers: the actor adapter on vs off, the same seed, reward scores from the run's RM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homerlhf.models.side_by_side import EvalModels, Sampling
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory as the trainer leaves it: resolved config and one checkpoint whose actor
+    adapter is perturbed (a fresh LoRA has B = 0 and would equal the reference exactly)."""
+    from homerlhf.config import load_config, to_yaml
+    from homerlhf.models.policy import PolicyModel
+    from homerlhf.models.registry import resolve_model
+    from homerlhf.tiny import build_sequence_classifier
+
+    root = tmp_path_factory.mktemp("eval-run")
+    rm_dir = build_sequence_classifier(root / "rm", arch="llama", seed=3)
+    cfg = load_config("cpu-tiny", None, [
+        "model.name_or_path=builtin:tiny-llama", "ref.backend=adapter_off",
+        "reward.backend=hf", f"reward.model={rm_dir}",
+    ])
+    (root / "config.yaml").write_text(to_yaml(cfg))
+    policy = PolicyModel.from_config(cfg, resolve_model(cfg.model.name_or_path))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name and ".actor." in name:
+                param.normal_(std=0.5)
+    policy.save(root / "checkpoints" / "iter_000001")
+    return root
+
+
+@pytest.mark.slow  # ~15 s idle, ~35 s on a busy 2-core machine
+def test_actor_and_reference_answer_with_scores(run_dir):
+    from homerlhf.errors import UserError
+    from homerlhf.ppo.backends import HFReward
+
+    from homerlhf.config import from_yaml_file
+    from homerlhf.stages.ppo import scoring_reward
+
+    cfg = from_yaml_file(run_dir / "config.yaml")
+    models = EvalModels(cfg, run_dir / "checkpoints" / "iter_000001", reward=scoring_reward)
+    sampling = Sampling(max_new_tokens=6, temperature=1.0, seed=7)
+    actor, ref = models.answer_both("Tell me about tea.", sampling)
+    assert actor.prompt_ids == ref.prompt_ids
+    assert 0 < len(actor.response_ids) <= 6 and 0 < len(ref.response_ids) <= 6
+    assert actor.response_ids != ref.response_ids  # the perturbed adapter changes the answer
+
+    # The same seed reproduces both answers exactly.
+    again = models.answer_both("Tell me about tea.", sampling)
+    assert (again[0].response_ids, again[1].response_ids) == (actor.response_ids, ref.response_ids)
+
+    # Scores are the run's reward model on exactly these ids.
+    rm = HFReward(str(run_dir / "rm"))
+    expected = rm.score([actor.prompt_ids, ref.prompt_ids], [actor.response_ids, ref.response_ids])
+    assert [actor.score, ref.score] == pytest.approx(expected, abs=1e-5)
+
+    # The reference is the base with the adapter off: a plain base model samples the same ids.
+    from homerlhf.models.policy import load_base
+    from homerlhf.models.registry import resolve_model
+
+    base = load_base(resolve_model("builtin:tiny-llama"), models.cfg)
+    torch.manual_seed(7)
+    ids = torch.tensor([ref.prompt_ids])
+    out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=True,
+                        temperature=1.0, top_p=1.0, top_k=0, pad_token_id=models.tokenizer.pad_token_id,
+                        eos_token_id=models.tokenizer.eos_token_id)
+    assert out[0, ids.shape[1]:].tolist()[: len(ref.response_ids)] == ref.response_ids
+
+    with pytest.raises(UserError, match="type a message"):
+        models.answer_both("  ", sampling)
+
+
+def test_without_a_reward_model_answers_are_unscored(run_dir):
+    from homerlhf.config import from_yaml_file
+
+    models = EvalModels(from_yaml_file(run_dir / "config.yaml"), run_dir / "checkpoints" / "iter_000001")
+    actor, ref = models.answer_both("Tell me about tea.", Sampling(max_new_tokens=3, seed=1))
+    assert models.reward is None and actor.score is None and ref.score is None
+    assert 0 < len(actor.response_ids) <= 3
+    models.close()

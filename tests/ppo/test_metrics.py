@@ -1,0 +1,70 @@
+"""The metrics row of an iteration, on a hand-built experience with hand-derived numbers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from homerlhf.ppo.collect import StageTimes
+from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, rollout_metrics, time_metrics
+
+PAD = 9.0  # at masked positions: must not reach any metric
+
+
+def _experience() -> Experience:
+    # Two responses: 3 tokens and 2 tokens (+1 padding); prompts of 2 and 1 tokens (left padded).
+    return Experience(
+        prompt_ids=torch.tensor([[5, 6], [0, 7]]),
+        prompt_mask=torch.tensor([[1, 1], [0, 1]]),
+        response_ids=torch.tensor([[8, 9, 2], [8, 2, 0]]),
+        response_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        logprobs=torch.zeros(2, 3), ref_logprobs=torch.zeros(2, 3),
+        values=torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, PAD]]),
+        scores=torch.tensor([1.0, 3.0]),
+        truncated=torch.tensor([True, False]),
+        rewards=torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, PAD]]),
+        kl=torch.tensor([[0.1, 0.0, 0.2], [0.3, 0.1, PAD]]),
+        advantages=torch.zeros(2, 3),
+        returns=torch.tensor([[1.0, 1.0, 2.0], [3.0, 5.0, PAD]]),
+    )
+
+
+def test_rollout_metrics_by_hand():
+    entropy = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, PAD]])
+    got = rollout_metrics(_experience(), torch.tensor([0.5, -0.5]), entropy, kl_coef=0.05)
+    # R - V over the 5 tokens: [1, 0, 0, 0, 1] (var 0.24); R: [1, 1, 2, 3, 5] (var 2.24), biased.
+    want = {
+        "score_mean": 2.0, "score_std": 2 ** 0.5, "score_used_mean": 0.0,
+        "reward_mean": (0.6 + 0.9) / 2, "kl_mean": (0.3 + 0.4) / 2, "kl_per_token": 0.7 / 5, "kl_coef": 0.05,
+        "entropy": 15 / 5, "value_mean": 10 / 5, "return_mean": 12 / 5, "explained_variance": 1 - 0.24 / 2.24,
+        "response_length_mean": 2.5, "truncated_fraction": 0.5,
+    }
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+
+
+def test_time_metrics_by_hand():
+    times = StageTimes(generation=2.0, scoring=0.5, reference_reward_wait=0.25, advantages=0.125, update=4.0)
+    got = time_metrics(times, _experience(), optimizer_steps=3, mini_batch_size=2, iteration_s=7.0)
+    # 5 response tokens, 8 with the prompts; the update trains 3 steps x 2 of the 2 rows' 8 tokens.
+    assert got == {
+        "time_generation_s": 2.0, "time_scoring_s": 0.5, "time_reference_reward_wait_s": 0.25,
+        "time_advantages_s": 0.125, "time_update_s": 4.0, "time_iteration_s": 7.0,
+        "tokens_per_s_generation": 2.5, "tokens_per_s_scoring": 16.0, "tokens_per_s_update": 8 * 3 * 2 / 2 / 4.0,
+    }
+
+
+def test_iteration_row_holds_every_part_in_the_documented_order():
+    update = {key: float(i) for i, key in enumerate(UPDATE_METRICS)}
+    update["entropy"] = 99.0  # the update's own entropy is not the row's (that is the rollout's)
+    entropy = torch.ones(2, 3)
+    row = iteration_metrics(4, _experience(), torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
+                            mini_batch_size=2, started=time.perf_counter() - 3.0)
+    assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
+    assert 3.0 <= row["time_iteration_s"] < 60.0
+    assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
+    assert set(METRIC_DESCRIPTIONS) - set(row) == {key for key in METRIC_DESCRIPTIONS if "_mem_" in key}

@@ -1,0 +1,59 @@
+"""The update stage on a real 4-bit tiny policy: an OOM retry with halved micro-batches gives the
+un-split step."""
+
+from __future__ import annotations
+
+import torch
+
+from homerlhf.models.policy import PolicyModel
+from homerlhf.ppo.advantages import compute_advantages
+from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+from homerlhf.ppo.collect import collect_experience
+from homerlhf.ppo.trainer import seed_everything
+from homerlhf.ppo.update import UpdateState, train_minibatch
+
+
+def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_dir, ppo_cfg, prompt_ids):
+    from accelerate import Accelerator
+
+    from homerlhf.memory.oom import inject_oom_at
+
+    cfg = ppo_cfg("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_new_tokens=6",
+               "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.max_grad_norm=1e6")
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    prompts = prompt_ids(policy.tokenizer, 8)
+    # The target token rewards rows unevenly, so advantages (and gradients) are far from uniform.
+    reward = CallableReward(lambda p, r: sum(t % 7 == 0 for t in r) / len(r))
+    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
+    exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
+    assert exp.response_mask.sum(dim=1).unique().numel() > 1 or exp.prompt_mask.sum(dim=1).unique().numel() > 1
+
+    params = policy.actor_parameters() + policy.critic_parameters()
+    start = [p.detach().clone() for p in params]
+    accelerator = Accelerator(cpu=True)
+
+    def one_step(inject: bool):
+        for p, s in zip(params, start):
+            p.data.copy_(s)
+        # Plain SGD: its step is proportional to the gradient, so any mis-weighting shows.
+        actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
+        critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
+        state = UpdateState(micro_batch_size=8)
+        policy.train()
+        if inject:
+            with inject_oom_at(micro_batch_size=8, times=1) as injector:
+                train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
+            assert injector.raised == [8]
+        else:
+            train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
+        return [p.detach().clone() for p in params], state
+
+    unsplit, state_a = one_step(inject=False)
+    retried, state_b = one_step(inject=True)
+    assert state_a.micro_batch_size == 8 and state_a.oom_retries == 0
+    assert state_b.micro_batch_size == 4 and state_b.oom_retries == 1
+    moved = max(float((u - s).abs().max()) for u, s in zip(unsplit, start))
+    assert moved > 1e-3  # the step really changed the LoRA weights
+    diff = max(float((u - r).abs().max()) for u, r in zip(unsplit, retried))
+    assert diff <= 1e-5, diff
