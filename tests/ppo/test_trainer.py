@@ -1,5 +1,5 @@
-"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, early stop and the shared
-adapter (OOM backoff: tests/ppo/test_update.py; checkpoints and resume: tests/ppo/test_checkpoint.py,
+"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, early stop, the shared
+adapter and the fp16 loss scale (OOM backoff: tests/ppo/test_update.py; checkpoints and resume: tests/ppo/test_checkpoint.py,
 tests/stages/test_resume.py)."""
 
 from __future__ import annotations

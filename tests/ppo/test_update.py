@@ -1,5 +1,6 @@
 """The update stage on a real 4-bit tiny policy: an OOM retry with halved micro-batches gives the
-un-split step."""
+un-split step; under fp16 compute the trainable weights and Adam moments are fp32 and the grad
+scaler's step is the unscaled one."""
 
 from __future__ import annotations
 

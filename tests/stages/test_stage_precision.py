@@ -1,5 +1,5 @@
-"""What the SFT and reward stages share, under fp16 compute (T4/Colab cards): real TRL trainers on a
-real NF4 tiny model, with the trainable weights the stage hands them.
+"""``homerlhf.stages.common`` under fp16 compute (T4/Colab cards): real TRL trainers on a real NF4
+tiny model, with the trainable weights the stage hands them (named apart from tests/app/test_common.py).
 
 The HF Trainer autocasts and scales the loss through accelerate, which does neither on a CPU; the
 step below runs the same torch.amp operations (fp16 autocast, ``GradScaler``) on the CPU by hand.
