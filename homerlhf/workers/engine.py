@@ -7,7 +7,8 @@ come in and go out; the engine never tokenizes text.
 - ref role, :meth:`Engine.logprobs`: per-token ``log p(response[t] | prompt, response[:t])`` at the
   request's sampling temperature: log-softmax of ``logits / temperature``, in float64, done here.
 - reward role, :meth:`Engine.score`: ``score_head · h_last (+ bias)`` where ``h_last`` is the last
-  token's post-norm hidden state (LAST pooling), as HF ``*ForSequenceClassification`` computes it.
+  token's post-norm hidden state (LAST pooling) of the sequence as sent, unpadded: the last
+  position where the attention mask would be 1, the rule of :mod:`homerlhf.models.scores`.
 
 Serving it over HTTP is :mod:`homerlhf.workers.server`.
 """
