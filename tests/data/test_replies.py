@@ -88,11 +88,13 @@ def test_builtin_tokenizer_and_a_base_tokenizer_without_template():
     assert ids[:len(prompt_ids(tok, PROMPT[1:]))] == prompt_ids(tok, PROMPT[1:])
 
 
-def test_tokenizer_with_template_end_but_no_eos_and_none_at_all(real_tokenizer_dirs):
+def test_turn_end_is_the_templates_token_else_eos_else_an_error(real_tokenizer_dirs):
     tok = AutoTokenizer.from_pretrained(str(real_tokenizer_dirs["gemma3"]))
-    assert turn_end_id(tok) == tok.convert_tokens_to_ids("<end_of_turn>")
+    tok.eos_token = "<eos>"  # a base checkpoint's EOS: the template still ends turns with its own token
+    assert turn_end_id(tok) == tok.convert_tokens_to_ids("<end_of_turn>") != tok.eos_token_id
     plain = build_tokenizer()
     plain.chat_template = None
+    assert turn_end_id(plain) == plain.eos_token_id
     plain.eos_token = None
     with pytest.raises(UserError, match="neither an end-of-turn token"):
         turn_end_id(plain)
