@@ -75,7 +75,11 @@ class CriticConfig(_Section):
 class RolloutConfig(_Section):
     batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
     chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
-    max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
+    max_prompt_len: int = Field(
+        256, ge=1,
+        description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
+        "turn and generation prompt kept) or dropped, as data.overlong says.",
+    )
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
@@ -150,7 +154,11 @@ class DataConfig(_Section):
     chosen_column: Optional[str] = Field(None, description="Column holding the chosen reply.")
     rejected_column: Optional[str] = Field(None, description="Column holding the rejected reply.")
     messages_column: Optional[str] = Field(None, description="Column holding a message list.")
-    overlong: Literal["truncate", "drop"] = Field("truncate", description="What to do with too-long rows.")
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description="Too-long rows: truncate (prompts: cut inside the last user message, dropped if even "
+        "that cannot fit; sft: the completion's end; rm: the start) or drop.",
+    )
     max_rows: Optional[int] = Field(None, ge=1, description="Use at most this many rows.")
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
 
