@@ -122,7 +122,11 @@ class PPOConfig(_Section):
         None, gt=0, description="Stop the epochs of an iteration once approx_kl exceeds this."
     )
     whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
-    score_norm: bool = Field(False, description="Normalise scores by a running mean/std.")
+    score_norm: bool = Field(
+        True,
+        description="Normalise scores by their running mean/std, so clip_range_value and kl_coef mean the "
+        "same for any reward model's scale.",
+    )
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
