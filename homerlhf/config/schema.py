@@ -46,7 +46,9 @@ class QuantConfig(_Section):
 class LoraConfig(_Section):
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
+    )
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
     )
