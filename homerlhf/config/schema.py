@@ -46,7 +46,9 @@ class QuantConfig(_Section):
 class LoraConfig(_Section):
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
+    )
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
     )
@@ -75,7 +77,11 @@ class CriticConfig(_Section):
 class RolloutConfig(_Section):
     batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
     chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
-    max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
+    max_prompt_len: int = Field(
+        256, ge=1,
+        description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
+        "turn and generation prompt kept) or dropped, as data.overlong says.",
+    )
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
@@ -118,7 +124,11 @@ class PPOConfig(_Section):
         None, gt=0, description="Stop the epochs of an iteration once approx_kl exceeds this."
     )
     whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
-    score_norm: bool = Field(False, description="Normalise scores by a running mean/std.")
+    score_norm: bool = Field(
+        True,
+        description="Normalise scores by their running mean/std, so clip_range_value and kl_coef mean the "
+        "same for any reward model's scale.",
+    )
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
@@ -150,7 +160,11 @@ class DataConfig(_Section):
     chosen_column: Optional[str] = Field(None, description="Column holding the chosen reply.")
     rejected_column: Optional[str] = Field(None, description="Column holding the rejected reply.")
     messages_column: Optional[str] = Field(None, description="Column holding a message list.")
-    overlong: Literal["truncate", "drop"] = Field("truncate", description="What to do with too-long rows.")
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description="Too-long rows: truncate (prompts: cut inside the last user message, dropped if even "
+        "that cannot fit; sft: the completion's end; rm: the start) or drop.",
+    )
     max_rows: Optional[int] = Field(None, ge=1, description="Use at most this many rows.")
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
 

@@ -259,8 +259,20 @@ class PolicyModel:
         return lora + list(self.value_head.parameters())
 
     def train(self, mode: bool = True) -> None:
-        self.model.train(mode)
-        self.value_head.train(mode)
+        """The update's mode: the forward of eval mode, with activation checkpointing.
+
+        PPO's ratio compares the update's forward with the rollout's, taken in eval mode; anything
+        random in training mode (LoRA dropout whatever ``actor.lora.dropout`` says, attention
+        dropout, router jitter) would move it off 1 before any step. So every module stays in eval
+        mode except those that checkpoint activations, which HF does only in training mode.
+        (SFT and RM train through TRL and keep their dropout.)
+        """
+        self.model.eval()
+        self.value_head.eval()
+        if mode:
+            for module in self.model.modules():
+                if getattr(module, "gradient_checkpointing", False) is True:
+                    module.training = True
 
     def eval(self) -> None:
         self.train(False)

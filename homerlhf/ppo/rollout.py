@@ -2,7 +2,8 @@
 
 A rollout batch is a left-padded prompt block (B, P) and a right-padded response block (B, T) whose
 mask is 1 up to and including each row's first stop token (any of the policy's stop set: EOS, the
-checkpoint's eos list, the chat template's end-of-turn token). Rows that hit ``max_new_tokens``
+checkpoint's eos list, the chat template's end-of-turn token). Prompts were fitted to
+``max_prompt_len`` when tokenised; a longer one is refused here, never cut. Rows that hit ``max_new_tokens``
 without one are ``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
 Sampling uses a complete generation config built from ``cfg.rollout`` alone
 (:func:`homerlhf.models.generation.build_generation_config`).
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RolloutConfig
+from homerlhf.errors import UserError
 from homerlhf.models.generation import build_generation_config
 from homerlhf.ppo.math import truncation_penalized_scores
 
@@ -77,11 +79,21 @@ def response_mask_and_truncated(response_ids: Tensor, stop_ids: Iterable[int]) -
     return mask, truncated
 
 
+def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_prompt_len: int) -> None:
+    """Refuse prompts longer than ``max_prompt_len``: ids are never cut here (that would drop BOS
+    and the system turn); :func:`homerlhf.data.tokens.tokenize_prompts` fits them while rendering."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) > max_prompt_len:
+            raise UserError(
+                f"prompt {i} has {len(prompt)} tokens, more than rollout.max_prompt_len={max_prompt_len}; "
+                "tokenise prompts with homerlhf.data.tokens.tokenize_prompts, which fits them"
+            )
+
+
 def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
     """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``."""
     tokenizer = policy.tokenizer
-    # Left truncation keeps the end of a prompt, where the generation prompt (assistant tag) sits.
-    prompts = [list(p)[-rollout.max_prompt_len :] for p in prompts]
+    check_prompt_lengths(prompts, rollout.max_prompt_len)
     prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
     policy.eval()
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,

@@ -40,6 +40,7 @@ from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.rng import capture_rng_state
+from homerlhf.ppo.rollout import check_prompt_lengths
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
 from homerlhf.ppo.update import UpdateState, build_optimizer, ppo_update
@@ -78,6 +79,7 @@ class PPOTrainer:
 
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
+        check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
         self.cfg = cfg
         self.policy = policy
         self.reference = reference

@@ -31,12 +31,17 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
-    """The configured prompt dataset, chat-templated and tokenised (left-truncated)."""
+    """The configured prompt dataset, chat-templated and tokenised to ``rollout.max_prompt_len`` at
+    most (over-long prompts cut inside their last user message or dropped, as ``data.overlong``
+    says; the load report is printed when any was)."""
     from homerlhf.data.load import load_prompts
     from homerlhf.data.tokens import tokenize_prompts
 
-    records, _report = load_prompts(cfg.data.prompts, cfg.data)
-    return tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len)
+    records, report = load_prompts(cfg.data.prompts, cfg.data)
+    ids = tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len, overlong=cfg.data.overlong, report=report)
+    if report.n_truncated or report.n_dropped:
+        print(report.summary())
+    return ids
 
 
 def _check_same_vocab(policy_tokenizer, reward_path: str) -> None:
