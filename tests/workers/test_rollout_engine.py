@@ -1,7 +1,8 @@
 """The llamacpp rollout engine on a real NF4 tiny policy: with an F32 KL-consistent export and the
-actor's LoRA swapped in, its behaviour log-probs are the trainer's old log-probs (1e-3 per token),
-before and after real PPO updates; with a q8_0 export the mismatch shows and the capped weights
-reach the loss. llama.cpp runs in a child process: a build that dies (SIGILL) fails one test."""
+actor's LoRA swapped in, its behaviour log-probs are the trainer's old log-probs (1e-3 per token, tiny
+Llama and Qwen2) before and after real PPO updates; with a q8_0 export the mismatch shows and the
+capped weights reach the loss. llama.cpp runs in a child process: a build that dies (SIGILL) fails
+one test."""
 
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ def _run(model_dir, outtype, run_dir, is_cap):
         pytest.fail(f"llama.cpp rollout engine: {exc.detail}; {exc.fix}", pytrace=False)
 
 
-def test_f32_engine_samples_with_the_live_adapter(tiny_llama_dir, tmp_path):
-    out = _run(tiny_llama_dir, "f32", tmp_path, 2.0)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # q/k rows permuted for llama's rope, not for qwen2's
+def test_f32_engine_samples_with_the_live_adapter(arch, request, tmp_path):
+    out = _run(request.getfixturevalue(f"tiny_{arch}_dir"), "f32", tmp_path, 2.0)
     before, after = out["before"], out["after"]
     assert before["tokens"] > 8 and after["tokens"] > 8
     # LoRA B starts at 0: the actor is its base; the engine matches it per token.
