@@ -27,6 +27,8 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Tokens / s", [r"tokens?[/_.]?per[/_.]?s|tokens?_s$|tok_s|throughput"]),
     ("Memory (GiB)", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
     ("Approx KL old→new policy", [r"approx_kl"]),
+    # How far the rollout engine sampled from the trainer's policy (docs/ppo_details.md, detail 18).
+    ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$"]),
 ]
 # Drawn on a second y axis of their panel: a coefficient is on another scale than the KL itself.
 SECONDARY = re.compile(r"coef", re.IGNORECASE)

@@ -91,6 +91,18 @@ class RolloutConfig(_Section):
     truncation_penalty: Optional[float] = Field(
         None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
     )
+    engine: Literal["hf", "llamacpp"] = Field(
+        "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
+        "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
+    )
+    engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
+        "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
+    engine_threads: int = Field(0, ge=0, description="llamacpp engine: threads (0: all cores).")
+    engine_f32_kv_cache: bool = Field(False, description="llamacpp engine: F32 KV cache (exact, slower) instead of F16.")
+    is_cap: Optional[float] = Field(
+        2.0, ge=1, description="Truncated importance weight min(exp(old - behaviour), is_cap) on each token's "
+        "policy loss (None: off, every weight 1).",
+    )
 
     @model_validator(mode="after")
     def _full_distribution(self) -> "RolloutConfig":

@@ -17,8 +17,10 @@ from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
-from homerlhf.ppo.rollout import RolloutBatch, apply_truncation_penalty, generate_rollout
+from homerlhf.ppo.importance import truncated_importance_weights
+from homerlhf.ppo.rollout import RolloutBatch, apply_truncation_penalty
 
 
 @dataclass
@@ -60,21 +62,25 @@ def collect_experience(
     reference: ReferenceBackend,
     reward: RewardBackend,
     *,
+    engine: Optional[RolloutEngine] = None,
     meter=None,
     times: Optional[StageTimes] = None,
 ) -> tuple[Experience, Tensor]:
     """Generate and score one iteration's batch, chunk by chunk, overlapping CPU scoring.
 
-    Returns the experience (scores are the raw backend scores with the truncation penalty
-    applied; rewards and advantages not yet computed) and the rollout entropy (B, T).
+    ``engine``: what samples (default: the actor's own ``generate``). Returns the experience
+    (scores are the raw backend scores with the truncation penalty applied; behaviour log-probs
+    and importance weights set; rewards and advantages not yet computed) and the rollout
+    entropy (B, T).
     """
     times = times if times is not None else StageTimes()
+    engine = engine if engine is not None else HFEngine(policy)
     pending = []
     for start in range(0, len(prompts), cfg.rollout.chunk_size):
         chunk = prompts[start : start + cfg.rollout.chunk_size]
         t0 = time.perf_counter()
         with phase(meter, "generation"):
-            batch = generate_rollout(policy, chunk, cfg.rollout)
+            batch = engine.generate(chunk, cfg.rollout)
         t1 = time.perf_counter()
         times.generation += t1 - t0
         prompt_lists, response_lists = batch.prompt_lists(), batch.response_lists()
@@ -93,12 +99,15 @@ def collect_experience(
         ref_logprobs = _pad_right(ref_future.result(), width, logprobs.device)
         raw_scores = torch.as_tensor(score_future.result(), dtype=torch.float32, device=logprobs.device)
         mask = batch.response_mask.to(logprobs.device)
+        # The trainer's own module sampled: its old log-probs are the behaviour policy's, exactly.
+        behaviour = logprobs if engine.shares_trainer_weights else batch.behaviour_logprobs.to(logprobs.device)
         parts.append(Experience(
             prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
             response_ids=batch.response_ids, response_mask=mask,
             logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=values * mask,
             scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
-            truncated=batch.truncated,
+            truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
+            is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
         ))
         entropies.append(entropy)
     times.reference_reward_wait += time.perf_counter() - t0

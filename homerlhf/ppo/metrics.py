@@ -18,6 +18,7 @@ from torch import Tensor
 from homerlhf.ppo.advantages import sequence_kl
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.importance import importance_metrics
 from homerlhf.ppo.math import explained_variance, masked_mean
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
@@ -49,6 +50,10 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",
     "response_length_mean": "Mean response length in tokens (EOS included).",
     "truncated_fraction": "Fraction of responses that hit rollout.max_new_tokens without EOS.",
+    "is_weight_mean": "Mean truncated importance weight min(exp(old - behaviour), rollout.is_cap) over response tokens (1 with the hf engine).",
+    "is_weight_max": "Largest truncated importance weight of the batch.",
+    "is_capped_fraction": "Fraction of response tokens whose importance ratio exceeded rollout.is_cap.",
+    "kl_behaviour_old": "Mean per-token k3 KL(rollout engine || trainer's old policy), nats (0 with the hf engine).",
     "time_generation_s": "Wall seconds spent sampling responses.",
     "time_scoring_s": "Wall seconds computing old log-probs and values with the actor and critic.",
     "time_reference_reward_wait_s": "Wall seconds waiting for reference log-probs and scores after the last chunk.",
@@ -90,7 +95,17 @@ def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: f
         "explained_variance": float(explained_variance(exp.values, exp.returns, mask)),
         "response_length_mean": float(mask.sum(dim=1).float().mean()),
         "truncated_fraction": float(exp.truncated.float().mean()),
+        **sampler_metrics(exp),
     }
+
+
+def sampler_metrics(exp: Experience) -> dict[str, float]:
+    """The rollout engine's distance from the trainer (:func:`homerlhf.ppo.importance.importance_metrics`);
+    none for an experience without behaviour log-probs."""
+    if exp.behaviour_logprobs is None or exp.is_weights is None:
+        return {}
+    stats = importance_metrics(exp.logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
+    return {key: float(value) for key, value in stats.items()}
 
 
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start

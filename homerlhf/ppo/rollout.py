@@ -12,14 +12,14 @@ Sampling uses a complete generation config built from ``cfg.rollout`` alone
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RolloutConfig
 from homerlhf.errors import UserError
-from homerlhf.models.generation import build_generation_config
+from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
 from homerlhf.ppo.math import truncation_penalized_scores
 
 
@@ -30,6 +30,9 @@ class RolloutBatch:
     response_ids: Tensor  # (B, T) long, right-padded with the pad id after the stop token
     response_mask: Tensor  # (B, T) long, 1 up to and including the first stop token
     truncated: Tensor  # (B,) bool, hit max_new_tokens without a stop token
+    # (B, T) float32 log-prob of each sampled token under the sampler's own distribution (the
+    # behaviour policy), 0 after the stop token; None when the sampler does not report it.
+    behaviour_logprobs: Optional[Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -98,11 +101,13 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     policy.eval()
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                                      stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
-    response_ids = policy.generate(prompt_ids, prompt_mask, config)
+    recorder = BehaviourLogprobs(rollout.temperature)
+    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder)
     response_mask, truncated = response_mask_and_truncated(response_ids, policy.stop_ids)
     # Generation pads finished rows with the pad id, which may be a stop token; the mask alone decides.
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)
-    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated)
+    behaviour = torch.where(response_mask.bool(), recorder.taken(response_ids), 0.0)
+    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated, behaviour)
 
 
 def apply_truncation_penalty(scores: Tensor, batch: RolloutBatch, rollout: RolloutConfig) -> Tensor:

@@ -34,6 +34,7 @@ from homerlhf.ppo.advantages import compute_advantages, normalized_scores, seque
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import StageTimes, collect_experience, phase
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
@@ -70,11 +71,13 @@ class PPOTrainer:
 
     ``prompts``: tokenised prompts (lists of ids), sampled without replacement in a seeded order.
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
+    ``engine``: what samples the rollouts (default: the actor's own ``generate``); it is synced with
+    the actor before every rollout.
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
-                 stop: Optional[StopRequested] = None):
+                 stop: Optional[StopRequested] = None, engine: Optional[RolloutEngine] = None):
         from accelerate import Accelerator
 
         if not prompts:
@@ -84,6 +87,7 @@ class PPOTrainer:
         self.policy = policy
         self.reference = reference
         self.reward = reward
+        self.engine = engine if engine is not None else HFEngine(policy)
         self.prompts = [list(p) for p in prompts]
         self.run_dir = Path(run_dir) if run_dir is not None else None
         # Mixed precision is ours (models.precision): accelerate's would scale the loss a second time.
@@ -164,8 +168,10 @@ class PPOTrainer:
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
-        exp, entropy = collect_experience(
-            self.policy, self.next_prompts(), self.cfg, self.reference, self.reward, meter=self.meter, times=times)
+        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
+        times.generation += time.perf_counter() - started
+        exp, entropy = collect_experience(self.policy, self.next_prompts(), self.cfg, self.reference, self.reward,
+                                          engine=self.engine, meter=self.meter, times=times)
         if self.stop.requested:
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.

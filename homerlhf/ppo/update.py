@@ -25,7 +25,8 @@ from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.errors import UserError
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
-from homerlhf.ppo.math import masked_mean, policy_loss, value_loss
+from homerlhf.ppo.importance import weighted_policy_loss
+from homerlhf.ppo.math import masked_mean, value_loss
 
 
 def build_optimizer(name: str, params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float):
@@ -58,7 +59,8 @@ def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, T
     input_ids, attention_mask = micro.sequences()
     logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, micro.response_len)
     mask = micro.response_mask
-    return _losses(policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range),
+    return _losses(weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
+                                        ppo.clip_range),
                    value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
 
 
@@ -72,7 +74,7 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     input_ids, attention_mask = micro.sequences()
     mask = micro.response_mask
     logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
-    pg = policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range)
+    pg = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
     backward(pg[0] * share)
     values = policy.critic_values(input_ids, attention_mask, micro.response_len)
     vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)

@@ -15,6 +15,7 @@ from homerlhf.config import RunConfig, to_yaml
 from homerlhf.errors import UserError
 from homerlhf.models.registry import resolve_model
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
@@ -89,6 +90,16 @@ def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
     return llamacpp_reward(cfg, policy.tokenizer, run_dir)
 
 
+def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> RolloutEngine:
+    """The configured rollout engine (``rollout.engine``): the actor's own generate, or llama.cpp
+    on the KL-consistent export with the actor's LoRA swapped in before every rollout."""
+    if cfg.rollout.engine == "hf":
+        return HFEngine(policy)
+    from homerlhf.workers.rollout_engine import llamacpp_engine
+
+    return llamacpp_engine(cfg, policy, policy_model_path, run_dir)
+
+
 def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     """The configured reward model for scoring outside a PPO run (side-by-side answers): in process
     for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model."""
@@ -146,8 +157,10 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
         if reward is None:
             reward = build_reward(cfg, policy, run_dir)
         stack.callback(reward.close)
+        engine = build_engine(cfg, policy, model_path, run_dir)
+        stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop)
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine)
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.

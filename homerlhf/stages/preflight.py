@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 BUILTIN = "builtin:"
 REF_SWITCH = "set ref.backend=adapter_off (the policy base with its adapters off is the reference)"
 REWARD_SWITCH = "set reward.backend=hf (the reward model runs in-process with transformers)"
+ENGINE_SWITCH = "set rollout.engine=hf (the actor samples with its own generate)"
+_SWITCHES = {"ref": REF_SWITCH, "reward": REWARD_SWITCH, "rollout": ENGINE_SWITCH}
+_SERVERS = {"ref": "ref worker", "reward": "reward worker", "rollout": "rollout engine"}
 
 
 def _hub_cached_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
@@ -58,13 +61,14 @@ def is_reward_export(name: str) -> bool:
 
 
 def check_exportable(config: dict, where: str, role: str, seq_len: int) -> None:
-    """The llama.cpp ``role`` worker can serve ``config``: a GGUF family exists and computes as HF does."""
+    """The llama.cpp ``role`` worker (or, role ``rollout``, the rollout engine) can serve ``config``: a
+    GGUF family exists and computes as HF does."""
     from homerlhf.workers.gguf.registry import FAMILIES, SUPPORTED_ARCHS, family_for
 
-    switch = REF_SWITCH if role == "ref" else REWARD_SWITCH
+    switch = _SWITCHES[role]
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
-        raise UserError(f"{where}: architecture {model_type!r} cannot be served by the llama.cpp {role} worker "
+        raise UserError(f"{where}: architecture {model_type!r} cannot be served by the llama.cpp {_SERVERS[role]} "
                         f"(GGUF export supports {', '.join(SUPPORTED_ARCHS)}); {switch}")
     try:
         family = family_for(config, where)
@@ -146,6 +150,8 @@ def check_run(cfg: "RunConfig") -> None:
         _check_reference(cfg, policy_config, cfg.ref.ctx or seq_len)
     if not cfg.reward.url:
         _check_reward(cfg, cfg.reward.ctx or seq_len)
+    if cfg.rollout.engine == "llamacpp" and policy_config is not None:
+        check_exportable(policy_config, cfg.model.name_or_path, "rollout", seq_len)
 
 
 def check_reward_stage(cfg: "RunConfig", base: str) -> None:
