@@ -225,7 +225,7 @@ def worker(
     model: Path = typer.Option(..., "--model", "-m", help="GGUF file (ref) or exported reward dir."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (non-loopback needs --token)."),
     port: int = typer.Option(0, "--port", help="Port (0: pick a free one and print it)."),
-    threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: auto)."),
+    threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: all physical cores)."),
     ctx: int = typer.Option(2048, "--ctx", help="Context length."),
     token: Optional[str] = typer.Option(None, "--token", help="Bearer token required on every request."),
     f32_kv_cache: bool = typer.Option(False, "--f32-kv-cache", help="F32 KV cache (HF-exact) instead of F16."),

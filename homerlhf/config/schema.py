@@ -138,7 +138,9 @@ class BackendConfig(_Section):
     token: Optional[str] = Field(None, description="Bearer token for a remote worker.")
     outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field("f16", description="GGUF export type.")
     from_nf4: bool = Field(True, description="Ref: export the dequantized NF4 base (KL-consistent).")
-    threads: int = Field(0, ge=0, description="llama.cpp threads (0: auto).")
+    threads: int = Field(
+        0, ge=0, description="llama.cpp threads (0: an even share of the physical cores with the run's other local "
+        "worker and the trainer on CPU).")
     ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
     f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from homerlhf.errors import UserError
+from homerlhf.memory.threads import run_thread_shares
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend, TokenIds
 from homerlhf.workers.client import WorkerClient, WorkerError, sequences_body
 from homerlhf.workers.process import WorkerProcess
@@ -193,7 +194,8 @@ def cached_reward_dir(model: str, outtype: str) -> Path:
 def _process(role: str, model: Path, rc: "BackendConfig", cfg: "RunConfig", run_dir) -> WorkerProcess:
     ctx = rc.ctx or (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens)
     log = Path(run_dir) / "workers" / f"{role}.log" if run_dir else None
-    return WorkerProcess(role, model, threads=rc.threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
+    threads = rc.threads or run_thread_shares(cfg).worker  # never every core for each worker
+    return WorkerProcess(role, model, threads=threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
 
 
 def gguf_as_reference(path: Path, tokenizer, vocab_rows: int) -> Path:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from homerlhf.errors import UserError
+from homerlhf.memory.threads import physical_cores
 from homerlhf.workers.vocab import vocab_fingerprint
 
 ROLES = ("ref", "reward")
@@ -113,7 +114,7 @@ class Engine:
         self.fingerprint = self.info.fingerprint
         self.kv_size = max(self.ctx_len, batch_tokens or 1024)
         self.max_seqs = max(1, min(max_seqs, llama_cpp.llama_max_parallel_sequences()))
-        self.threads = threads or max(1, os.cpu_count() or 1)
+        self.threads = threads or physical_cores()
         self.f32_kv_cache = f32_kv_cache
 
         _quiet_llama_logs()
@@ -178,6 +179,7 @@ class Engine:
             "n_ctx": self.ctx_len,
             "vocab_fingerprint": self.fingerprint,
             "f32_kv_cache": self.f32_kv_cache,
+            "threads": self._llama.llama_n_threads(self._ctx.ctx),  # what the context really uses
             "pid": os.getpid(),
             "busy_s": self.busy_s,
             "sequences_served": self.sequences_served,

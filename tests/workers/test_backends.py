@@ -19,9 +19,12 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples):
+def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples, monkeypatch):
+    from homerlhf.memory import threads
     from homerlhf.paths import cache_dir
 
+    # On a 6-core machine cpu-tiny's ref worker shares with the reward worker and the CPU trainer.
+    monkeypatch.setattr(threads, "physical_cores", lambda: 6)
     cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true", "rollout.temperature=0.7"])
     assert cfg.ref.from_nf4 and cfg.ref.outtype == "f32"
     backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
@@ -30,6 +33,7 @@ def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tm
         health = backend.health()
         assert health["role"] == "ref" and health["n_ctx"] == cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
         assert health["f32_kv_cache"] is True
+        assert health["threads"] == 2  # 6 cores // 3 sharers, read back from the llama.cpp context
         got = backend.submit_logprobs(*samples).result(timeout=60)
         assert [len(x) for x in got] == [len(r) for r in samples[1]]
         exports = sorted(cache_dir("gguf").glob("ref-*/ref.gguf"))
