@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.components import GIB, Assumptions, Component, overhead_components, persistent_components
+from homerlhf.memory.host import workers_host_bytes
 from homerlhf.memory.phases import PHASE_BUILDERS, PHASES
 from homerlhf.memory.shapes import ModelShape
 
@@ -97,6 +98,11 @@ class Plan:
     assumptions: Assumptions
     notes: list[str] = field(default_factory=list)
     suggestion: Optional[Suggestion] = None
+    workers: dict[str, list[Component]] = field(default_factory=dict)  # host RAM of each local llama.cpp worker
+
+    @property
+    def workers_host_gib(self) -> float:
+        return sum(c.bytes for comps in self.workers.values() for c in comps) / GIB
 
     @property
     def peak(self) -> PhasePlan:
@@ -146,6 +152,8 @@ class Plan:
             "suggestion": None if self.suggestion is None else self.suggestion.to_dict(),
             "assumptions": asdict(self.assumptions),
             "notes": self.notes,
+            "workers_host": {role: [c.to_dict() for c in comps] for role, comps in self.workers.items()},
+            "workers_host_gib": round(self.workers_host_gib, 4),
         }
 
 
@@ -232,6 +240,7 @@ def plan(
         phases=phases,
         assumptions=assumptions,
         notes=notes,
+        workers=workers_host_bytes(cfg, shape),
     )
     if with_suggestion and result.fits is False:
         from homerlhf.memory.search import suggest  # the search plans candidates: it imports this module

@@ -75,8 +75,32 @@ def print_plan(plan: Plan, console=None) -> None:
             console.print(
                 f"suggestion (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): {args}", highlight=False
             )
+    _print_workers(plan, console)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+
+
+def _print_workers(plan: Plan, console) -> None:
+    """Host RAM of the local llama.cpp workers, against this machine's."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not plan.workers:
+        return
+    table = Table(title="llama.cpp workers: host RAM", title_justify="left", show_footer=True)
+    table.add_column("worker", footer="total")
+    table.add_column("component")
+    table.add_column("GiB", justify="right", footer=_gib(plan.workers_host_gib))
+    table.add_column("note")
+    for role, comps in plan.workers.items():
+        for comp in comps:
+            table.add_row(role, escape(comp.name), _gib(comp.gib), escape(comp.note))
+    console.print(table)
+    import psutil
+
+    ram = psutil.virtual_memory().total / GIB
+    console.print(f"the workers need {plan.workers_host_gib:.2f} GiB of host RAM; this machine has {ram:.1f} GiB",
+                  highlight=False)
 
 
 def plan_figure(plan: Plan):
