@@ -22,6 +22,7 @@ from homerlhf.memory.threads import run_thread_shares
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend, TokenIds
 from homerlhf.workers.client import WorkerClient, WorkerError, sequences_body
 from homerlhf.workers.process import WorkerProcess
+from homerlhf.workers.tokens import client_token
 from homerlhf.workers.vocab import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -221,7 +222,8 @@ def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_
     fingerprint = tokenizer_fingerprint(tokenizer)
     temperature = cfg.rollout.temperature
     if rc.url:
-        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint, temperature=temperature)
+        return connect("ref", url=rc.url, token=client_token("ref", rc.token, rc.token_file), fingerprint=fingerprint,
+                       temperature=temperature)
     if rc.model and rc.model.endswith(".gguf"):
         gguf = gguf_as_reference(Path(rc.model).expanduser(), tokenizer, vocab_rows or len(tokenizer))
         return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None, temperature=temperature)
@@ -235,7 +237,7 @@ def llamacpp_reward(cfg: "RunConfig", tokenizer, run_dir) -> LlamaCppReward:
     rc = cfg.reward
     fingerprint = tokenizer_fingerprint(tokenizer)
     if rc.url:
-        return connect("reward", url=rc.url, token=rc.token, fingerprint=fingerprint)
+        return connect("reward", url=rc.url, token=client_token("reward", rc.token, rc.token_file), fingerprint=fingerprint)
     if not rc.model:
         raise UserError("reward.model is required for the llamacpp reward backend (a reward run dir or HF dir), or set reward.url")
     export_dir = cached_reward_dir(rc.model, rc.outtype)

@@ -55,12 +55,14 @@ def test_reward_factory_uses_a_run_dirs_own_export_and_remote_url(llama_rm_dir, 
     try:
         assert local.client.process.model == run / "gguf"
         want = local.score(*samples)
-        remote_cfg = load_config("cpu-tiny", None, [f"reward.url={local.client.url}"])
+        remote_cfg = load_config("cpu-tiny", None, [f"reward.url={local.client.url}",
+                                                    f"reward.token={local.client.process.token}"])
         remote = llamacpp_reward(remote_cfg, tokenizer, tmp_path / "ppo")
         assert remote.client.process is None
         assert remote.score(*samples) == pytest.approx(want, abs=1e-6)
         remote.close()
-        wrong_role = load_config("cpu-tiny", None, [f"ref.url={local.client.url}", "ref.from_nf4=false"])
+        wrong_role = load_config("cpu-tiny", None, [f"ref.url={local.client.url}", "ref.from_nf4=false",
+                                                    f"ref.token={local.client.process.token}"])
         with pytest.raises(UserError, match="serves role 'reward'"):
             llamacpp_reference(wrong_role, "unused", tokenizer, tmp_path / "ppo")
     finally:
@@ -68,10 +70,8 @@ def test_reward_factory_uses_a_run_dirs_own_export_and_remote_url(llama_rm_dir, 
 
 
 def test_remote_worker_with_token(llama_f32_gguf, tokenizer, tmp_path):
-    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log")
-    command = proc.command
-    proc.command = lambda: command() + ["--token", "tok"]
-    owner = connect("ref", process=proc, token="tok")
+    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log", token="tok")
+    owner = connect("ref", process=proc)
     try:
         with pytest.raises(UserError, match="rejected the token"):
             llamacpp_reference(load_config("cpu-tiny", None, [f"ref.url={proc.url}"]), "unused", tokenizer, tmp_path)
