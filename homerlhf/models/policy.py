@@ -321,19 +321,21 @@ class PolicyModel:
             return self._logprobs(hidden, input_ids, response_len)[0]
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config) -> Tensor:
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config, logits_processor=None) -> Tensor:
         """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
 
         ``generation_config``: a complete one from
         :func:`homerlhf.models.generation.build_generation_config`; nothing of the checkpoint's own
         generation config is used. Positions after a row's stop token hold the pad id.
+        ``logits_processor``: e.g. a :class:`homerlhf.models.sampling.PerSampleSampler`.
         """
         if generation_config.temperature != self.temperature:
             raise ValueError(f"sampling at temperature {generation_config.temperature} but log-probs are "
                              f"taken at {self.temperature}: build both from the same config")
         with self.use_adapter(ACTOR), checkpoint_defaults_off(self.model.get_base_model(), generation_config):
+            extra = {"logits_processor": [logits_processor]} if logits_processor is not None else {}
             out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                      generation_config=generation_config)
+                                      generation_config=generation_config, **extra)
         return out[:, prompt_ids.shape[1] :]
 
     # -- saving -------------------------------------------------------------------------------
