@@ -47,7 +47,9 @@ CLI_CASES = [
     ("config-file-is-a-dir", ["train", "--config", "{tmp}/empty"], 2, "cannot read config file"),
     ("option-not-a-number", ["worker", "--role", "ref", "--model", "{gguf}", "--port", "abc"], 2, "Invalid value for '--port'"),
     ("worker-unknown-role", ["worker", "--role", "critic", "--model", "{gguf}"], 2, "--role 'critic' is not known; use ref or reward"),
-    ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without --token"),
+    ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without a token"),
+    ("worker-token-in-argv", ["worker", "--role", "ref", "--model", "{gguf}", "--token", "s3cret"], 2, "--token puts the secret in the process list; set HOMERLHF_WORKER_TOKEN"),
+    ("worker-token-file-shared", ["worker", "--role", "ref", "--model", "{gguf}", "--token-file", "{tmp}/shared.token"], 2, "is readable by others (mode 0644); run `chmod 600"),
     ("worker-model-missing", ["worker", "--role", "ref", "--model", "{tmp}/none.gguf"], 2, "does not exist; export it first (homerlhf export ref)"),
     ("worker-ref-model-is-dir", ["worker", "--role", "ref", "--model", "{tmp}"], 2, "is a directory; the ref worker takes a .gguf file"),
     ("worker-not-a-gguf", ["worker", "--role", "ref", "--model", "{tmp}/fake.gguf"], 2, "is not a readable GGUF file"),
@@ -158,6 +160,8 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "nocol.jsonl").write_text('{"foo": 1}\n{"foo": 2}\n')
     (tmp / "garbage.jsonl").write_text("garbage\n{{{\n")
     (tmp / "empty").mkdir()
+    (tmp / "shared.token").write_text("s3cret\n")
+    (tmp / "shared.token").chmod(0o644)
     (tmp / "oldrun").mkdir()
     (tmp / "oldrun" / "config.yaml").write_text("seed: 0\n")
     (tmp / "oldrun" / "metrics.jsonl").write_text('{"iteration": 1}\n')
@@ -267,8 +271,8 @@ def worker_url(files):
     tmp, gguf = files["tmp"], files["gguf"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "homerlhf.cli", "worker", "--role", "ref", "--model", str(gguf), "--ctx", "48",
-         "--threads", "1", "--token", "secret", "--parent-pid", str(os.getpid())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tmp))
+         "--threads", "1", "--parent-pid", str(os.getpid())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**_env(tmp), "HOMERLHF_WORKER_TOKEN": "secret"})
     try:
         url = None
         for line in proc.stdout:

@@ -117,15 +117,16 @@ def suggestion_overrides(plan) -> list[str]:
 
 
 def verdict_markdown(plan) -> str:
-    mark = {True: "✅ ", False: "❌ ", None: ""}[plan.fits]
+    mark = {"fits": "✅ ", "tight": "⚠️ ", "over": "❌ ", None: ""}[plan.status]
     lines = [f"**{mark}{plan.verdict()}**"]
     if plan.fits is False:
         if plan.suggestion is None:
-            lines.append("No setting in the search fits: use a smaller model or a larger card.")
+            lines.append("No setting in the search fits with 10% of the card free: use a smaller model or a larger card.")
         else:
             sug = plan.suggestion
-            lines.append(f"**Suggestion** (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): "
-                         f"`{' '.join(sug.set_args)}` — press *Apply suggestion*.")
+            restores = "restores the margin" if plan.status == "tight" else "fits"
+            lines.append(f"**Suggestion** that {restores} (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB "
+                         f"headroom): `{' '.join(sug.set_args)}` — press *Apply suggestion*.")
     lines += [f"Note: {note}" for note in plan.notes]
     return "\n\n".join(lines)
 

@@ -157,10 +157,15 @@ class BackendConfig(_Section):
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
     url: Optional[str] = Field(None, description="Use a running worker at this URL instead of spawning one.")
-    token: Optional[str] = Field(None, description="Bearer token for a remote worker.")
+    token: Optional[str] = Field(
+        None, description="Bearer token of a remote worker; never written to disk (config.yaml and checkpoints "
+        "say <redacted>). Prefer HOMERLHF_REF_TOKEN / HOMERLHF_REWARD_TOKEN or token_file.")
+    token_file: Optional[str] = Field(None, description="File holding the remote worker's bearer token (mode 0600).")
     outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field("f16", description="GGUF export type.")
     from_nf4: bool = Field(True, description="Ref: export the dequantized NF4 base (KL-consistent).")
-    threads: int = Field(0, ge=0, description="llama.cpp threads (0: auto).")
+    threads: int = Field(
+        0, ge=0, description="llama.cpp threads (0: an even share of the physical cores with the run's other local "
+        "worker and the trainer on CPU).")
     ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
     f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
 

@@ -336,21 +336,25 @@ class PolicyModel:
             return self._logprobs(hidden, input_ids, response_len)[0]
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config, recorder=None) -> Tensor:
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config, recorder=None,
+                 logits_processor=None) -> Tensor:
         """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
 
         ``generation_config``: a complete one from
         :func:`homerlhf.models.generation.build_generation_config`; nothing of the checkpoint's own
         generation config is used. Positions after a row's stop token hold the pad id.
-        ``recorder``: a :class:`homerlhf.models.generation.BehaviourLogprobs` to run as a logits processor.
+        ``recorder``: a :class:`homerlhf.models.generation.BehaviourLogprobs` to run as a logits processor,
+        first, on the raw logits; ``logits_processor``: then e.g. a
+        :class:`homerlhf.models.sampling.PerSampleSampler`.
         """
         if generation_config.temperature != self.temperature:
             raise ValueError(f"sampling at temperature {generation_config.temperature} but log-probs are "
                              f"taken at {self.temperature}: build both from the same config")
         with self.use_adapter(ACTOR), checkpoint_defaults_off(self.model.get_base_model(), generation_config):
+            processors = [p for p in (recorder, logits_processor) if p is not None]
+            extra = {"logits_processor": processors} if processors else {}
             out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                      generation_config=generation_config,
-                                      logits_processor=[recorder] if recorder is not None else None)
+                                      generation_config=generation_config, **extra)
         return out[:, prompt_ids.shape[1] :]
 
     # -- saving -------------------------------------------------------------------------------

@@ -3,6 +3,11 @@
 Prompts are generated ``rollout.chunk_size`` at a time; chunk k's reference log-probs and scores
 are submitted to their backends (CPU workers) before chunk k's old log-probs and values are
 computed and chunk k+1 is generated, so CPU scoring runs while the GPU works.
+
+An out-of-memory error halves the rollout chunk (down to 1) for the rest of the run
+(:class:`RolloutState`): in generation the chunk is generated again in halves, in scoring the
+generated chunk is scored in halves. With per-sample ``seeds`` the samples are the same whatever
+the chunk size (:mod:`homerlhf.models.sampling`), so a redo changes no sample.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ class StageTimes:
     update: float = 0.0
 
 
+@dataclass
+class RolloutState:
+    """What survives between chunks and iterations: the rollout chunk in use and the OOM redos."""
+
+    chunk_size: int
+    oom_retries_generation: int = 0
+    oom_retries_scoring: int = 0
+
+
 def phase(meter, name: str):
     """``meter.phase(name)`` (peak memory of a phase), or nothing without a meter."""
     return meter.phase(name) if meter is not None else contextlib.nullcontext()
@@ -55,6 +69,38 @@ def score_with_policy(policy, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tens
     return logprobs.detach(), entropy.detach(), values.detach()
 
 
+def score_in_chunks(policy, batch: RolloutBatch, state: RolloutState) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`score_with_policy` over ``batch`` in pieces of ``state.chunk_size`` rows, halving it on OOM."""
+    from homerlhf.memory.oom import halved_after_oom
+
+    pieces, start = [], 0
+    while start < len(batch):
+        end = min(len(batch), start + state.chunk_size)
+        try:
+            pieces.append(score_with_policy(policy, batch.rows(start, end)))
+        except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+            state.chunk_size = halved_after_oom(exc, min(state.chunk_size, end - start), "scoring")
+            state.oom_retries_scoring += 1
+            continue
+        start = end
+    logprobs, entropy, values = (torch.cat(parts) for parts in zip(*pieces))
+    return logprobs, entropy, values
+
+
+def generate_chunk(engine: RolloutEngine, prompts, seeds, cfg: RunConfig, state: RolloutState) -> RolloutBatch:
+    """The rollout of the next ``state.chunk_size`` of ``prompts`` by ``engine`` (fewer after an OOM:
+    it halves)."""
+    from homerlhf.memory.oom import halved_after_oom
+
+    while True:
+        n = min(len(prompts), state.chunk_size)
+        try:
+            return engine.generate(prompts[:n], cfg.rollout, seeds=None if seeds is None else seeds[:n])
+        except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+            state.chunk_size = halved_after_oom(exc, n, "generation")
+            state.oom_retries_generation += 1
+
+
 def collect_experience(
     policy,
     prompts: Sequence[Sequence[int]],
@@ -65,22 +111,27 @@ def collect_experience(
     engine: Optional[RolloutEngine] = None,
     meter=None,
     times: Optional[StageTimes] = None,
+    seeds: Optional[Sequence[int]] = None,
+    state: Optional[RolloutState] = None,
 ) -> tuple[Experience, Tensor]:
     """Generate and score one iteration's batch, chunk by chunk, overlapping CPU scoring.
 
-    ``engine``: what samples (default: the actor's own ``generate``). Returns the experience
-    (scores are the raw backend scores with the truncation penalty applied; behaviour log-probs
-    and importance weights set; rewards and advantages not yet computed) and the rollout
-    entropy (B, T).
+    ``engine``: what samples (default: the actor's own ``generate``). ``seeds``: one per prompt
+    (see :func:`homerlhf.ppo.rollout.generate_rollout`). ``state``: the chunk size in use and the
+    OOM redos (kept by the trainer across iterations; default: a fresh one at
+    ``rollout.chunk_size``). Returns the experience (scores are the raw backend scores with the
+    truncation penalty applied; behaviour log-probs and importance weights set; rewards and
+    advantages not yet computed) and the rollout entropy (B, T).
     """
     times = times if times is not None else StageTimes()
     engine = engine if engine is not None else HFEngine(policy)
-    pending = []
-    for start in range(0, len(prompts), cfg.rollout.chunk_size):
-        chunk = prompts[start : start + cfg.rollout.chunk_size]
+    state = state if state is not None else RolloutState(cfg.rollout.chunk_size)
+    pending, start = [], 0
+    while start < len(prompts):
         t0 = time.perf_counter()
         with phase(meter, "generation"):
-            batch = engine.generate(chunk, cfg.rollout)
+            batch = generate_chunk(engine, prompts[start:], None if seeds is None else seeds[start:], cfg, state)
+        start += len(batch)
         t1 = time.perf_counter()
         times.generation += t1 - t0
         prompt_lists, response_lists = batch.prompt_lists(), batch.response_lists()
@@ -88,7 +139,7 @@ def collect_experience(
         with phase(meter, "scoring"):
             ref_future = reference.submit_logprobs(prompt_lists, response_lists)
             score_future = reward.submit_score(prompt_lists, response_lists)
-            logprobs, entropy, values = score_with_policy(policy, batch)
+            logprobs, entropy, values = score_in_chunks(policy, batch, state)
         times.scoring += time.perf_counter() - t1
         pending.append((batch, logprobs, entropy, values, ref_future, score_future))
 

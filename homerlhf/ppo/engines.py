@@ -16,7 +16,7 @@ holding a copy of the actor's weights can take the current ones.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from homerlhf.config.schema import RolloutConfig
 from homerlhf.ppo.rollout import RolloutBatch, generate_rollout
@@ -33,8 +33,10 @@ class RolloutEngine:
     def sync(self, policy) -> None:
         """Take the actor's current weights (called before every rollout)."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
-        """Prompts (left-truncated to ``rollout.max_prompt_len``) -> a batch with ``behaviour_logprobs``."""
+    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
+                 seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
+        """Prompts (at most ``rollout.max_prompt_len`` ids each) -> a batch with ``behaviour_logprobs``.
+        ``seeds``: one per prompt, for engines that draw each sample from a stream of its own."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -54,5 +56,6 @@ class HFEngine(RolloutEngine):
     def sync(self, policy) -> None:
         self.policy = policy
 
-    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
-        return generate_rollout(self.policy, prompts, rollout)
+    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
+                 seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
+        return generate_rollout(self.policy, prompts, rollout, seeds=seeds)

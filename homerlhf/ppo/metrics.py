@@ -48,6 +48,9 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
     "micro_batch_size": "Micro-batch size in use at the end of the iteration (lower after an OOM backoff).",
     "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",
+    "rollout_chunk_size": "Rollout chunk in use at the end of the iteration (lower after an OOM in generation or scoring).",
+    "oom_retries_generation": "Times an out-of-memory error in generation halved the rollout chunk this iteration.",
+    "oom_retries_scoring": "Times an out-of-memory error in scoring halved the rollout chunk this iteration.",
     "response_length_mean": "Mean response length in tokens (EOS included).",
     "truncated_fraction": "Fraction of responses that hit rollout.max_new_tokens without EOS.",
     "is_weight_mean": "Mean truncated importance weight min(exp(old - behaviour), rollout.is_cap) over response tokens (1 with the hf engine).",
@@ -122,7 +125,7 @@ def kl_ref_start(exp: Experience) -> float:
 
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
                   "grad_norm_critic", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
-                  "micro_batch_size", "oom_retries")
+                  "micro_batch_size", "oom_retries", "rollout_chunk_size", "oom_retries_generation", "oom_retries_scoring")
 OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
 
 
@@ -150,7 +153,8 @@ def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: 
                       started: float) -> dict[str, Any]:
     """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
 
-    ``update``: ``ppo_update``'s stats plus ``micro_batch_size`` and ``oom_retries``; ``started``:
+    ``update``: ``ppo_update``'s stats plus the OOM bookkeeping (``micro_batch_size``, ``oom_retries``,
+    ``rollout_chunk_size``, ``oom_retries_generation``, ``oom_retries_scoring``); ``started``:
     ``time.perf_counter()`` at the iteration's start.
     """
     row: dict[str, Any] = {

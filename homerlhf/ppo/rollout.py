@@ -20,6 +20,7 @@ from torch import Tensor
 from homerlhf.config.schema import RolloutConfig
 from homerlhf.errors import UserError
 from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
+from homerlhf.models.sampling import PerSampleSampler
 from homerlhf.ppo.math import truncation_penalized_scores
 
 
@@ -44,6 +45,11 @@ class RolloutBatch:
     def response_lists(self) -> list[list[int]]:
         """Response ids up to and including the stop token, one list per sample."""
         return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
+
+    def rows(self, start: int, end: int) -> "RolloutBatch":
+        """Samples ``start:end`` (same padded widths)."""
+        return RolloutBatch(self.prompt_ids[start:end], self.prompt_mask[start:end], self.response_ids[start:end],
+                            self.response_mask[start:end], self.truncated[start:end])
 
     def sequences(self) -> tuple[Tensor, Tensor]:
         """``(input_ids, attention_mask)``, each (B, P + T): prompt then response."""
@@ -93,8 +99,13 @@ def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_prompt_len: int) 
             )
 
 
-def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
-    """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``."""
+def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
+                     seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
+    """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``.
+
+    ``seeds``: one per prompt; each sample then draws from a generator of its own, so its response
+    does not depend on the other prompts of the chunk (:mod:`homerlhf.models.sampling`). Without
+    them sampling uses torch's global generator."""
     tokenizer = policy.tokenizer
     check_prompt_lengths(prompts, rollout.max_prompt_len)
     prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
@@ -102,7 +113,8 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                                      stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
     recorder = BehaviourLogprobs(rollout.temperature)
-    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder)
+    sampler = PerSampleSampler(seeds, rollout.temperature, policy.device) if seeds is not None else None
+    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder, logits_processor=sampler)
     response_mask, truncated = response_mask_and_truncated(response_ids, policy.stop_ids)
     # Generation pads finished rows with the pad id, which may be a stop token; the mask alone decides.
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)

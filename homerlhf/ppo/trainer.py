@@ -33,14 +33,14 @@ from homerlhf.models.precision import loss_scaler
 from homerlhf.ppo.advantages import compute_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
-from homerlhf.ppo.collect import StageTimes, collect_experience, phase
+from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
 from homerlhf.ppo.resuming import truncate_logs
-from homerlhf.ppo.rng import capture_rng_state
+from homerlhf.ppo.rng import capture_rng_state, sample_seeds
 from homerlhf.ppo.rollout import check_prompt_lengths
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
@@ -103,6 +103,7 @@ class PPOTrainer:
         self.data_epoch = 0
         self.data_cursor = 0
         self.update_state = UpdateState(cfg.ppo.micro_batch_size)
+        self.rollout_state = RolloutState(cfg.rollout.chunk_size)
         self.guard = NonFiniteGuard(cfg.training.max_nonfinite_steps)
         # The stage installs the signal handlers; a bare trainer only stops when asked in code.
         self.stop = stop if stop is not None else StopRequested()
@@ -138,6 +139,7 @@ class PPOTrainer:
             "data_epoch": self.data_epoch,
             "data_cursor": self.data_cursor,
             "micro_batch_size": self.update_state.micro_batch_size,
+            "rollout_chunk_size": self.rollout_state.chunk_size,
         }
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -170,8 +172,11 @@ class PPOTrainer:
         started = time.perf_counter()
         self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
         times.generation += time.perf_counter() - started
-        exp, entropy = collect_experience(self.policy, self.next_prompts(), self.cfg, self.reference, self.reward,
-                                          engine=self.engine, meter=self.meter, times=times)
+        prompts = self.next_prompts()
+        redos_before = (self.rollout_state.oom_retries_generation, self.rollout_state.oom_retries_scoring)
+        exp, entropy = collect_experience(
+            self.policy, prompts, self.cfg, self.reference, self.reward, engine=self.engine, meter=self.meter,
+            times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(prompts)), state=self.rollout_state)
         if self.stop.requested:
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
@@ -179,7 +184,9 @@ class PPOTrainer:
             return None
         kl_coef = float(self.kl_ctl.value)
         exp, scores = self.advantages(exp, kl_coef, times)
-        update = self.update(exp, times)
+        update = {**self.update(exp, times), "rollout_chunk_size": self.rollout_state.chunk_size,
+                  "oom_retries_generation": self.rollout_state.oom_retries_generation - redos_before[0],
+                  "oom_retries_scoring": self.rollout_state.oom_retries_scoring - redos_before[1]}
         self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started)
@@ -275,6 +282,7 @@ class PPOTrainer:
         self.data_epoch = int(counters["data_epoch"])
         self.data_cursor = int(counters["data_cursor"])
         self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
+        self.rollout_state.chunk_size = int(counters.get("rollout_chunk_size", self.rollout_state.chunk_size))
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
             for group in optimizer.param_groups:

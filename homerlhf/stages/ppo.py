@@ -112,6 +112,24 @@ def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     return llamacpp_reward(cfg, tokenizer, run_dir=None)
 
 
+@contextlib.contextmanager
+def trainer_threads(cfg: RunConfig):
+    """torch's CPU threads for a trainer on CPU: its share of the physical cores next to the local
+    workers (restored afterwards; a GPU trainer's are left alone)."""
+    import torch
+
+    from homerlhf.memory.threads import run_thread_shares
+
+    share = run_thread_shares(cfg).trainer
+    before = torch.get_num_threads()
+    if share:
+        torch.set_num_threads(share)
+    try:
+        yield share
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
             overwrite: bool = False, *, reward: Optional[RewardBackend] = None,
             stop=None) -> dict[str, Any]:
@@ -152,6 +170,7 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(trainer_threads(cfg))
         reference = build_reference(cfg, policy, model_path, run_dir)
         stack.callback(reference.close)
         if reward is None:

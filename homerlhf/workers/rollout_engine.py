@@ -26,7 +26,7 @@ import torch
 
 from homerlhf.config.schema import RolloutConfig
 from homerlhf.ppo.engines import RolloutEngine
-from homerlhf.ppo.rollout import RolloutBatch, pad_sequences
+from homerlhf.ppo.rollout import RolloutBatch, check_prompt_lengths, pad_sequences
 from homerlhf.workers.engine import _quiet_llama_logs
 from homerlhf.workers.gguf.lora import write_lora_gguf
 
@@ -149,10 +149,13 @@ class LlamaCppEngine(RolloutEngine):
             at = {s: j for j, s in enumerate(active)}
         return responses, logps
 
-    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
+    def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
+                 seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
+        """``seeds`` are not used: the engine draws from one stream seeded from torch's."""
         if rollout.max_new_tokens > self.max_new_tokens:
             raise ValueError(f"max_new_tokens {rollout.max_new_tokens} exceeds the engine's {self.max_new_tokens}")
-        prompts = [list(p)[-rollout.max_prompt_len:] for p in prompts]
+        check_prompt_lengths(prompts, rollout.max_prompt_len)
+        prompts = [list(p) for p in prompts]
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,))))
         responses, logps = [], []
         for start in range(0, len(prompts), self.max_seqs):

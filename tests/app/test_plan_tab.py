@@ -26,6 +26,14 @@ def test_applying_the_suggestion_makes_the_plan_fit():
     assert plan_tab.verdict_markdown(fixed).startswith("**✅ fits")
 
 
+def test_a_tight_plan_is_flagged_unverified_with_the_suggestion_that_restores_the_margin():
+    cfg = plan_tab.resolved_config("4090", "", "model.name_or_path=Qwen2.5-7B", None)
+    plan = plan_tab.compute_plan(cfg, 14.5)  # peak 13.21 GiB: under the card, 8.9% free
+    text = plan_tab.verdict_markdown(plan)
+    assert plan.status == "tight" and text.startswith("**⚠️ tight (unverified)")
+    assert "**Suggestion** that restores the margin" in text and plan_tab.suggestion_overrides(plan)
+
+
 def test_table_rows_add_up_to_the_phase_totals():
     cfg = plan_tab.resolved_config("4090", "Qwen2.5-1.5B", "", "builtin:demo-sft")
     plan = plan_tab.compute_plan(cfg, None)

@@ -90,3 +90,18 @@ def test_a_bad_model_path_leaves_no_run_behind(tiny_rm_dir, tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         run_ppo(_cfg(tmp_path / "no-such-model", tiny_rm_dir), out_dir=run_dir)
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_cpu_trainer_runs_on_its_share_of_the_cores_and_restores_torchs(monkeypatch):
+    import torch
+
+    from homerlhf.memory import threads
+    from homerlhf.stages.ppo import trainer_threads
+
+    monkeypatch.setattr(threads, "physical_cores", lambda: 7)
+    before = torch.get_num_threads()
+    with trainer_threads(load_config("cpu-tiny", None, [])) as share:
+        assert share == 3 and torch.get_num_threads() == 3  # 7 cores: workers 2 + 2, trainer 3
+    assert torch.get_num_threads() == before
+    with trainer_threads(load_config("cpu-tiny", None, ["card.device=cuda"])) as share:
+        assert share == 0 and torch.get_num_threads() == before  # a GPU trainer's torch is left alone
