@@ -144,6 +144,14 @@ def collect_experience(
         pending.append((batch, logprobs, entropy, values, ref_future, score_future))
 
     t0 = time.perf_counter()
+    out = _assemble(pending, cfg, engine, policy.tokenizer.pad_token_id)
+    times.reference_reward_wait += time.perf_counter() - t0
+    return out
+
+
+def _assemble(pending, cfg: RunConfig, engine: RolloutEngine, pad_id: int) -> tuple[Experience, Tensor]:
+    """Wait for each chunk's reference log-probs and scores and build the iteration's experience
+    (behaviour log-probs and importance weights included) and rollout entropy."""
     parts, entropies = [], []
     for batch, logprobs, entropy, values, ref_future, score_future in pending:
         width = batch.response_ids.shape[1]
@@ -161,8 +169,6 @@ def collect_experience(
             is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
         ))
         entropies.append(entropy)
-    times.reference_reward_wait += time.perf_counter() - t0
-    pad_id = policy.tokenizer.pad_token_id
     width = max(e.shape[1] for e in entropies)
     entropy = torch.cat([torch.nn.functional.pad(e, (0, width - e.shape[1])) for e in entropies])
     return Experience.cat(parts, pad_id), entropy
