@@ -122,6 +122,20 @@ class PPOConfig(_Section):
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    group_size: int = Field(
+        1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
+    )
+    dr_grpo: bool = Field(
+        False, description="grpo: Dr. GRPO (no std scaling of advantages, loss divided by B * max_new_tokens)."
+    )
+    loss_aggregation: Optional[Literal["token_mean", "seq_mean_token_mean", "constant"]] = Field(
+        None, description="grpo/rloo: per-token losses to one number (None: seq_mean_token_mean for grpo, "
+        "constant for Dr. GRPO, token_mean for rloo)."
+    )
+    kl_in: Optional[Literal["reward", "loss"]] = Field(
+        None, description="Where the KL to the reference goes: 'reward' (per token, k1/k3 as kl_estimator) or "
+        "'loss' (k3 per token, grpo/rloo only). None: 'loss' for grpo, 'reward' for ppo and rloo."
+    )
 
 
 class BackendConfig(_Section):
@@ -234,6 +248,10 @@ class RunConfig(_Section):
     """A whole run. Loaded from a preset, then a user YAML, then --set overrides."""
 
     preset: str = Field("cpu-tiny", description="The preset this config started from.")
+    algorithm: Literal["ppo", "grpo", "rloo"] = Field(
+        "ppo", description="ppo: actor + critic (GAE); grpo / rloo: critic-free, advantages from ppo.group_size "
+        "samples per prompt (no critic adapter or value head is loaded)."
+    )
     description: str = Field("", description="One line about the preset.")
     seed: int = Field(0, description="Seed for python, numpy and torch.")
     output_dir: str = Field("runs/latest", description="Run directory.")
@@ -265,6 +283,7 @@ class RunConfig(_Section):
                 f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
+        self._check_groups()
         if self.ref.backend == "hf":
             raise ValueError("ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'")
         if self.reward.backend == "adapter_off":
@@ -272,3 +291,33 @@ class RunConfig(_Section):
         if not self.reward.model and not self.reward.url:
             raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
         return self
+
+    def _check_groups(self) -> None:
+        group = self.ppo.group_size
+        if self.algorithm != "ppo" and group < 2:
+            raise ValueError(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+        if self.rollout.batch_size % group:
+            raise ValueError(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
+                             f"({group}): each prompt is sampled group_size times")
+        if self.algorithm == "ppo" and (self.ppo.kl_in == "loss" or self.ppo.dr_grpo or self.ppo.loss_aggregation):
+            raise ValueError("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
+                             "set algorithm: grpo (or rloo) or leave them unset")
+
+    @property
+    def has_critic(self) -> bool:
+        """PPO trains a critic; GRPO and RLOO load none."""
+        return self.algorithm == "ppo"
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """True when the KL to the reference is a loss term (k3) rather than a reward penalty."""
+        return (self.ppo.kl_in or ("loss" if self.algorithm == "grpo" else "reward")) == "loss"
+
+    @property
+    def loss_aggregation(self) -> str:
+        """How the actor's per-token losses become one number (PPO: ``token_mean``)."""
+        if self.ppo.loss_aggregation:
+            return self.ppo.loss_aggregation
+        if self.algorithm == "grpo":
+            return "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
+        return "token_mean"

@@ -27,7 +27,7 @@ from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import ModelShape, shape_from_config
-from homerlhf.ppo.advantages import compute_advantages, normalized_scores, sequence_kl
+from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import StageTimes, collect_experience, phase
@@ -39,7 +39,7 @@ from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.rng import capture_rng_state
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
-from homerlhf.ppo.update import UpdateState, build_optimizer, ppo_update
+from homerlhf.ppo.update import GroupLoss, UpdateState, build_optimizer, ppo_update
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class PPOTrainer:
         self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu")
         wd = cfg.training.weight_decay
         self.actor_opt = build_optimizer(cfg.actor.optimizer, policy.actor_parameters(), cfg.actor.lr, wd)
-        self.critic_opt = build_optimizer(cfg.critic.optimizer, policy.critic_parameters(), cfg.critic.lr, wd)
+        self.critic_opt = (build_optimizer(cfg.critic.optimizer, policy.critic_parameters(), cfg.critic.lr, wd)
+                           if cfg.has_critic else None)  # GRPO / RLOO: no critic
         self.kl_ctl = build_kl_controller(cfg.ppo)
         self.score_moments = RunningMoments()
         self.generator = torch.Generator().manual_seed(cfg.seed)  # mini-batch shuffles
@@ -108,16 +109,20 @@ class PPOTrainer:
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
     def next_prompts(self) -> list[list[int]]:
+        """``rollout.batch_size`` prompts: ``batch_size / ppo.group_size`` distinct ones, each repeated
+        ``group_size`` times in a row (one group per prompt)."""
+        group = self.cfg.ppo.group_size
+        wanted = self.cfg.rollout.batch_size // group
         batch: list[list[int]] = []
-        while len(batch) < self.cfg.rollout.batch_size:
+        while len(batch) < wanted:
             order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
                 self.cfg.seed * 1_000_003 + self.data_epoch))
-            take = order[self.data_cursor : self.data_cursor + self.cfg.rollout.batch_size - len(batch)]
+            take = order[self.data_cursor : self.data_cursor + wanted - len(batch)]
             batch.extend(self.prompts[i] for i in take.tolist())
             self.data_cursor += len(take)
             if self.data_cursor >= len(self.prompts):
                 self.data_epoch, self.data_cursor = self.data_epoch + 1, 0
-        return batch
+        return [prompt for prompt in batch for _ in range(group)]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -133,7 +138,7 @@ class PPOTrainer:
         return {"minibatch": self.generator}
 
     def _optimizers(self) -> dict[str, Any]:
-        return {"actor": self.actor_opt, "critic": self.critic_opt}
+        return {name: opt for name, opt in (("actor", self.actor_opt), ("critic", self.critic_opt)) if opt is not None}
 
     def _stateful(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl, "score_moments": self.score_moments, "nonfinite_guard": self.guard}
@@ -163,10 +168,11 @@ class PPOTrainer:
             return None
         kl_coef = float(self.kl_ctl.value)
         exp, scores = self.advantages(exp, kl_coef, times)
-        update = self.update(exp, times)
+        update = self.update(exp, times, kl_coef)
         self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
-                                mini_batch_size=self.cfg.ppo.mini_batch_size, started=started)
+                                mini_batch_size=self.cfg.ppo.mini_batch_size, started=started,
+                                group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
         if self.iteration == 1:
             row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(self.memory_metrics())
@@ -187,18 +193,22 @@ class PPOTrainer:
         """Scores as they enter the rewards (B,), then rewards, GAE and whitening on ``exp``."""
         t0 = time.perf_counter()
         scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments)
-        exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+        if self.cfg.has_critic:
+            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+        else:
+            exp = compute_group_advantages(exp, self.cfg, kl_coef, scores)
         times.advantages = time.perf_counter() - t0
         return exp, scores
 
-    def update(self, exp: Experience, times: StageTimes) -> dict[str, float]:
+    def update(self, exp: Experience, times: StageTimes, kl_coef: float) -> dict[str, float]:
         """The PPO epochs over ``exp`` (the update phase): their stats averaged over optimizer steps,
         the micro-batch size in use and this iteration's OOM retries."""
         t0 = time.perf_counter()
         retries_before = self.update_state.oom_retries
+        group = None if self.cfg.has_critic else GroupLoss.from_config(self.cfg, kl_coef)
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state, self.guard)
+                                self.generator, self.update_state, self.guard, group)
         times.update = time.perf_counter() - t0
         return {**update, "micro_batch_size": self.update_state.micro_batch_size,
                 "oom_retries": self.update_state.oom_retries - retries_before}
@@ -261,7 +271,7 @@ class PPOTrainer:
         self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
-            for group in optimizer.param_groups:
+            for group in (optimizer.param_groups if optimizer is not None else []):
                 group["lr"] = section.lr
                 group["weight_decay"] = self.cfg.training.weight_decay
         if self.run_dir is not None:

@@ -17,7 +17,9 @@ from torch import Tensor
 
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.errors import UserError
+from homerlhf.ppo.advantages import sequence_advantages
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.group import clipped_group_loss
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.math import masked_mean, policy_loss, value_loss
 
@@ -56,6 +58,38 @@ def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, T
                    value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
 
 
+@dataclass(frozen=True)
+class GroupLoss:
+    """What the critic-free (GRPO / RLOO) actor loss needs beyond the experience."""
+
+    clip_range: float
+    kl_coef: float  # 0 when the KL goes in the reward
+    mode: str  # homerlhf.ppo.group.AGGREGATIONS
+    max_len: int  # rollout.max_new_tokens, the ``constant`` aggregation's length
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, kl_coef: float) -> "GroupLoss":
+        return cls(cfg.ppo.clip_range, kl_coef if cfg.kl_in_loss else 0.0, cfg.loss_aggregation,
+                   cfg.rollout.max_new_tokens)
+
+    @property
+    def per_row(self) -> bool:
+        """True when the loss is a mean over rows (micro-batches weigh by rows, not tokens)."""
+        return self.mode in ("seq_mean_token_mean", "constant")
+
+
+def group_micro_losses(policy, micro: Experience, group: GroupLoss) -> dict[str, Tensor]:
+    """Forward one micro-batch through the actor; the GRPO / RLOO loss (with graph) and its stats."""
+    input_ids, attention_mask = micro.sequences()
+    logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
+    mask = micro.response_mask
+    loss, stats = clipped_group_loss(logprobs, micro.logprobs, micro.ref_logprobs, sequence_advantages(micro), mask,
+                                     clip_range=group.clip_range, kl_coef=group.kl_coef, mode=group.mode,
+                                     max_len=group.max_len)
+    return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
+            "kl_ref_loss": stats["kl_ref"], "entropy": masked_mean(entropy, mask)}
+
+
 def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backward: Callable[[Tensor], None],
                                share: Tensor) -> dict[str, Tensor]:
     """Actor forward and backward, then critic forward and backward, each loss weighted by ``share``.
@@ -74,13 +108,15 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     return _losses(pg, vf, entropy, mask)
 
 
-def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None]):
+def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None],
+                    group: Optional[GroupLoss] = None):
     """``accumulate(micro_batch_size) -> stats``: zero grads, then forward/backward every micro-batch.
 
     Each micro-batch's (token-mean) losses are weighted by its share of the mini-batch's response
-    tokens, so the accumulated gradient is the token-mean gradient of the whole mini-batch whatever
-    the micro-batch size: an OOM retry with halved micro-batches gives the same step. The optimizer
-    step is the caller's (see ``homerlhf.memory.oom``).
+    tokens (its share of rows for a per-row ``group`` loss), so the accumulated gradient is the
+    mini-batch's gradient whatever the micro-batch size: an OOM retry with halved micro-batches
+    gives the same step. The optimizer step is the caller's (see ``homerlhf.memory.oom``).
+    ``group``: the GRPO / RLOO loss (no critic); None for PPO.
     """
     from homerlhf.memory.oom import maybe_raise
 
@@ -93,7 +129,11 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
         for micro in minibatch.split(micro_batch_size):
             maybe_raise(micro_batch_size)
             share = micro.response_mask.sum() / total_tokens
-            if policy.shared_adapter:
+            if group is not None:
+                share = torch.tensor(len(micro) / len(minibatch)) if group.per_row else share
+                out = group_micro_losses(policy, micro, group)
+                backward(out["policy_loss"] * share)
+            elif policy.shared_adapter:
                 out = micro_batch_losses(policy, micro, ppo)
                 backward((out["policy_loss"] + ppo.vf_coef * out["value_loss"]) * share)
             else:
@@ -115,14 +155,16 @@ class UpdateState:
 
 
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
-                    state: UpdateState, guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
-    """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches).
+                    state: UpdateState, guard: Optional[NonFiniteGuard] = None,
+                    group: Optional[GroupLoss] = None) -> dict[str, float]:
+    """One optimizer step of actor and critic (actor alone: ``critic_opt`` None) on a mini-batch,
+    accumulating over micro-batches.
 
     With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
     set in the stats); the guard raises once too many came in a row.
     """
-    optimizers = (actor_opt, critic_opt)
-    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, accelerator.backward)
+    optimizers = tuple(opt for opt in (actor_opt, critic_opt) if opt is not None)
+    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, accelerator.backward, group)
     if cfg.training.dynamic_micro_batch:
         from homerlhf.memory.oom import run_with_backoff
 
@@ -134,9 +176,10 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
     else:
         stats = accumulate(state.micro_batch_size)
     actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
-    critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
     stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
-    stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
+    if critic_opt is not None:
+        critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
+        stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
     checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
     if guard is not None and not guard.check({k: stats[k] for k in checked if k in stats}):
         for optimizer in optimizers:
@@ -145,22 +188,24 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
         state.history.append(stats)
         return stats
     stats["skipped"] = 0.0
-    actor_opt.step()
-    critic_opt.step()
+    for optimizer in optimizers:
+        optimizer.step()
     state.history.append(stats)
     return stats
 
 
 def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                generator: torch.Generator, state: UpdateState,
-               guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
-    """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``."""
+               guard: Optional[NonFiniteGuard] = None, group: Optional[GroupLoss] = None) -> dict[str, float]:
+    """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``.
+    ``group``: the GRPO / RLOO loss (``critic_opt`` None); None for PPO."""
     policy.train()
     early_stopped = False
     steps = []
     for _ in range(cfg.ppo.epochs):
         for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
-            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard))
+            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard,
+                                         group))
             if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
                 early_stopped = True
                 break
