@@ -79,10 +79,10 @@ def test_group_loss_gradient_does_not_depend_on_micro_batch(tiny_llama_dir, ppo_
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
 def test_group_algorithms_learn_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_ids, algorithm):
     """The PPO learning test's task (tests/ppo/test_trainer.py) without a critic: the score must rise."""
-    cfg = ppo_cfg(f"algorithm={algorithm}", "ppo.group_size=4", "rollout.batch_size=16", "rollout.chunk_size=16",
-                  "rollout.max_new_tokens=6", "rollout.max_prompt_len=16", "ppo.mini_batch_size=16",
+    cfg = ppo_cfg(f"algorithm={algorithm}", "ppo.group_size=4", "rollout.batch_size=32", "rollout.chunk_size=32",
+                  "rollout.max_new_tokens=6", "rollout.max_prompt_len=16", "ppo.mini_batch_size=32",
                   "ppo.micro_batch_size=16", "ppo.epochs=2", "actor.lr=3e-3", "ppo.kl_coef=0.03",
-                  "ppo.iterations=5")
+                  "ppo.iterations=6")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(peaked_policy_dir))
     prompts = prompt_ids(policy.tokenizer, 16)
