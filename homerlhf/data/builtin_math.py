@@ -79,6 +79,9 @@ def check(response: str, answer: str | int) -> bool:
     return found is not None and found == int(answer)
 
 
-def reward(response: str, row: dict[str, Any]) -> float:
-    """The reward function of the task: 1.0 for a right answer, else 0.0 (``row["answer"]``)."""
+def reward(response: str, row: dict[str, Any]) -> Optional[float]:
+    """The reward function of the task: 1.0 for a right answer, else 0.0 (``row["answer"]``);
+    None (no reward) for a row without an answer, e.g. a prompt typed in the app."""
+    if row.get("answer") is None:
+        return None
     return 1.0 if check(response, row["answer"]) else 0.0

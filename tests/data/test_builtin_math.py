@@ -28,6 +28,10 @@ def test_check_reads_the_first_whole_number(response, answer, right):
     assert builtin_math.reward(response, {"answer": str(answer)}) == (1.0 if right else 0.0)
 
 
+def test_reward_without_an_answer_is_none():
+    assert builtin_math.reward("42", {}) is None and builtin_math.reward("42", {"answer": None}) is None
+
+
 def test_extract_answer():
     assert builtin_math.extract_answer("so 17 + 25 = 42") == 17
     assert builtin_math.extract_answer("no digits") is None
