@@ -12,7 +12,7 @@ with the keyword arguments it declares among :data:`SAMPLE_ARGS` (or all of them
 ``prompt``/``response`` are the decoded texts (special tokens skipped), ``prompt_ids``/
 ``response_ids`` the token ids, ``row`` the prompt's dataset row with every column (``{}`` when
 scoring outside a run). It returns a number, or None for "no reward": None counts as 0 in the
-total and in the fraction metric ``reward_<name>_none``. Anything else (an exception, a string,
+total and is counted in the metric ``reward_<name>_none``. Anything else (an exception, a string,
 NaN) is a :class:`RewardFunctionError` naming the function and the sample.
 """
 
@@ -50,6 +50,8 @@ def parse_function_spec(spec: str, key: str = "reward.function") -> tuple[Path, 
 
         file_name, fn_name = BUILTIN_FUNCTIONS[spec]
         return Path(data_pkg.__file__).parent / file_name, fn_name
+    if spec.startswith("builtin:"):
+        raise UserError(f"{key} '{spec}' is not a builtin reward function; choose one of: {', '.join(BUILTIN_FUNCTIONS)}")
     path, sep, name = spec.rpartition(":")
     if not sep or not path or not name.isidentifier():
         raise UserError(f"{key} '{spec}' must look like path/to/file.py:function_name "

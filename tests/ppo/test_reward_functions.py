@@ -143,6 +143,7 @@ def test_a_failing_function_names_itself_and_the_sample(user_file, tokenizer, na
     ("{file}:NOT_A_FUNCTION", "my_rewards.py:NOT_A_FUNCTION is not a function (it is int)"),
     ("{file}:wants_x", "my_rewards.py:wants_x takes parameter 'x'; a reward function takes some of prompt, response"),
     ("{file}", "must look like path/to/file.py:function_name"),
+    ("builtin:nope", "reward.function 'builtin:nope' is not a builtin reward function; choose one of: builtin:math"),
     ("{dir}/broken.py:score", "importing {dir}/broken.py raised NameError: name 'undefined_name' is not defined"),
 ])
 def test_loading_refuses_with_one_line(user_file, spec, fragment):
