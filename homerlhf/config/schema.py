@@ -141,9 +141,10 @@ class PPOConfig(_Section):
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf"] = Field(
+    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
         "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process (reward).",
+        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
+        "(reward); function: a Python function from your own file (reward).",
     )
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
@@ -155,6 +156,39 @@ class BackendConfig(_Section):
     threads: int = Field(0, ge=0, description="llama.cpp threads (0: auto).")
     ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
     f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
+
+
+class RewardComponentConfig(BackendConfig):
+    """One reward of a run: a reward model or a function, with its weight in the total score."""
+
+    function: Optional[str] = Field(
+        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+    )
+    weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
+    name: Optional[str] = Field(
+        None, pattern=r"^[a-z][a-z0-9_]*$",
+        description="Its metric is reward_<name> (default: the function's name, or 'rm' for a reward model).",
+    )
+
+    @property
+    def metric_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.backend == "function" and self.function:
+            return self.function.rsplit(":", 1)[-1].lower()
+        return "rm"
+
+
+class RewardConfig(RewardComponentConfig):
+    """The run's reward: this one (``backend``/``model``/``function``) plus ``components``, weighted."""
+
+    components: list[RewardComponentConfig] = Field(
+        [], description="More rewards added to this one, each {backend, model or function, weight, name}.",
+    )
+
+    def all_rewards(self) -> list[tuple[str, RewardComponentConfig]]:
+        """``(config key, reward)`` of this reward and each component, in order."""
+        return [("reward", self)] + [(f"reward.components[{i}]", c) for i, c in enumerate(self.components)]
 
 
 class DataConfig(_Section):
@@ -263,7 +297,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
     ref: BackendConfig = BackendConfig()
-    reward: BackendConfig = BackendConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
+    reward: RewardConfig = RewardConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
     data: DataConfig = DataConfig()
     sft: SFTConfig = SFTConfig()
     rm: RewardTrainConfig = RewardTrainConfig()
@@ -284,12 +318,16 @@ class RunConfig(_Section):
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
         self._check_groups()
-        if self.ref.backend == "hf":
-            raise ValueError("ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'")
-        if self.reward.backend == "adapter_off":
-            raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
-        if not self.reward.model and not self.reward.url:
-            raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        if self.ref.backend in ("hf", "function"):
+            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
+        for key, reward in self.reward.all_rewards():
+            _check_reward(key, reward)
+        names = [reward.metric_name for _, reward in self.reward.all_rewards()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two rewards are named {twice[0]!r} (metric reward_{twice[0]}); give each a distinct name")
+        if "mean" in names:
+            raise ValueError("a reward may not be named 'mean' (reward_mean is the KL-shaped reward's metric); rename it")
         return self
 
     def _check_groups(self) -> None:
@@ -321,3 +359,15 @@ class RunConfig(_Section):
         if self.algorithm == "grpo":
             return "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
         return "token_mean"
+
+
+def _check_reward(key: str, reward: RewardComponentConfig) -> None:
+    if reward.backend == "adapter_off":
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+    if reward.backend == "function" and not reward.function:
+        raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
+    if reward.function and reward.backend != "function":
+        raise ValueError(f"{key}.function is set but {key}.backend is '{reward.backend}'; set {key}.backend=function")
+    if reward.backend != "function" and not reward.model and not reward.url:
+        raise ValueError(f"{key}.model is required (a reward run dir, HF dir or hub id) unless {key}.url is set "
+                         f"or {key}.backend is function")

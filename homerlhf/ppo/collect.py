@@ -60,10 +60,13 @@ def collect_experience(
     reference: ReferenceBackend,
     reward: RewardBackend,
     *,
+    rows: Optional[Sequence[dict]] = None,
     meter=None,
     times: Optional[StageTimes] = None,
 ) -> tuple[Experience, Tensor]:
     """Generate and score one iteration's batch, chunk by chunk, overlapping CPU scoring.
+
+    ``rows``: the dataset row of each prompt (indexed like ``prompts``), for reward functions.
 
     Returns the experience (scores are the raw backend scores with the truncation penalty
     applied; rewards and advantages not yet computed) and the rollout entropy (B, T).
@@ -72,6 +75,7 @@ def collect_experience(
     pending = []
     for start in range(0, len(prompts), cfg.rollout.chunk_size):
         chunk = prompts[start : start + cfg.rollout.chunk_size]
+        chunk_rows = rows[start : start + cfg.rollout.chunk_size] if rows is not None else None
         t0 = time.perf_counter()
         with phase(meter, "generation"):
             batch = generate_rollout(policy, chunk, cfg.rollout)
@@ -81,7 +85,7 @@ def collect_experience(
         # Submitted before this chunk's own scoring and the next chunk's generation: they overlap.
         with phase(meter, "scoring"):
             ref_future = reference.submit_logprobs(prompt_lists, response_lists)
-            score_future = reward.submit_score(prompt_lists, response_lists)
+            score_future = reward.submit_score(prompt_lists, response_lists, chunk_rows)
             logprobs, entropy, values = score_with_policy(policy, batch)
         times.scoring += time.perf_counter() - t1
         pending.append((batch, logprobs, entropy, values, ref_future, score_future))

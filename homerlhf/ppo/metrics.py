@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -69,6 +70,19 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "predicted_mem_update_gib": "The memory planner's allocated GiB for the update (at the micro-batch in use).",
     "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
 }
+# Metrics named after the run's rewards (``reward.name`` / ``reward.components``), logged when the
+# reward is a function or a weighted sum (``homerlhf.ppo.reward_functions.component_metrics``).
+METRIC_FAMILIES: dict[str, str] = {
+    "reward_<name>": "Mean of one reward's scores over the iteration's samples it scored (before its weight).",
+    "reward_<name>_none": "Fraction of the iteration's samples that reward returned None (no reward, counted as 0) for.",
+}
+_FAMILY_PATTERNS = [re.compile("^" + re.escape(f).replace(re.escape("<name>"), "[a-z][a-z0-9_]*") + "$")
+                    for f in METRIC_FAMILIES]
+
+
+def is_documented(key: str) -> bool:
+    """A metric named in ``METRIC_DESCRIPTIONS`` or of a ``METRIC_FAMILIES`` pattern."""
+    return key in METRIC_DESCRIPTIONS or any(p.match(key) for p in _FAMILY_PATTERNS)
 
 
 def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float) -> dict[str, float]:
@@ -195,7 +209,7 @@ class MetricsWriter:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(METRIC_DESCRIPTIONS)
+        unknown = {key for key in row if not is_documented(key)}
         if unknown:  # a name must be documented before it is logged
             raise KeyError(f"undocumented metric names: {sorted(unknown)}")
         with self.metrics_path.open("a") as fh:

@@ -36,6 +36,7 @@ from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
 from homerlhf.ppo.resuming import truncate_logs
+from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
 from homerlhf.ppo.rng import capture_rng_state
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
@@ -65,12 +66,13 @@ class PPOTrainer:
     """Holds cross-iteration state and runs ``iterations`` of PPO.
 
     ``prompts``: tokenised prompts (lists of ids), sampled without replacement in a seeded order.
+    ``rows``: each prompt's dataset row (indexed like ``prompts``), handed to the reward with it.
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
-                 stop: Optional[StopRequested] = None):
+                 stop: Optional[StopRequested] = None, rows: Optional[Sequence[dict]] = None):
         from accelerate import Accelerator
 
         if not prompts:
@@ -80,6 +82,9 @@ class PPOTrainer:
         self.reference = reference
         self.reward = reward
         self.prompts = [list(p) for p in prompts]
+        if rows is not None and len(rows) != len(self.prompts):
+            raise ValueError(f"{len(rows)} dataset rows for {len(self.prompts)} prompts")
+        self.rows = list(rows) if rows is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu")
         wd = cfg.training.weight_decay
@@ -108,21 +113,25 @@ class PPOTrainer:
 
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
-    def next_prompts(self) -> list[list[int]]:
-        """``rollout.batch_size`` prompts: ``batch_size / ppo.group_size`` distinct ones, each repeated
-        ``group_size`` times in a row (one group per prompt)."""
+    def next_indices(self) -> list[int]:
+        """Indices into ``prompts`` (and ``rows``) of the next ``rollout.batch_size`` samples:
+        ``batch_size / ppo.group_size`` distinct prompts, each repeated ``group_size`` times in a row
+        (one group per prompt)."""
         group = self.cfg.ppo.group_size
         wanted = self.cfg.rollout.batch_size // group
-        batch: list[list[int]] = []
+        batch: list[int] = []
         while len(batch) < wanted:
             order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
                 self.cfg.seed * 1_000_003 + self.data_epoch))
             take = order[self.data_cursor : self.data_cursor + wanted - len(batch)]
-            batch.extend(self.prompts[i] for i in take.tolist())
+            batch.extend(take.tolist())
             self.data_cursor += len(take)
             if self.data_cursor >= len(self.prompts):
                 self.data_epoch, self.data_cursor = self.data_epoch + 1, 0
-        return [prompt for prompt in batch for _ in range(group)]
+        return [index for index in batch for _ in range(group)]
+
+    def next_prompts(self) -> list[list[int]]:
+        return [self.prompts[i] for i in self.next_indices()]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -159,8 +168,11 @@ class PPOTrainer:
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
-        exp, entropy = collect_experience(
-            self.policy, self.next_prompts(), self.cfg, self.reference, self.reward, meter=self.meter, times=times)
+        indices = self.next_indices()
+        rows = [self.rows[i] for i in indices] if self.rows is not None else None
+        exp, entropy = collect_experience(self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference,
+                                          self.reward, rows=rows, meter=self.meter, times=times)
+        components = self.reward.take_component_scores()
         if self.stop.requested:
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
@@ -175,6 +187,7 @@ class PPOTrainer:
                                 group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
         if self.iteration == 1:
             row["kl_ref_start"] = self._kl_ref_start(exp)
+        row.update(component_metrics(components))
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
@@ -279,6 +292,15 @@ class PPOTrainer:
         self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
         return self.iteration
 
+    def _checkpoint_after_failed_rollout(self) -> str:
+        """Drop the iteration whose rollout failed, checkpoint the last finished one; say where it is."""
+        self._drop_iteration()
+        saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
+        if self.iteration == 0 or self.run_dir is None or self.guard.in_row:
+            return "no checkpoint written (no good iteration finished)"
+        path = self.last_checkpoint if saved else self.checkpoint()
+        return f"stopped after iteration {self.iteration}, checkpoint {path} (fix it, then --resume {self.run_dir})"
+
     @property
     def stopped(self) -> bool:
         """True when the last ``train`` ended on a stop request rather than at its last iteration."""
@@ -289,7 +311,9 @@ class PPOTrainer:
 
         A stop request (``self.stop``, set by SIGINT/SIGTERM in the stage) ends the loop at the next
         phase boundary with a checkpoint. A non-finite run raises ``NonFiniteError`` and writes no
-        checkpoint, so the last good one stays the newest.
+        checkpoint, so the last good one stays the newest. A reward function that fails on a sample
+        (``RewardFunctionError``) drops the iteration in flight, checkpoints the last finished one
+        and raises with where that checkpoint is.
         """
         from tqdm.auto import tqdm
 
@@ -298,7 +322,10 @@ class PPOTrainer:
                    disable=not self.cfg.logging.progress, dynamic_ncols=True)
         try:
             while self.iteration < total and not self.stop.requested:
-                row = self.step()
+                try:
+                    row = self.step()
+                except RewardFunctionError as exc:
+                    raise RewardFunctionError(f"{exc}; {self._checkpoint_after_failed_rollout()}") from None
                 if row is None:
                     break
                 bar.update(1)
