@@ -175,8 +175,8 @@ def _scale_overflow(scaler: torch.amp.GradScaler, stats: dict[str, float]) -> bo
 
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                     state: UpdateState, guard: Optional[NonFiniteGuard] = None,
-                    group: Optional[GroupLoss] = None,
-                    scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, float]:
+                    scaler: Optional[torch.amp.GradScaler] = None,
+                    group: Optional[GroupLoss] = None) -> dict[str, float]:
     """One optimizer step of actor and critic (actor alone: ``critic_opt`` None) on a mini-batch,
     accumulating over micro-batches.
 
