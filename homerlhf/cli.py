@@ -140,8 +140,17 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
     fast: bool = typer.Option(False, "--fast", help="A couple of minutes instead of about ten (for CI)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
+    algorithm: Optional[str] = typer.Option(
+        None, "--algorithm",
+        help="grpo, rloo or ppo: RL on the builtin addition task with its checker as the reward (held-out "
+        "accuracy before/after) instead of the default PPO demo with a reward model."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
+    if algorithm is not None:
+        from homerlhf.stages.demo_math import run_math_demo
+
+        run_math_demo(out, algorithm, fast=fast, overwrite=overwrite)
+        return
     from homerlhf.stages.demo import run_demo
 
     run_demo(out, fast=fast, overwrite=overwrite)

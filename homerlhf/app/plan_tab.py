@@ -26,6 +26,7 @@ class Settings:
     overrides: Any
     gpu_gib: Any
     preset_model: Any  # gr.State: the preset's own model, to tell a user's choice from the default
+    algorithm: Any = None  # ppo / grpo / rloo, written into the overrides
 
 
 def preset_model_of(preset: str) -> str:
@@ -50,6 +51,8 @@ def settings_components(default_preset: str) -> Settings:
         gpu_gib=gr.Number(0, label="Plan for GPU GiB (0: the preset's card)", render=False,
                           elem_id="plan-gpu-gib"),
         preset_model=gr.State(model),
+        algorithm=gr.Radio(["ppo", "grpo", "rloo"], value="ppo", label="Algorithm", render=False,
+                           info="grpo / rloo: no critic, ppo.group_size samples per prompt", elem_id="plan-algorithm"),
     )
 
 
@@ -181,6 +184,8 @@ def _layout(settings: Settings) -> PlanPanel:
         settings.preset.render()
         settings.model.render()
         settings.gpu_gib.render()
+        if settings.algorithm is not None:
+            settings.algorithm.render()
     card = gr.Markdown(elem_id="plan-card")
     settings.overrides.render()
     with gr.Row():
@@ -196,6 +201,15 @@ def _layout(settings: Settings) -> PlanPanel:
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
                      suggestion=gr.State([]))
+
+
+def on_algorithm(algorithm: str, overrides: str) -> str:
+    """The overrides with ``algorithm`` set; GRPO / RLOO get a group of 4 unless one is set already."""
+    overrides = set_override(overrides, "algorithm", algorithm)
+    has_group = any(item.startswith("ppo.group_size=") for item in parse_overrides(overrides))
+    if algorithm != "ppo" and not has_group:
+        overrides = set_override(overrides, "ppo.group_size", "4")
+    return overrides
 
 
 def on_preset(preset, model, preset_model):
@@ -231,6 +245,8 @@ def build(settings: Settings):
     s = settings
     inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
     s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [panel.card, s.model, s.preset_model])
+    if s.algorithm is not None:
+        s.algorithm.change(on_algorithm, [s.algorithm, s.overrides], s.overrides)
 
     @guarded(6, error_index=0)
     def on_plan(preset, model, overrides, preset_model, gpu_gib):

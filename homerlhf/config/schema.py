@@ -144,14 +144,29 @@ class PPOConfig(_Section):
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    group_size: int = Field(
+        1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
+    )
+    dr_grpo: bool = Field(
+        False, description="grpo: Dr. GRPO (no std scaling of advantages, loss divided by B * max_new_tokens)."
+    )
+    loss_aggregation: Optional[Literal["token_mean", "seq_mean_token_mean", "constant"]] = Field(
+        None, description="grpo/rloo: per-token losses to one number (None: seq_mean_token_mean for grpo, "
+        "constant for Dr. GRPO, token_mean for rloo)."
+    )
+    kl_in: Optional[Literal["reward", "loss"]] = Field(
+        None, description="Where the KL to the reference goes: 'reward' (per token, k1/k3 as kl_estimator) or "
+        "'loss' (k3 per token, grpo/rloo only). None: 'loss' for grpo, 'reward' for ppo and rloo."
+    )
 
 
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf"] = Field(
+    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
         "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process (reward).",
+        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
+        "(reward); function: a Python function from your own file (reward).",
     )
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
@@ -168,6 +183,39 @@ class BackendConfig(_Section):
         "worker and the trainer on CPU).")
     ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
     f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
+
+
+class RewardComponentConfig(BackendConfig):
+    """One reward of a run: a reward model or a function, with its weight in the total score."""
+
+    function: Optional[str] = Field(
+        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+    )
+    weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
+    name: Optional[str] = Field(
+        None, pattern=r"^[a-z][a-z0-9_]*$",
+        description="Its metric is reward_<name> (default: the function's name, or 'rm' for a reward model).",
+    )
+
+    @property
+    def metric_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.backend == "function" and self.function:
+            return self.function.rsplit(":", 1)[-1].lower()
+        return "rm"
+
+
+class RewardConfig(RewardComponentConfig):
+    """The run's reward: this one (``backend``/``model``/``function``) plus ``components``, weighted."""
+
+    components: list[RewardComponentConfig] = Field(
+        [], description="More rewards added to this one, each {backend, model or function, weight, name}.",
+    )
+
+    def all_rewards(self) -> list[tuple[str, RewardComponentConfig]]:
+        """``(config key, reward)`` of this reward and each component, in order."""
+        return [("reward", self)] + [(f"reward.components[{i}]", c) for i, c in enumerate(self.components)]
 
 
 class DataConfig(_Section):
@@ -265,6 +313,10 @@ class RunConfig(_Section):
     """A whole run. Loaded from a preset, then a user YAML, then --set overrides."""
 
     preset: str = Field("cpu-tiny", description="The preset this config started from.")
+    algorithm: Literal["ppo", "grpo", "rloo"] = Field(
+        "ppo", description="ppo: actor + critic (GAE); grpo / rloo: critic-free, advantages from ppo.group_size "
+        "samples per prompt (no critic adapter or value head is loaded)."
+    )
     description: str = Field("", description="One line about the preset.")
     seed: int = Field(0, description="Seed for python, numpy and torch.")
     output_dir: str = Field("runs/latest", description="Run directory.")
@@ -276,7 +328,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
     ref: BackendConfig = BackendConfig()
-    reward: BackendConfig = BackendConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
+    reward: RewardConfig = RewardConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
     data: DataConfig = DataConfig()
     sft: SFTConfig = SFTConfig()
     rm: RewardTrainConfig = RewardTrainConfig()
@@ -296,10 +348,57 @@ class RunConfig(_Section):
                 f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
-        if self.ref.backend == "hf":
-            raise ValueError("ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'")
-        if self.reward.backend == "adapter_off":
-            raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
-        if not self.reward.model and not self.reward.url:
-            raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        self._check_groups()
+        if self.ref.backend in ("hf", "function"):
+            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
+        for key, reward in self.reward.all_rewards():
+            _check_reward(key, reward)
+        names = [reward.metric_name for _, reward in self.reward.all_rewards()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two rewards are named {twice[0]!r} (metric reward_{twice[0]}); give each a distinct name")
+        if "mean" in names:
+            raise ValueError("a reward may not be named 'mean' (reward_mean is the KL-shaped reward's metric); rename it")
         return self
+
+    def _check_groups(self) -> None:
+        group = self.ppo.group_size
+        if self.algorithm != "ppo" and group < 2:
+            raise ValueError(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+        if self.rollout.batch_size % group:
+            raise ValueError(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
+                             f"({group}): each prompt is sampled group_size times")
+        if self.algorithm == "ppo" and (self.ppo.kl_in == "loss" or self.ppo.dr_grpo or self.ppo.loss_aggregation):
+            raise ValueError("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
+                             "set algorithm: grpo (or rloo) or leave them unset")
+
+    @property
+    def has_critic(self) -> bool:
+        """PPO trains a critic; GRPO and RLOO load none."""
+        return self.algorithm == "ppo"
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """True when the KL to the reference is a loss term (k3) rather than a reward penalty."""
+        return (self.ppo.kl_in or ("loss" if self.algorithm == "grpo" else "reward")) == "loss"
+
+    @property
+    def loss_aggregation(self) -> str:
+        """How the actor's per-token losses become one number (PPO: ``token_mean``)."""
+        if self.ppo.loss_aggregation:
+            return self.ppo.loss_aggregation
+        if self.algorithm == "grpo":
+            return "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
+        return "token_mean"
+
+
+def _check_reward(key: str, reward: RewardComponentConfig) -> None:
+    if reward.backend == "adapter_off":
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+    if reward.backend == "function" and not reward.function:
+        raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
+    if reward.function and reward.backend != "function":
+        raise ValueError(f"{key}.function is set but {key}.backend is '{reward.backend}'; set {key}.backend=function")
+    if reward.backend != "function" and not reward.model and not reward.url:
+        raise ValueError(f"{key}.model is required (a reward run dir, HF dir or hub id) unless {key}.url is set "
+                         f"or {key}.backend is function")

@@ -85,9 +85,22 @@ def tokenize_prompts(
     over-long prompt. Returns one list of ints per kept record (no padding); ``report`` (if given)
     counts the cut (``n_truncated``) and dropped (``n_dropped``) ones. No prompt left is a UserError.
     """
+    return [ids for _, ids in tokenize_prompts_indexed(records, tokenizer, max_prompt_len, overlong=overlong,
+                                                       report=report)]
+
+
+def tokenize_prompts_indexed(
+    records: Sequence[Record],
+    tokenizer,
+    max_prompt_len: int,
+    *,
+    overlong: Literal["truncate", "drop"] = "truncate",
+    report: Optional[LoadReport] = None,
+) -> list[tuple[int, list[int]]]:
+    """:func:`tokenize_prompts` with each kept prompt's index in ``records``: ``(index, ids)``."""
     report = report if report is not None else LoadReport(source="prompts", kind="prompt", n_rows=len(records))
     kept = []
-    for record in records:
+    for index, record in enumerate(records):
         ids = prompt_ids(tokenizer, record["prompt"])
         if len(ids) > max_prompt_len:
             ids = fit_prompt(tokenizer, record["prompt"], max_prompt_len) if overlong == "truncate" else None
@@ -95,7 +108,7 @@ def tokenize_prompts(
                 report.n_dropped += 1
                 continue
             report.n_truncated += 1
-        kept.append(ids)
+        kept.append((index, ids))
     report.n_usable = len(kept)
     if not kept:
         raise UserError(

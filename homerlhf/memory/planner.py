@@ -195,6 +195,7 @@ MARGIN = 0.10
 def settings_of(cfg: RunConfig) -> dict[str, Any]:
     """The config values the plan depends on (dotted keys)."""
     return {
+        "algorithm": cfg.algorithm,
         "rollout.batch_size": cfg.rollout.batch_size,
         "rollout.chunk_size": cfg.rollout.chunk_size,
         "rollout.max_prompt_len": cfg.rollout.max_prompt_len,
@@ -226,8 +227,9 @@ def param_counts(cfg: RunConfig, shape: ModelShape) -> dict[str, int]:
         "norms": shape.norm_params,
         "biases": shape.linear_bias_params,
         "lora_actor": shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules),
-        "lora_critic": 0 if cfg.critic.shared_adapter else shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules),
-        "value_head": shape.hidden_size + 1,
+        "lora_critic": 0 if cfg.critic.shared_adapter or not cfg.has_critic
+        else shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules),
+        "value_head": shape.hidden_size + 1 if cfg.has_critic else 0,
     }
 
 

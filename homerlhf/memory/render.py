@@ -45,7 +45,8 @@ def print_plan(plan: Plan, console=None) -> None:
         f"rollout chunk {s['rollout.chunk_size']} x ({s['rollout.max_prompt_len']} + {s['rollout.max_new_tokens']}) tokens, "
         f"micro-batch {s['ppo.micro_batch_size']}, log-prob chunk {s['ppo.logprob_chunk_size']}, "
         f"checkpointing {'on' if s['training.gradient_checkpointing'] else 'off'}, "
-        f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}",
+        + (f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}" if s.get("algorithm", "ppo") == "ppo"
+           else f"{s['algorithm']}: no critic, optimizer {s['actor.optimizer']}"),
         highlight=False,
     )
     for phase in plan.phases:

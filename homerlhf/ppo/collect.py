@@ -109,6 +109,7 @@ def collect_experience(
     reward: RewardBackend,
     *,
     engine: Optional[RolloutEngine] = None,
+    rows: Optional[Sequence[dict]] = None,
     meter=None,
     times: Optional[StageTimes] = None,
     seeds: Optional[Sequence[int]] = None,
@@ -119,7 +120,8 @@ def collect_experience(
     ``engine``: what samples (default: the actor's own ``generate``). ``seeds``: one per prompt
     (see :func:`homerlhf.ppo.rollout.generate_rollout`). ``state``: the chunk size in use and the
     OOM redos (kept by the trainer across iterations; default: a fresh one at
-    ``rollout.chunk_size``). Returns the experience (scores are the raw backend scores with the
+    ``rollout.chunk_size``). ``rows``: the dataset row of each prompt (indexed like ``prompts``),
+    for reward functions. Returns the experience (scores are the raw backend scores with the
     truncation penalty applied; behaviour log-probs and importance weights set; rewards and
     advantages not yet computed) and the rollout entropy (B, T).
     """
@@ -131,6 +133,7 @@ def collect_experience(
         t0 = time.perf_counter()
         with phase(meter, "generation"):
             batch = generate_chunk(engine, prompts[start:], None if seeds is None else seeds[start:], cfg, state)
+        chunk_rows = rows[start : start + len(batch)] if rows is not None else None
         start += len(batch)
         t1 = time.perf_counter()
         times.generation += t1 - t0
@@ -138,7 +141,7 @@ def collect_experience(
         # Submitted before this chunk's own scoring and the next chunk's generation: they overlap.
         with phase(meter, "scoring"):
             ref_future = reference.submit_logprobs(prompt_lists, response_lists)
-            score_future = reward.submit_score(prompt_lists, response_lists)
+            score_future = reward.submit_score(prompt_lists, response_lists, chunk_rows)
             logprobs, entropy, values = score_in_chunks(policy, batch, state)
         times.scoring += time.perf_counter() - t1
         pending.append((batch, logprobs, entropy, values, ref_future, score_future))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,6 +17,7 @@ from typing import Any, Iterable
 from torch import Tensor
 
 from homerlhf.ppo.advantages import sequence_kl
+from homerlhf.ppo.group import group_zero_spread, groups
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.importance import importance_metrics
@@ -32,6 +34,9 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
     "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
+    "group_zero_spread_fraction": "GRPO/RLOO: fraction of prompt groups whose sequence rewards are all equal (no signal).",
+    "group_reward_std": "GRPO/RLOO: mean over groups of the (unbiased) std of their sequence rewards.",
+    "kl_ref_loss": "GRPO/RLOO: mean per-token k3 KL(actor || reference) under the update's forward, averaged over steps.",
     "value_mean": "Mean critic value over response tokens at rollout.",
     "return_mean": "Mean GAE return over response tokens (the critic's target).",
     "policy_loss": "Clipped surrogate policy loss, averaged over optimizer steps.",
@@ -74,6 +79,19 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "predicted_mem_update_gib": "The memory planner's allocated GiB for the update (at the micro-batch in use).",
     "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
 }
+# Metrics named after the run's rewards (``reward.name`` / ``reward.components``), logged when the
+# reward is a function or a weighted sum (``homerlhf.ppo.reward_functions.component_metrics``).
+METRIC_FAMILIES: dict[str, str] = {
+    "reward_<name>": "Mean of one reward's scores over the iteration's samples it scored (before its weight).",
+    "reward_<name>_none": "Fraction of the iteration's samples that reward returned None (no reward, counted as 0) for.",
+}
+_FAMILY_PATTERNS = [re.compile("^" + re.escape(f).replace(re.escape("<name>"), "[a-z][a-z0-9_]*") + "$")
+                    for f in METRIC_FAMILIES]
+
+
+def is_documented(key: str) -> bool:
+    """A metric named in ``METRIC_DESCRIPTIONS`` or of a ``METRIC_FAMILIES`` pattern."""
+    return key in METRIC_DESCRIPTIONS or any(p.match(key) for p in _FAMILY_PATTERNS)
 
 
 def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float) -> dict[str, float]:
@@ -93,12 +111,31 @@ def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: f
         "kl_per_token": float(masked_mean(exp.kl, mask)),
         "kl_coef": kl_coef,
         "entropy": float(masked_mean(entropy, mask)),
-        "value_mean": float(masked_mean(exp.values, mask)),
-        "return_mean": float(masked_mean(exp.returns, mask)),
-        "explained_variance": float(explained_variance(exp.values, exp.returns, mask)),
         "response_length_mean": float(mask.sum(dim=1).float().mean()),
         "truncated_fraction": float(exp.truncated.float().mean()),
         **sampler_metrics(exp),
+        **critic_metrics(exp),
+    }
+
+
+def critic_metrics(exp: Experience) -> dict[str, float]:
+    """Values, returns and explained variance at rollout; nothing without a critic (no returns)."""
+    if exp.returns is None:
+        return {}
+    mask = exp.response_mask
+    return {
+        "value_mean": float(masked_mean(exp.values, mask)),
+        "return_mean": float(masked_mean(exp.returns, mask)),
+        "explained_variance": float(explained_variance(exp.values, exp.returns, mask)),
+    }
+
+
+def group_metrics(exp: Experience, group_size: int) -> dict[str, float]:
+    """How much signal the groups carry: the fraction with no spread and the mean within-group std."""
+    sequence_rewards = (exp.rewards * exp.response_mask).sum(dim=1)
+    return {
+        "group_zero_spread_fraction": float(group_zero_spread(sequence_rewards, group_size)),
+        "group_reward_std": float(groups(sequence_rewards, group_size).std(dim=1).mean()),
     }
 
 
@@ -124,7 +161,7 @@ def kl_ref_start(exp: Experience) -> float:
 
 
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
-                  "grad_norm_critic", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
+                  "grad_norm_critic", "kl_ref_loss", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
                   "micro_batch_size", "oom_retries", "rollout_chunk_size", "oom_retries_generation", "oom_retries_scoring")
 OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
 
@@ -150,17 +187,19 @@ def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_
 
 def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float,
                       update: dict[str, float], times: StageTimes, *, mini_batch_size: int,
-                      started: float) -> dict[str, Any]:
+                      started: float, group_size: int | None = None) -> dict[str, Any]:
     """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
 
-    ``update``: ``ppo_update``'s stats plus the OOM bookkeeping (``micro_batch_size``, ``oom_retries``,
-    ``rollout_chunk_size``, ``oom_retries_generation``, ``oom_retries_scoring``); ``started``:
-    ``time.perf_counter()`` at the iteration's start.
+    ``update``: ``ppo_update``'s stats (the critic's and the group loss's only where they exist) plus
+    the OOM bookkeeping (``micro_batch_size``, ``oom_retries``, ``rollout_chunk_size``,
+    ``oom_retries_generation``, ``oom_retries_scoring``); ``started``: ``time.perf_counter()`` at
+    the iteration's start; ``group_size``: GRPO / RLOO's, for the group metrics (None for PPO).
     """
     row: dict[str, Any] = {
         "iteration": iteration,
         **rollout_metrics(exp, scores, entropy, kl_coef),
-        **{key: update[key] for key in UPDATE_METRICS},
+        **(group_metrics(exp, group_size) if group_size else {}),
+        **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
         **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
     }
@@ -192,7 +231,7 @@ class MetricsWriter:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(METRIC_DESCRIPTIONS)
+        unknown = {key for key in row if not is_documented(key)}
         if unknown:  # a name must be documented before it is logged
             raise KeyError(f"undocumented metric names: {sorted(unknown)}")
         with self.metrics_path.open("a") as fh:

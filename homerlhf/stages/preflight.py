@@ -1,6 +1,6 @@
 """Check first: before any weight is read, each role's backend can serve its model's architecture.
 
-Only ``config.json`` files are read (a builtin name is known without building it; a hub id is
+Only ``config.json`` files are read, and a reward function's file imported (a builtin name is known without building it; a hub id is
 looked up in the local cache only, and skipped when absent: its download would fail later with
 its own message). Each refusal is one line naming the architecture, what is supported and the
 switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
@@ -129,15 +129,23 @@ def _check_reference(cfg: "RunConfig", policy_config: Optional[dict], seq_len: i
         check_exportable(config, name, "ref", seq_len)
 
 
-def _check_reward(cfg: "RunConfig", seq_len: int) -> None:
+def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
+    """One reward of the run (``cfg.reward`` or a component): its function loads, or its model serves."""
     from homerlhf.models.support import check_loadable
 
-    name = cfg.reward.model or ""
+    if rc.backend == "function":
+        from homerlhf.ppo.reward_functions import load_reward_function
+
+        load_reward_function(rc.function, f"{key}.function")
+        return
+    if rc.url:
+        return
+    name = rc.model or ""
     config = model_config(name) if name else None
     if config is None:
         return
-    if cfg.reward.backend == "hf":
-        check_loadable(config, name, "sequence-classifier", cfg.model.trust_remote_code)
+    if rc.backend == "hf":
+        check_loadable(config, name, "sequence-classifier", trust_remote_code)
     elif not is_reward_export(name):
         check_exportable(config, name, "reward", seq_len)
 
@@ -148,8 +156,8 @@ def check_run(cfg: "RunConfig") -> None:
     policy_config = _check_policy(cfg)
     if cfg.ref.backend == "llamacpp" and not cfg.ref.url:
         _check_reference(cfg, policy_config, cfg.ref.ctx or seq_len)
-    if not cfg.reward.url:
-        _check_reward(cfg, cfg.reward.ctx or seq_len)
+    for key, rc in cfg.reward.all_rewards():
+        _check_reward(key, rc, rc.ctx or seq_len, cfg.model.trust_remote_code)
     if cfg.rollout.engine == "llamacpp" and policy_config is not None:
         check_exportable(policy_config, cfg.model.name_or_path, "rollout", seq_len)
 

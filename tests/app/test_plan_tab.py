@@ -66,3 +66,16 @@ def test_saved_yaml_loads_back_as_the_same_config(tmp_path):
         plan_tab.save_yaml(cfg, str(tmp_path / "run.txt"))
     with pytest.raises(UserError, match="ppo.iterations"):
         plan_tab.resolved_config("cpu-tiny", "", "ppo.iterations=zero", None)
+
+
+def test_choosing_grpo_plans_without_the_critic():
+    overrides = plan_tab.on_algorithm("grpo", "ppo.iterations=3")
+    assert overrides.splitlines() == ["ppo.iterations=3", "algorithm=grpo", "ppo.group_size=4"]
+    assert plan_tab.on_algorithm("rloo", "ppo.group_size=8").splitlines() == ["ppo.group_size=8", "algorithm=rloo"]
+    ppo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", "", None), None)
+    grpo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", overrides, None), None)
+    headers, rows = plan_tab.plan_table(grpo)
+    names = [r[0] for r in rows]
+    assert "LoRA critic" not in names and "value head" not in names
+    assert not any(n.startswith("optimizer states critic") for n in names)
+    assert grpo.peak.total_bytes < ppo.peak.total_bytes
