@@ -373,8 +373,7 @@ class RunConfig(_Section):
                              "set algorithm: grpo (or rloo) or leave them unset")
 
     @property
-    def has_critic(self) -> bool:
-        """PPO trains a critic; GRPO and RLOO load none."""
+    def has_critic(self) -> bool:  # PPO trains a critic; GRPO and RLOO load none
         return self.algorithm == "ppo"
 
     @property
@@ -384,12 +383,9 @@ class RunConfig(_Section):
 
     @property
     def loss_aggregation(self) -> str:
-        """How the actor's per-token losses become one number (PPO: ``token_mean``)."""
-        if self.ppo.loss_aggregation:
-            return self.ppo.loss_aggregation
-        if self.algorithm == "grpo":
-            return "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
-        return "token_mean"
+        """How the actor's per-token losses become one number (PPO and RLOO: ``token_mean``)."""
+        grpo = "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
+        return self.ppo.loss_aggregation or (grpo if self.algorithm == "grpo" else "token_mean")
 
 
 def _check_reward(key: str, reward: RewardComponentConfig) -> None:
