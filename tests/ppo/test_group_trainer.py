@@ -23,7 +23,7 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     assert policy.value_head is None and list(policy.model.peft_config) == ["actor"]
     assert policy.critic_parameters() == []
     before = [p.detach().clone() for p in policy.actor_parameters()]
-    reward = CallableReward(lambda p, r: float(len(r)))
+    reward = CallableReward(lambda p, r: float(sum(r) % 7))  # spread within every group
     trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4),
                          run_dir=tmp_path)
     assert trainer.critic_opt is None
