@@ -15,7 +15,6 @@ small, and the engine should compute what the trainer computes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from homerlhf.errors import UserError
 from homerlhf.workers.gguf.registry import family_for
 from homerlhf.workers.gguf.tensors import LazyTensor
+from homerlhf.workers.gguf.writer import atomic_gguf_writer
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -56,10 +56,7 @@ def write_lora_gguf(model, adapter: str, config: dict, out_path: str | Path) -> 
     arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
     name_map = gguf.get_tensor_name_map(arch_enum, int(config["num_hidden_layers"]))
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    writer = gguf.GGUFWriter(str(tmp), family.gguf_arch)
-    try:
+    with atomic_gguf_writer(out_path, family.gguf_arch) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 0.0)  # scaling is folded into lora_b
@@ -74,10 +71,4 @@ def write_lora_gguf(model, adapter: str, config: dict, out_path: str | Path) -> 
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     return out_path
