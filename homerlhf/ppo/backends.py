@@ -31,6 +31,10 @@ class _Async:
 class ReferenceBackend(_Async):
     """Per-token log-probs of each response under the reference model."""
 
+    # True when it computes with the policy's own modules: then it may not run beside a policy
+    # forward or update (the asynchronous mode scores with it in the trainer's thread).
+    uses_policy: bool = False
+
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         """Returns one list per sample with ``len(response_ids[i])`` floats:
         ``log p_ref(response[t] | prompt, response[:t])``."""
@@ -89,6 +93,8 @@ class AdapterOffReference(ReferenceBackend):
     It shares the policy's modules, so it must not run concurrently with a policy forward:
     ``submit_logprobs`` computes in the caller's thread and returns a finished future.
     """
+
+    uses_policy = True
 
     def __init__(self, policy, batch_size: int = 8):
         self.policy = policy  # a homerlhf.models.policy.PolicyModel

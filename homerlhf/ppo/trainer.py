@@ -31,6 +31,7 @@ from homerlhf.memory.shapes import ModelShape, shape_from_config
 from homerlhf.models.policy import compute_dtype
 from homerlhf.models.precision import loss_scaler
 from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
+from homerlhf.ppo.asynchronous import RolloutsAhead, pending_experience
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
@@ -38,7 +39,8 @@ from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
-from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
+from homerlhf.ppo.metrics import (KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix,
+                                   sample_records)
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
 from homerlhf.ppo.rng import capture_rng_state, sample_seeds
@@ -123,6 +125,9 @@ class PPOTrainer:
 
         self.meter = PhaseMeter(policy.device)
         self.shape = policy_shape(policy, cfg.model.name_or_path)
+        self.total_iterations = cfg.ppo.iterations  # what train() runs to: the last samples nothing ahead
+        self.ahead = (RolloutsAhead(self.engine, reference, reward, cfg, self.rollout_state, self.prompts, self.rows,
+                                    self.run_dir, policy) if cfg.rollout.async_ else None)  # the batch sampled ahead
 
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
@@ -175,6 +180,8 @@ class PPOTrainer:
         self.data_epoch = counters["data_epoch"]
         self.data_cursor = counters["data_cursor"]
         self._dropped_iteration = True
+        if self.ahead is not None:
+            self.ahead.drop_iteration()
 
     def step(self) -> Optional[dict[str, Any]]:
         """One iteration: rollout and scoring, advantages, update, metrics. Returns the metrics row,
@@ -185,16 +192,8 @@ class PPOTrainer:
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
-        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
-        times.generation += time.perf_counter() - started
-        indices = self.next_indices()
-        rows = [self.rows[i] for i in indices] if self.rows is not None else None
         redos_before = (self.rollout_state.oom_retries_generation, self.rollout_state.oom_retries_scoring)
-        exp, entropy = collect_experience(
-            self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
-            rows=rows, meter=self.meter, times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(indices)),
-            state=self.rollout_state)
-        components = self.reward.take_component_scores()
+        exp, entropy, components = self._collect_ahead(times) if self.ahead is not None else self._collect(times)
         if self.stop.requested:
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
@@ -215,6 +214,34 @@ class PPOTrainer:
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
+
+    def _collect(self, times: StageTimes) -> tuple[Experience, torch.Tensor, dict[str, list]]:
+        """Rollout and scoring of this iteration's batch by the engine synced to the current actor:
+        the experience, the rollout entropy (B, T) and the per-reward scores."""
+        t0 = time.perf_counter()
+        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
+        times.generation += time.perf_counter() - t0
+        indices = self.next_indices()
+        rows = [self.rows[i] for i in indices] if self.rows is not None else None
+        exp, entropy = collect_experience(
+            self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
+            rows=rows, meter=self.meter, times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(indices)),
+            state=self.rollout_state)
+        exp.policy_version = torch.full((len(exp),), self.iteration - 1, dtype=torch.long)
+        return exp, entropy, self.reward.take_component_scores()
+
+    def _collect_ahead(self, times: StageTimes) -> tuple[Experience, torch.Tensor, dict[str, list]]:
+        """:meth:`_collect` in the asynchronous mode (:mod:`homerlhf.ppo.asynchronous`): take this iteration's
+        batch, start the next one in the background, score this one with the trainer's module."""
+        t0 = time.perf_counter()
+        with phase(self.meter, "generation"):
+            pending = self.ahead.next_batch(self.iteration, self.next_indices, self.policy, self.total_iterations)
+        t1 = time.perf_counter()
+        times.generation += t1 - t0
+        with phase(self.meter, "scoring"):
+            exp, entropy = pending_experience(self.policy, pending, self.cfg, self.reference, self.rollout_state)
+        times.scoring += time.perf_counter() - t1
+        return exp, entropy, pending.components
 
     @staticmethod
     def _kl_ref_start(exp: Experience) -> float:
@@ -268,30 +295,19 @@ class PPOTrainer:
         self.history.append(row)
         if self.writer is not None:
             self.writer.log(row)
-            self.writer.log_samples(self.iteration, self.samples(exp))
-
-    def samples(self, exp: Experience) -> list[dict[str, Any]]:
-        """The first ``logging.samples_per_iteration`` generations as text, with their scores."""
-        tok = self.policy.tokenizer
-        out = []
-        for i in range(min(self.cfg.logging.samples_per_iteration, len(exp))):
-            out.append({
-                "prompt": tok.decode(exp.prompt_ids[i][exp.prompt_mask[i].bool()], skip_special_tokens=False),
-                "response": tok.decode(exp.response_ids[i][exp.response_mask[i].bool()], skip_special_tokens=True),
-                "score": float(exp.scores[i]),
-                "truncated": bool(exp.truncated[i]),
-            })
-        return out
+            self.writer.log_samples(self.iteration, sample_records(exp, self.policy.tokenizer,
+                                                                   self.cfg.logging.samples_per_iteration))
 
     def checkpoint(self) -> Optional[Path]:
         """Write the full checkpoint of the state after ``self.iteration`` (see ``homerlhf.ppo.checkpoint``)."""
         if self.run_dir is None:
             return None
         rng_state = self._iteration_start[0] if self._dropped_iteration else None
+        write_extra = self.ahead.checkpoint_files() if self.ahead is not None else None  # the batch ahead
         path = save_checkpoint(
             self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
             trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
-            generators=self._generators(), keep=self.cfg.checkpoint.keep,
+            generators=self._generators(), keep=self.cfg.checkpoint.keep, write_extra=write_extra,
         )
         self.last_checkpoint = self.guard.last_checkpoint = path
         return path
@@ -314,11 +330,17 @@ class PPOTrainer:
                 group["weight_decay"] = self.cfg.training.weight_decay
         if self.run_dir is not None:
             truncate_logs(self.run_dir, state["logs"])
+        if self.ahead is not None:
+            self.ahead.buffer.restore_from(Path(ckpt) / "buffer")
         self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
         return self.iteration
 
     def _checkpoint_after_failed_rollout(self) -> str:
         """Drop the iteration whose rollout failed, checkpoint the last finished one; say where it is."""
+        if self.ahead is not None:  # the failed batch was to be in the next checkpoint: the last one has its own
+            self.ahead.discard()
+            return (f"last checkpoint {self.last_checkpoint} (fix it, then --resume {self.run_dir})"
+                    if self.last_checkpoint else "no checkpoint written (no good iteration finished)")
         self._drop_iteration()
         saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
         if self.iteration == 0 or self.run_dir is None or self.guard.in_row:
@@ -343,28 +365,31 @@ class PPOTrainer:
         from tqdm.auto import tqdm
 
         total = iterations if iterations is not None else self.cfg.ppo.iterations
+        self.total_iterations = total
         bar = tqdm(total=total, initial=self.iteration, desc="PPO", unit="it",
                    disable=not self.cfg.logging.progress, dynamic_ncols=True)
         try:
             while self.iteration < total and not self.stop.requested:
                 try:
                     row = self.step()
+                    if row is None:
+                        break
+                    bar.update(1)
+                    bar.set_postfix(progress_postfix(row))
+                    # Not while non-finite steps are in a row: that state (e.g. a NaN-fed score
+                    # normaliser) is not one to resume from; the last good checkpoint stays the newest.
+                    healthy = self.guard.in_row == 0
+                    if healthy and (self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total):
+                        self.checkpoint()  # async: waits for the batch ahead, a failure of its surfaces here
                 except RewardFunctionError as exc:
                     raise RewardFunctionError(f"{exc}; {self._checkpoint_after_failed_rollout()}") from None
-                if row is None:
-                    break
-                bar.update(1)
-                bar.set_postfix(progress_postfix(row))
-                # Not while non-finite steps are in a row: that state (e.g. a NaN-fed score
-                # normaliser) is not one to resume from; the last good checkpoint stays the newest.
-                healthy = self.guard.in_row == 0
-                if healthy and (self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total):
-                    self.checkpoint()
             saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
             if self.stop.requested and not saved and self.iteration > 0 and self.guard.in_row == 0:
                 self.checkpoint()
         finally:
             bar.close()
+            if self.ahead is not None:
+                self.ahead.close()
             self.meter.close()
             if self.writer is not None:
                 self.writer.close()
