@@ -157,6 +157,11 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
     # values, rewards, advantages, returns, masks).
     exp = cfg.rollout.batch_size * (t * 16 + n * 8 * 4)
     comps.append(Component("experience buffer", "buffers", exp, note=f"{cfg.rollout.batch_size} samples"))
+    if cfg.rollout.async_:
+        # The batch sampled ahead, while this one trains: ids, masks, behaviour and reference log-probs.
+        ahead = cfg.rollout.batch_size * (t * 16 + n * 2 * 4)
+        comps.append(Component("experience batch ahead (async)", "buffers", ahead,
+                               note=f"{cfg.rollout.batch_size} samples"))
     return comps
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.components import GIB, Assumptions, Component, overhead_components, persistent_components
-from homerlhf.memory.host import workers_host_bytes
+from homerlhf.memory.host import engine_components, workers_host_bytes
 from homerlhf.memory.phases import PHASE_BUILDERS, PHASES
 from homerlhf.memory.shapes import ModelShape
 
@@ -247,7 +247,7 @@ def plan(
     that do (see :func:`homerlhf.memory.search.suggest`).
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
-    persistent = persistent_components(cfg, shape, assumptions)
+    persistent = persistent_components(cfg, shape, assumptions) + engine_components(cfg, shape, on_gpu=True)
     phases = []
     for name in PHASES:
         moment, transient = PHASE_BUILDERS[name](cfg, shape, assumptions)
