@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -89,6 +90,8 @@ def train(
         cfg = _load(preset, config, set_)
     check_device(cfg)
     result = run_ppo(cfg, out_dir=out, resume=resume, overwrite=overwrite)
+    if int(os.environ.get("RANK", "0")):
+        return  # data parallel: process 0 speaks for the run
     rows = result["metrics"]
     if result.get("stopped"):
         if result["checkpoint"] is None:

@@ -10,6 +10,8 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from homerlhf.config.distributed import DistributedConfig
+
 
 class _Section(BaseModel):
     # extra="forbid": an unknown key is an error, never silently ignored.
@@ -335,19 +337,16 @@ class RunConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.ppo.mini_batch_size > self.rollout.batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
-                f"({self.rollout.batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                             f"({self.rollout.batch_size})")
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
-                f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
         if self.ref.backend in ("hf", "function"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")

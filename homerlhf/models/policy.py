@@ -108,7 +108,7 @@ def load_base(model_path: str, cfg: RunConfig):
         model = AutoModelForCausalLM.from_pretrained(
             model_path,
             quantization_config=quantization_config(cfg.quant, device),
-            device_map={"": 0} if device == "cuda" else "cpu",
+            device_map={"": torch.cuda.current_device()} if device == "cuda" else "cpu",  # a rank's own GPU
             dtype=dtype,
             trust_remote_code=cfg.model.trust_remote_code,
             revision=cfg.model.revision,
