@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from homerlhf.config import RunConfig
+from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.distributed import Ranks
 
@@ -86,3 +87,60 @@ def build_scorers(cfg: RunConfig, policy, model_path: str, run_dir: Path, ranks:
                   else build_reward(cfg, policy.tokenizer, run_dir))
         stack.callback(reward.close)
     return reference, reward
+
+
+# -- launching ------------------------------------------------------------------------------------
+def launched() -> bool:
+    """True inside a process started by ``accelerate launch`` / torchrun."""
+    return "WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    """A free TCP port on this host for the process group's rendezvous (accelerate's default, 29500,
+    collides with any other run on the host)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_command(cfg: RunConfig, cli_args: list[str], port: int) -> tuple[list[str], dict[str, str]]:
+    """``accelerate launch`` of ``homerlhf <cli_args>`` on ``cfg.distributed.gpus`` processes on this
+    host (DDP: ``--multi_gpu``), and its environment. On a CPU card the processes use gloo
+    (``ACCELERATE_USE_CPU``; accelerate's own ``--cpu`` multi-process mode wants mpirun)."""
+    import sys
+
+    n = cfg.distributed.gpus
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n),
+           "--num_machines", "1", "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no"]
+    env = dict(os.environ)
+    if cfg.card.device == "cpu":
+        env["ACCELERATE_USE_CPU"] = "1"
+    return cmd + ["-m", "homerlhf.cli", *cli_args], env
+
+
+def relaunch(cfg: RunConfig, cli_args: list[str]) -> None:
+    """Replace this process by ``accelerate launch`` of the same command on ``distributed.gpus``
+    processes (exec: the launcher keeps this pid, so a signal to it reaches the run)."""
+    if cfg.card.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < cfg.distributed.gpus:
+            raise UserError(f"--gpus {cfg.distributed.gpus} but {torch.cuda.device_count()} CUDA GPU(s) are visible; "
+                            "pass --gpus with at most that many (or check CUDA_VISIBLE_DEVICES)")
+    from homerlhf.models.sharding import check_trainable_sharded
+    from homerlhf.ppo.distributed import check_data_parallel
+
+    check_trainable_sharded(cfg)
+    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
+    cmd, env = launch_command(cfg, cli_args, free_port())
+    sys_flush()
+    os.execvpe(cmd[0], cmd, env)
+
+
+def sys_flush() -> None:
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -171,6 +171,24 @@ def trainer_threads(cfg: RunConfig, processes_here: int = 1):
         torch.set_num_threads(before)
 
 
+def _claim_run(cfg: RunConfig, out_dir, resume, overwrite: bool, ranks) -> tuple[Path, Optional[Path]]:
+    """The run dir and the checkpoint to resume from (None for a new run). A new run's dir is claimed
+    by process 0 alone; the others learn its path."""
+    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+
+    if resume is None:
+        return ranks.broadcast(prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite) if ranks.is_main
+                               else None), None
+    if overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
+    if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+        raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
+    ckpt = find_resume_checkpoint(Path(resume))
+    check_resume_compatible(saved_config(ckpt), cfg, Path(resume))
+    return Path(resume), ckpt
+
+
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
             overwrite: bool = False, *, reward: Optional[RewardBackend] = None,
             stop=None) -> dict[str, Any]:
@@ -186,29 +204,19 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     see :mod:`homerlhf.stages.data_parallel` for what process 0 does alone.
     """
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.models.sharding import check_trainable_sharded
     from homerlhf.ppo.distributed import check_data_parallel, current_ranks
-    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
     from homerlhf.stages.data_parallel import build_scorers, watch_launcher
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # before any weight is read or run dir is written
+    check_trainable_sharded(cfg)
     ranks = current_ranks()
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
     watch_launcher(ranks)
-    ckpt = None
-    if resume is not None:
-        if overwrite:
-            raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
-        if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
-            raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
-        run_dir = Path(resume)
-        ckpt = find_resume_checkpoint(run_dir)
-        check_resume_compatible(saved_config(ckpt), cfg, run_dir)
-    else:
-        run_dir = ranks.broadcast(prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite) if ranks.is_main else None)
+    run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
     seed_everything(cfg.seed)
 
