@@ -19,6 +19,7 @@ About 3 minutes on 2 shared cores (two 2-process runs, one 1-process run, one re
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -44,8 +45,6 @@ def models(tmp_path_factory, tiny_llama_dir):
 
 
 def _env() -> dict[str, str]:
-    import os
-
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -166,3 +165,46 @@ def test_kill_9_of_the_launcher_then_resume(models, runs, tmp_path):
     diff = _max_diff(_weights(straight, N), _weights(out, N))
     print(f"max |weight diff| straight vs resumed after kill -9 at iteration {reached}: {diff:.2e}")
     assert diff <= TOLERANCE
+
+
+# -- fast: launching and worker ownership ----------------------------------------------------------
+def test_gpus_with_a_batch_that_does_not_split_is_one_line_before_anything_launches(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--preset", "cpu-tiny", "--gpus", "3", "--set", "rollout.batch_size=32"])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: rollout.batch_size 32 does not split over 3 processes") and "Traceback" not in err
+
+
+def test_fsdp_training_is_refused_before_anything_launches(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "cpu-tiny", "--gpus", "2", "--set", "distributed.fsdp=true"])
+    assert "does not run sharded yet" in capsys.readouterr().err
+
+
+def test_launch_command_starts_n_gloo_processes_on_a_cpu_card():
+    from homerlhf.config import load_config
+    from homerlhf.stages.data_parallel import launch_command
+
+    cfg = load_config("cpu-tiny", None, ["distributed.gpus=4"])
+    cmd, env = launch_command(cfg, ["train", "--gpus", "4"], 29999)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[cmd.index("--main_process_port") + 1] == "29999"
+    assert cmd[-4:] == ["homerlhf.cli", "train", "--gpus", "4"] and env["ACCELERATE_USE_CPU"] == "1"
+    gpu_env = launch_command(load_config("4090", None, ["distributed.gpus=2"]), ["train"], 1)[1]
+    assert gpu_env.get("ACCELERATE_USE_CPU") == os.environ.get("ACCELERATE_USE_CPU")  # a GPU card: left as it was
+
+
+def test_worker_owner_is_process_0_or_the_first_process_of_each_host():
+    from homerlhf.config import load_config
+    from homerlhf.ppo.distributed import Ranks
+    from homerlhf.stages.data_parallel import worker_owner
+
+    per_node, shared = (load_config("cpu-tiny", None, [f"distributed.workers={w}"]) for w in ("per_node", "shared"))
+    # 2 hosts x 2 GPUs: global ranks 0, 1 on host A, 2, 3 on host B (local ranks 0, 1 each).
+    assert [worker_owner(per_node, Ranks(r, 4, r % 2)) for r in range(4)] == [0, 0, 2, 2]
+    assert [worker_owner(shared, Ranks(r, 4, r % 2)) for r in range(4)] == [0, 0, 0, 0]
