@@ -143,7 +143,8 @@ def _rank_main(rank: int, port: int, out) -> None:
         p = torch.nn.Parameter(torch.zeros(2))
         p.grad = torch.tensor([1.0, 2.0]) * (rank + 1)  # rank 0: (1, 2), rank 1: (2, 4)
         ranks.all_reduce_grads([p])
-        out.put((rank, whitened, p.grad.clone(), ranks.gather({"r": [rank]}), ranks.broadcast(f"from {rank}"),
+        # Plain lists: a tensor would travel as a file descriptor the exiting child may close first.
+        out.put((rank, whitened.tolist(), p.grad.tolist(), ranks.gather({"r": [rank]}), ranks.broadcast(f"from {rank}"),
                  ranks.any(rank == 1)))
     finally:
         dist.destroy_process_group()
@@ -165,8 +166,8 @@ def test_two_gloo_processes_whiten_and_all_reduce_like_one():
     torch.manual_seed(0)
     x, mask = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).long()
     whole = masked_whiten(x, mask)
-    torch.testing.assert_close(torch.cat([results[0][0], results[1][0]]), whole, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(results[0][0] + results[1][0]), whole, rtol=0, atol=1e-6)
     for rank in (0, 1):
-        _, grad, gathered, broadcast, any_flag = results[rank]
-        assert grad.tolist() == [3.0, 6.0]  # (1, 2) + (2, 4)
+        grad, gathered, broadcast, any_flag = results[rank][1:]
+        assert grad == [3.0, 6.0]  # (1, 2) + (2, 4)
         assert gathered == [{"r": [0]}, {"r": [1]}] and broadcast == "from 0" and any_flag is True
