@@ -13,7 +13,8 @@ processes with ``accelerate launch`` (gloo), with the real llama.cpp reference a
   ``--resume`` continues, on one process and then on two, to the same weights as the straight run;
 - no process of any run outlives it.
 
-About 3.5 minutes on 2 shared cores (two 2-process runs, one 1-process run, two resumes).
+Slow: two 2-process runs, one 1-process run, a killed run and two resumes; 4 to 7 minutes on 2 shared
+cores, depending on their load.
 """
 
 from __future__ import annotations
