@@ -13,6 +13,8 @@ from pydantic import Field, model_validator
 from homerlhf.config.rollout import RolloutConfig
 from homerlhf.config.section import Section
 
+from homerlhf.config.distributed import DistributedConfig
+
 
 # extra="forbid" (an unknown key is an error) and frozen (never mutated during a run): Section's.
 _Section = Section
@@ -147,7 +149,7 @@ class RewardComponentConfig(BackendConfig):
     """One reward of a run: a reward model or a function, with its weight in the total score."""
 
     function: Optional[str] = Field(
-        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+        None, description="backend function: path/to/file.py:function_name (from that file only), or builtin:reverse."
     )
     weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
     name: Optional[str] = Field(
@@ -160,7 +162,7 @@ class RewardComponentConfig(BackendConfig):
         if self.name:
             return self.name
         if self.backend == "function" and self.function:
-            return self.function.rsplit(":", 1)[-1].lower()
+            return self.function.rsplit(":", 1)[-1].lower().replace("-", "_")
         return "rm"
 
 
@@ -293,19 +295,16 @@ class RunConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.ppo.mini_batch_size > self.rollout.batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
-                f"({self.rollout.batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                             f"({self.rollout.batch_size})")
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
-                f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
         if self.ref.backend in ("hf", "function"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")

@@ -25,6 +25,7 @@ overlap pays where the engine and the trainer run on different devices.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -33,9 +34,11 @@ import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.buffer import ExperienceBuffer, PendingBatch
-from homerlhf.ppo.collect import RolloutState, build_experience, generate_chunk, pad_right, score_in_chunks
+from homerlhf.ppo.collect import (RolloutState, StageTimes, build_experience, generate_chunk, pad_right, phase,
+                                  score_in_chunks)
 from homerlhf.ppo.engines import RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.rng import sample_seeds
@@ -123,6 +126,20 @@ class RolloutsAhead:
         self.settle()
         return lambda directory: self.buffer.copy_to(directory / "buffer")
 
+    def collect(self, iteration: int, draw: Callable[[], list[int]], policy, last_iteration: int, meter,
+                times: StageTimes) -> tuple[Experience, Tensor, dict[str, list]]:
+        """The trainer's rollout and scoring stage in this mode: :meth:`next_batch`, then
+        :func:`pending_experience`. Returns the experience, the entropy (B, T) and the per-reward scores."""
+        t0 = time.perf_counter()
+        with phase(meter, "generation"):
+            pending = self.next_batch(iteration, draw, policy, last_iteration)
+        t1 = time.perf_counter()
+        times.generation += t1 - t0
+        with phase(meter, "scoring"):
+            exp, entropy = pending_experience(policy, pending, self.cfg, self.reference, self.state)
+        times.scoring += time.perf_counter() - t1
+        return exp, entropy, pending.components
+
     def drop_iteration(self) -> None:
         """The iteration in progress is dropped: the batch sampled ahead goes, the one it took is
         pending again (a batch it sampled for itself goes too: its prompts are drawn again)."""
@@ -179,3 +196,13 @@ class RolloutsAhead:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def rollouts_ahead(cfg: RunConfig, ranks, engine: RolloutEngine, reference: ReferenceBackend, reward: RewardBackend,
+                   state: RolloutState, prompts, rows, run_dir: Optional[Path], policy) -> Optional[RolloutsAhead]:
+    """The trainer's :class:`RolloutsAhead` in the asynchronous mode, None otherwise."""
+    if not cfg.rollout.async_:
+        return None
+    if ranks.distributed:
+        raise UserError("rollout.async runs in one process; drop it or launch without data parallelism")
+    return RolloutsAhead(engine, reference, reward, cfg, state, prompts, rows, run_dir, policy)
