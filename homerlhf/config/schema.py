@@ -27,9 +27,7 @@ class CardConfig(_Section):
 
 class ModelConfig(_Section):
     name_or_path: str = Field(
-        "builtin:demo-sft",
-        description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).",
-    )
+        "builtin:demo-sft", description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safer).")
     revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit).")
 
@@ -163,11 +161,10 @@ class PPOConfig(_Section):
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
-        "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
-        "(reward); function: a Python function from your own file (reward).",
-    )
+    backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function"] = Field(
+        "llamacpp", description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); "
+        "adapter: a LoRA reward model on the policy's own 4-bit base (reward); hf: in-process (reward); "
+        "function: your own Python function (reward).")
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
@@ -349,7 +346,7 @@ class RunConfig(_Section):
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
         self._check_groups()
-        if self.ref.backend in ("hf", "function"):
+        if self.ref.backend in ("hf", "function", "adapter"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
         for key, reward in self.reward.all_rewards():
             _check_reward(key, reward)
@@ -390,7 +387,9 @@ class RunConfig(_Section):
 
 def _check_reward(key: str, reward: RewardComponentConfig) -> None:
     if reward.backend == "adapter_off":
-        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
+    if reward.backend == "adapter" and reward.url:
+        raise ValueError(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
     if reward.backend == "function" and not reward.function:
         raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
     if reward.function and reward.backend != "function":
