@@ -157,3 +157,28 @@ def test_loading_refuses_with_one_line(user_file, spec, fragment):
 def test_builtin_math_reward_loads_from_the_package():
     fn = load_reward_function("builtin:math")
     assert fn.where == "builtin_math.py:reward" and set(fn.args) <= {"response", "row"}
+
+
+def test_a_sum_with_a_part_on_the_policys_modules_scores_in_the_callers_thread():
+    """A reward on the policy's own modules (reward.backend adapter) must never run beside a policy
+    forward: a weighted sum holding one scores in the caller's thread, one without in a thread of its own."""
+    import threading
+
+    from homerlhf.ppo.backends import CallableReward
+    from homerlhf.ppo.reward_functions import WeightedReward
+
+    threads = []
+
+    class OnThePolicy(CallableReward):
+        shares_policy = True
+
+    def record(prompt, response):
+        threads.append(threading.get_ident())
+        return float(len(response))
+
+    for part, same_thread in ((OnThePolicy(record), True), (CallableReward(record), False)):
+        total = WeightedReward([("a", 2.0, part)])
+        future = total.submit_score([[1]], [[5, 6, 7]])
+        assert future.result() == [6.0]
+        assert (threads[-1] == threading.get_ident()) == same_thread
+        total.close()
