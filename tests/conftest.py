@@ -101,3 +101,32 @@ def peaked_policy_dir(tmp_path_factory):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+# The preference pairs a LoRA reward model is trained on in a few steps (tests of reward.backend adapter).
+LORA_RM_PAIRS = [
+    {"prompt": "Tell me about tea.", "chosen": "Happy to help! Tea is made by steeping dried leaves in hot water.",
+     "rejected": "Ugh, figure it out yourself."},
+    {"prompt": "Share a fact about cats.", "chosen": "Gladly! Cats sleep for most of the day.",
+     "rejected": "Not my problem. Go away."},
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_rm_dir(tiny_llama_dir, tmp_path_factory):
+    """A reward run dir (``adapter/``, ``model/``, ``reward_run.json``) of ``homerlhf reward`` with
+    rm.method qlora on ``tiny_llama_dir``: 3 steps at a high learning rate, so the LoRA and the score
+    head are far from their initial values."""
+    import json
+
+    from homerlhf.config import load_config
+    from homerlhf.stages.reward import run_reward
+
+    root = tmp_path_factory.mktemp("tiny-lora-rm")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in LORA_RM_PAIRS))
+    cfg = load_config("cpu-tiny", overrides=[
+        "rm.method=qlora", "rm.max_steps=3", "rm.batch_size=4", "rm.grad_accum=1", "rm.lr=1e-2", "rm.eval_data=null",
+        "data.eval_fraction=0.25", "logging.progress=false", "rm.export_gguf=false"])
+    run_reward(cfg, root / "rm", data=str(pairs), base=str(tiny_llama_dir))
+    return root / "rm"

@@ -30,9 +30,7 @@ class CardConfig(_Section):
 
 class ModelConfig(_Section):
     name_or_path: str = Field(
-        "builtin:demo-sft",
-        description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).",
-    )
+        "builtin:demo-sft", description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safer).")
     revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit).")
 
@@ -123,11 +121,10 @@ class PPOConfig(_Section):
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
-        "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
-        "(reward); function: a Python function from your own file (reward).",
-    )
+    backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function"] = Field(
+        "llamacpp", description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); "
+        "adapter: a LoRA reward model on the policy's own 4-bit base (reward); hf: in-process (reward); "
+        "function: your own Python function (reward).")
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
@@ -306,10 +303,13 @@ class RunConfig(_Section):
             raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
-        if self.ref.backend in ("hf", "function"):
+        if self.ref.backend in ("hf", "function", "adapter"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
         for key, reward in self.reward.all_rewards():
             _check_reward(key, reward)
+            if reward.backend == "adapter" and self.rollout.async_:
+                raise ValueError(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
+                                 "meanwhile; set rollout.async=false or use a llamacpp/hf reward")
         names = [reward.metric_name for _, reward in self.reward.all_rewards()]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -347,7 +347,9 @@ class RunConfig(_Section):
 
 def _check_reward(key: str, reward: RewardComponentConfig) -> None:
     if reward.backend == "adapter_off":
-        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
+    if reward.backend == "adapter" and reward.url:
+        raise ValueError(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
     if reward.backend == "function" and not reward.function:
         raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
     if reward.function and reward.backend != "function":

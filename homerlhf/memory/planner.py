@@ -235,6 +235,8 @@ def param_counts(cfg: RunConfig, shape: ModelShape) -> dict[str, int]:
         "lora_critic": 0 if cfg.critic.shared_adapter or not cfg.has_critic
         else shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules),
         "value_head": shape.hidden_size + 1 if cfg.has_critic else 0,
+        "lora_reward": sum(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards())
+        * shape.lora_params(cfg.rm.lora.r, cfg.rm.lora.target_modules),
     }
 
 
@@ -266,6 +268,9 @@ def plan(
         notes.append("reward.backend=hf: the in-process reward model's memory is not included")
     if cfg.ref.backend == "adapter_off":
         notes.append("ref.backend=adapter_off: reference log-probs are one more no-grad forward in scoring")
+    if any(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards()):
+        notes.append("reward.backend=adapter: the reward LoRA (as rm.lora) + score head on the shared base, "
+                     "scored by one more no-grad forward in scoring (ppo.micro_batch_size sequences)")
     result = Plan(
         model=shape.name,
         shape=shape.to_dict(),

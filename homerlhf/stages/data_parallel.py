@@ -73,7 +73,7 @@ def build_scorers(cfg: RunConfig, policy, model_path: str, run_dir: Path, ranks:
         reference = build_reference(cfg, policy, model_path, run_dir)
         stack.callback(reference.close)
         if reward is None:
-            reward = build_reward(cfg, policy.tokenizer, run_dir)
+            reward = build_reward(cfg, policy.tokenizer, run_dir, policy)
             stack.callback(reward.close)
         shared = (endpoint(reference), endpoint(reward))
     if ranks.distributed:
@@ -84,7 +84,7 @@ def build_scorers(cfg: RunConfig, policy, model_path: str, run_dir: Path, ranks:
         stack.callback(reference.close)
     if reward is None:
         reward = (connect_to("reward", shared[1], cfg, policy.tokenizer) if shared[1]
-                  else build_reward(cfg, policy.tokenizer, run_dir))
+                  else build_reward(cfg, policy.tokenizer, run_dir, policy))
         stack.callback(reward.close)
     return reference, reward
 

@@ -78,11 +78,12 @@ def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Pat
     return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir, vocab_rows=policy.vocab_size)
 
 
-def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path], policy=None) -> RewardBackend:
     """The run's reward: one reward model as it is; a function, or several rewards, weighted
-    (:class:`homerlhf.ppo.reward_functions.WeightedReward`). ``tokenizer``: the policy's."""
+    (:class:`homerlhf.ppo.reward_functions.WeightedReward`). ``tokenizer``: the policy's;
+    ``policy``: the run's ``PolicyModel``, which ``reward.backend: adapter`` scores on."""
     if not uses_weighted_reward(cfg):
-        return _model_reward(cfg, cfg.reward, tokenizer, run_dir)
+        return _model_reward(cfg, cfg.reward, tokenizer, run_dir, policy)
     from homerlhf.ppo.reward_functions import FunctionReward, WeightedReward, load_reward_function
 
     parts = []
@@ -91,7 +92,7 @@ def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path]) -> RewardBa
             if rc.backend == "function":
                 backend = FunctionReward(load_reward_function(rc.function, f"{key}.function"), tokenizer)
             else:
-                backend = _model_reward(cfg, rc, tokenizer, run_dir)
+                backend = _model_reward(cfg, rc, tokenizer, run_dir, policy)
             parts.append((rc.metric_name, rc.weight, backend))
     except BaseException:
         for _, _, backend in parts:
@@ -104,8 +105,10 @@ def uses_weighted_reward(cfg: RunConfig) -> bool:
     return cfg.reward.backend == "function" or bool(cfg.reward.components)
 
 
-def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path], policy=None) -> RewardBackend:
     """A reward model (``rc``: ``cfg.reward`` or one of its components) on its backend."""
+    if rc.backend == "adapter":
+        return adapter_reward(cfg, rc, policy)
     cfg = cfg.model_copy(update={"reward": rc})  # the backends read cfg.reward
     if cfg.reward.backend == "hf":
         import torch
@@ -126,6 +129,23 @@ def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path]) -> Rew
     return llamacpp_reward(cfg, tokenizer, run_dir)
 
 
+def adapter_reward(cfg: RunConfig, rc, policy) -> RewardBackend:
+    """``rc`` (``backend: adapter``) as a third adapter on ``policy``'s base, once its base is checked
+    to be the policy's. Several such rewards get one adapter each (``reward``, ``reward_<name>``)."""
+    from homerlhf.models.registry import resolve_model_dir
+    from homerlhf.models.reward_adapter import REWARD, RewardAdapter, check_same_base
+    from homerlhf.ppo.backends import AdapterReward
+
+    if policy is None:
+        raise UserError("reward.backend 'adapter' scores on the policy's base, which only a PPO run loads; "
+                        "use reward.backend=llamacpp or hf here")
+    adapter_dir = check_same_base(resolve_model(rc.model), resolve_model_dir(cfg.model.name_or_path))
+    _check_same_vocab(policy.tokenizer, str(adapter_dir))
+    name = REWARD if rc.metric_name == "rm" else f"{REWARD}_{rc.metric_name}"
+    return AdapterReward(RewardAdapter(policy.model, adapter_dir, policy.tokenizer.pad_token_id,
+                                       batch_size=cfg.ppo.micro_batch_size, name=name))
+
+
 def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> RolloutEngine:
     """The configured rollout engine (``rollout.engine``): the actor's own generate, or llama.cpp
     on the KL-consistent export with the actor's LoRA swapped in before every rollout."""
@@ -138,11 +158,11 @@ def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) 
 
 def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     """The configured reward model for scoring outside a PPO run (side-by-side answers): in process
-    for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model. Reward
+    for ``hf`` (and for ``adapter``: its run's merged ``model/``, on a full-precision base); else ``reward.url``, or a llama.cpp worker of its own on the exported model. Reward
     functions see no dataset row here (``row`` is ``{}``)."""
     if uses_weighted_reward(cfg):
         return build_reward(cfg, tokenizer, run_dir=None)
-    if cfg.reward.backend == "hf":
+    if cfg.reward.backend in ("hf", "adapter"):  # adapter: its merged model/, on a base of its own
         from homerlhf.ppo.backends import HFReward
 
         return HFReward(resolve_model(cfg.reward.model), trust_remote_code=cfg.model.trust_remote_code)

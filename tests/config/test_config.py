@@ -60,6 +60,8 @@ def test_config_is_frozen():
         (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
         (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
         (["ppo"], "section.key=value"),
+        (["rollout.engine=llamacpp", "rollout.async=true", "reward.backend=adapter", "reward.model=rm"],
+         "reward.backend 'adapter' scores on the policy's modules"),
     ],
 )
 def test_bad_values_name_the_key(overrides, fragment):
