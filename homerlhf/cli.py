@@ -130,11 +130,12 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
     fast: bool = typer.Option(False, "--fast", help="A couple of minutes instead of about ten (for CI)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
+    seed: int = typer.Option(0, "--seed", help="Seed of PPO and of the held-out samples."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
     from homerlhf.stages.demo import run_demo
 
-    run_demo(out, fast=fast, overwrite=overwrite)
+    run_demo(out, fast=fast, overwrite=overwrite, seed=seed)
 
 
 @app.command()

@@ -39,6 +39,8 @@ PROMPT_TEMPLATES = [
     "I have a question about {topic}.",
     "Please teach me something about {topic}.",
     "Share a fact about {topic}.",
+    "Give me one fact about {topic}.",
+    "What is worth knowing about {topic}?",
 ]
 
 POLITE_OPENINGS = [
@@ -146,3 +148,30 @@ def score_reply(topic: str, reply: str) -> float:
     rude = any(reply.startswith(r.split()[0]) for r in RUDE_REPLIES)
     on_topic = any(fact[:20] in reply for fact in TOPICS[topic])
     return 1.0 if on_topic and not rude else -1.0
+
+
+def topic_of(prompt: str) -> str | None:
+    """The topic a builtin prompt asks about (the longest topic name in it), or None."""
+    found = [topic for topic in TOPICS if topic in prompt]
+    return max(found, key=len) if found else None
+
+
+def _sentences() -> list[str]:
+    facts = [fact for facts in TOPICS.values() for fact in facts]
+    pieces = POLITE_OPENINGS + facts + [c for c in POLITE_CLOSINGS if c] + RUDE_REPLIES + OFF_TOPIC_REPLIES
+    return sorted(pieces, key=len, reverse=True)
+
+
+def well_formed(reply: str) -> bool:
+    """True when the reply is exactly a sequence of the task's sentences (openings, facts, closings,
+    rude or off-topic lines), separated by spaces: whole sentences, nothing cut or garbled."""
+    rest = reply.strip()
+    if not rest:
+        return False
+    pieces = _sentences()
+    while rest:
+        piece = next((p for p in pieces if rest.startswith(p)), None)
+        if piece is None:
+            return False
+        rest = rest[len(piece):].lstrip()
+    return True

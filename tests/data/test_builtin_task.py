@@ -21,3 +21,25 @@ def test_score_reply_counts_a_fact_cut_by_the_length_cap():
     assert builtin.score_reply("tea", "Happy to help! Rain falls when water drops in clou") == -1.0
     assert builtin.score_reply("tea", "Ugh, figure it out yourself.") == -1.0
     assert builtin.score_reply("tea", "Gladly! I had a nice walk this morning.") == -1.0
+
+
+def test_held_out_split_has_at_least_40_prompts():
+    train, held = builtin.split_examples(seed=0)
+    assert len(held) >= 40 and len(train) + len(held) == len(builtin.TOPICS) * len(builtin.PROMPT_TEMPLATES)
+
+
+def test_topic_of_finds_the_topic_a_prompt_asks_about():
+    assert builtin.topic_of("<s>[user] Tell me about the moon.") == "the moon"
+    assert builtin.topic_of("Share a fact about bees.") == "bees"
+    assert builtin.topic_of("Hello there.") is None
+    assert all(builtin.topic_of(ex.prompt) == ex.topic for ex in builtin.all_examples())
+
+
+def test_well_formed_accepts_whole_task_sentences_only():
+    assert builtin.well_formed("Sure, good question. Tea is made by steeping dried leaves in hot water. I hope that helps.")
+    assert builtin.well_formed("Ugh, figure it out yourself.")
+    assert builtin.well_formed("Gladly! I had a nice walk this morning.")
+    assert not builtin.well_formed("Sure, good question. Tea is made by steeping")  # cut by the cap
+    assert not builtin.well_formed("Sure, gASure, good question. Aell each rain gauge meas")  # garbled
+    assert not builtin.well_formed("")
+    assert not builtin.well_formed("Happy to help! Tea is made by steeping dried leaves in hot water. extra")

@@ -25,7 +25,7 @@ def test_demo_fast_end_to_end(tmp_path):
     out = tmp_path / "demo"
     before = {p.pid for p in _worker_processes()}
     proc = subprocess.run(
-        [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
+        [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--seed", "0", "--out", str(out)],
         capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -44,9 +44,14 @@ def test_demo_fast_end_to_end(tmp_path):
     assert (out / "reward_curve.png").stat().st_size > 10_000
     assert (out / "config.yaml").is_file()
     pairs = [json.loads(line) for line in (out / "before_after.jsonl").read_text().splitlines()]
-    assert len(pairs) == 6 and all({"before", "after", "before_score", "after_score"} <= set(p) for p in pairs)
-    assert "| prompt | before PPO" in (out / "before_after.md").read_text()
+    # Every held-out prompt, answered before and after PPO, scored by the checker, the RM and fluency.
+    keys = {"before", "after", "before_score", "after_score", "before_good", "after_good",
+            "before_well_formed", "after_well_formed", "before_truncated", "after_truncated"}
+    assert len(pairs) >= 40 and all(keys <= set(p) for p in pairs)
+    md = (out / "before_after.md").read_text()
+    assert "| prompt | before PPO" in md and "| checker accuracy (polite + on-topic) |" in md
     assert "homerlhf demo summary" in proc.stdout
+    assert "alignment improved" in proc.stdout or "alignment did NOT improve" in proc.stdout
 
     assert {p.pid for p in _worker_processes()} - before == set()
 
