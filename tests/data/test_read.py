@@ -18,7 +18,7 @@ def write_jsonl(path, rows):
 
 def test_builtin_sources():
     prompts, report = load_prompts("builtin:demo")
-    assert report.n_bad == 0 and len(prompts) == 120
+    assert report.n_bad == 0 and len(prompts) == 160  # 20 topics x 8 templates
     pairs, _ = load_preferences("builtin:demo-pairs")
     held, _ = load_preferences("builtin:demo-pairs-heldout")
     assert not {p["prompt"][0]["content"] for p in pairs} & {p["prompt"][0]["content"] for p in held}
