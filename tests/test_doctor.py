@@ -14,11 +14,9 @@ from homerlhf.workers.process import portable_reinstall_command
 
 
 def test_export_types_are_read_from_the_presets():
-    # presets/*.yaml: cpu-tiny exports f32 (ref and reward), the seven GPU presets q8_0.
-    assert doctor.preset_export_types() == {
-        "f32": ["cpu-tiny"],
-        "q8_0": ["3060-12g", "3090", "4060ti-16g", "4080", "4090", "a100-80g", "t4-colab"],
-    }
+    # presets/*.yaml: cpu-tiny exports f32 (ref and reward); the seven GPU presets f16 (ref), q8_0 (reward).
+    gpu = ["3060-12g", "3090", "4060ti-16g", "4080", "4090", "a100-80g", "t4-colab"]
+    assert doctor.preset_export_types() == {"f16": gpu, "f32": ["cpu-tiny"], "q8_0": gpu}
 
 
 def test_build_features_of_a_system_info_line():
@@ -63,7 +61,8 @@ def test_doctor_all_good_through_the_cli(tmp_path):
     rows = {m.group(1).strip(): (m.group(2), m.group(3).strip()) for m in
             re.finditer(r"^│ (.+?)│ (ok|warn|FAIL) *│(.*?)│", out, re.M)}
     for name in ("python", "torch", "transformers", "peft", "trl", "bitsandbytes", "llama-cpp-python",
-                 "llama.cpp build", "llama.cpp decode f32", "llama.cpp decode q8_0", "bitsandbytes NF4 (cpu)",
+                 "llama.cpp build", "llama.cpp decode f32", "llama.cpp decode f16", "llama.cpp decode q8_0",
+                 "bitsandbytes NF4 (cpu)",
                  "host", "cache dir"):
         assert rows[name][0] == "ok", (name, rows.get(name))
     assert rows["CUDA"][0] == "warn"  # CUDA_VISIBLE_DEVICES="": warned about, never a failure

@@ -38,7 +38,6 @@ CLI_CASES = [
     ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),
     ("nonfinite-limit-zero", ["train", "--set", "training.max_nonfinite_steps=0"], 2, "config key 'training.max_nonfinite_steps': got 0"),
     ("rollout-top-p", ["train", "--set", "rollout.top_p=0.9"], 2, "training rollouts must sample the full distribution"),
-    ("temperature-llamacpp-ref", ["train", "--set", "rollout.temperature=0.7"], 2, "needs ref.backend=adapter_off"),
     ("gpu-preset-without-gpu", ["train", "--preset", "4090"], 2, "needs a CUDA GPU (RTX 4090) and none is visible; use --preset cpu-tiny"),
     ("unknown-option", ["train", "--bogus"], 2, "No such option: --bogus"),
     ("unknown-command", ["bogus"], 2, "No such command 'bogus'"),

@@ -272,14 +272,3 @@ class RunConfig(_Section):
         if not self.reward.model and not self.reward.url:
             raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
         return self
-
-    @model_validator(mode="after")
-    def _reference_at_rollout_temperature(self) -> "RunConfig":
-        # The KL reference must score at the temperature the actor samples and is scored at; the
-        # llama.cpp worker computes at temperature 1 only.
-        if self.rollout.temperature != 1.0 and self.ref.backend == "llamacpp":
-            raise ValueError(
-                f"rollout.temperature={self.rollout.temperature} needs ref.backend=adapter_off: the llama.cpp "
-                "reference scores at temperature 1 only (or keep rollout.temperature=1.0)"
-            )
-        return self

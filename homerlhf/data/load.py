@@ -2,7 +2,8 @@
 
 ``load_records(source, kind, cfg.data)`` reads raw rows (:mod:`homerlhf.data.read`: a builtin
 name, a local file or a hub id), converts each with the converter its columns call for
-(:mod:`homerlhf.data.formats`) and returns the records with a :class:`LoadReport`. Rows that
+(:mod:`homerlhf.data.formats`; detected per row, so a file mixing ``prompt``, ``instruction`` +
+``input`` and ``messages`` rows keeps them all) and returns the records with a :class:`LoadReport`. Rows that
 cannot be used (missing field, wrong type, empty text, chosen == rejected) are counted in the
 report with the first few shown; no usable row at all is a one-line UserError. Tokenising the
 records is :mod:`homerlhf.data.tokens`.
@@ -63,27 +64,65 @@ class LoadReport:
         return asdict(self)
 
 
+def _converter(kind: Kind, columns: list[str], cols: Columns):
+    """(format name, row -> record) for rows with these ``columns``."""
+    if kind == "prompt":
+        fmt, fn = prompt_converter(columns, cols)
+        return fmt, lambda row: {"prompt": fn(row)}
+    if kind == "sft":
+        return sft_converter(columns, cols)
+    if kind == "preference":
+        return preference_converter(columns, cols)
+    raise ValueError(f"unknown record kind {kind!r}")
+
+
+def _row_converters(rows: list[dict[str, Any]], kind: Kind, cols: Columns) -> list:
+    """One (format, convert) per row, chosen from the columns that row fills (readers give every
+    row every column of the file, ``None`` where absent); a row that fits no format alone gets the
+    file-wide one (it then reports its own missing field), else the UserError saying why. A
+    UserError is raised only when no row fits any format."""
+
+    def pick(columns: tuple[str, ...]):
+        try:
+            return _converter(kind, list(columns), cols)
+        except UserError as exc:
+            return exc
+
+    file_wide = pick(tuple(sorted({k for r in rows for k in r if not k.startswith("__")})))
+    by_columns: dict[tuple[str, ...], Any] = {}
+    picked = []
+    for row in rows:
+        if "__bad__" in row:  # unreadable: counted by the caller
+            picked.append(None)
+            continue
+        key = tuple(sorted(k for k, v in row.items() if not k.startswith("__") and v is not None))
+        if key not in by_columns:
+            own = pick(key)
+            by_columns[key] = file_wide if isinstance(own, UserError) else own
+        picked.append(by_columns[key])
+    if not any(isinstance(c, tuple) for c in picked):
+        raise file_wide if isinstance(file_wide, UserError) else next(c for c in picked if c is not None)
+    return picked
+
+
 def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(), source: str = "rows") -> tuple[list[Record], LoadReport]:
     """Raw rows -> normalised records of ``kind`` and the report of what was dropped and why."""
     report = LoadReport(source=source, kind=kind, n_rows=len(rows))
-    columns = sorted({k for r in rows for k in r if not k.startswith("__")})
-    if not rows or not columns:
+    if not rows or not any(k for r in rows for k in r if not k.startswith("__")):
         raise UserError(f"{source} has no rows; check the file or split")
-    if kind == "prompt":
-        report.format, fn = prompt_converter(columns, cols)
-        convert = lambda row: {"prompt": fn(row)}  # noqa: E731
-    elif kind == "sft":
-        report.format, convert = sft_converter(columns, cols)
-    elif kind == "preference":
-        report.format, convert = preference_converter(columns, cols)
-    else:
+    if kind not in ("prompt", "sft", "preference"):
         raise ValueError(f"unknown record kind {kind!r}")
+    converters = _row_converters(rows, kind, cols)
+    formats = list(dict.fromkeys(c[0] for c in converters if isinstance(c, tuple)))
+    report.format = " + ".join(formats)
     records = []
     for i, row in enumerate(rows):
         try:
             if "__bad__" in row:
                 raise BadRow(row["__bad__"])
-            record = convert(row)
+            if isinstance(converters[i], UserError):
+                raise BadRow(str(converters[i]))
+            record = converters[i][1](row)
             if kind == "preference" and record["chosen"] == record["rejected"]:
                 raise BadRow("chosen == rejected")
         except BadRow as exc:

@@ -29,6 +29,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_mean": "Mean over sequences of the summed per-token KL(actor || reference) estimate, in nats.",
     "kl_per_token": "The same KL estimate averaged over response tokens.",
     "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
+    "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
     "value_mean": "Mean critic value over response tokens at rollout.",
     "return_mean": "Mean GAE return over response tokens (the critic's target).",
@@ -89,6 +90,18 @@ def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: f
         "response_length_mean": float(mask.sum(dim=1).float().mean()),
         "truncated_fraction": float(exp.truncated.float().mean()),
     }
+
+
+KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
+
+
+def kl_ref_start(exp: Experience) -> float:
+    """Mean per-token KL(actor || reference) over response tokens, k3 estimator (>= 0):
+    ``exp(ref_logp - logp) - 1 - (ref_logp - logp)``. On iteration 1's experience, before any
+    update, it measures how far the reference is from the actor's starting weights."""
+    mask = exp.response_mask.bool()
+    log_ratio = (exp.ref_logprobs - exp.logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
+    return float(masked_mean(log_ratio.expm1() - log_ratio, mask))
 
 
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",

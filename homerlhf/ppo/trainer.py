@@ -34,7 +34,7 @@ from homerlhf.ppo.collect import StageTimes, collect_experience, phase
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
-from homerlhf.ppo.metrics import MetricsWriter, iteration_metrics, progress_postfix
+from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.rng import capture_rng_state
 from homerlhf.ppo.running import RunningMoments
@@ -167,9 +167,21 @@ class PPOTrainer:
         self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started)
+        if self.iteration == 1:
+            row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
+
+    @staticmethod
+    def _kl_ref_start(exp: Experience) -> float:
+        """The reference's distance from the actor before any update, warned about when not ~0."""
+        kl = kl_ref_start(exp)
+        if kl > KL_REF_START_WARN:
+            log.warning("kl_ref_start = %.2e nats/token (> %.0e): the reference is not the actor's starting "
+                        "model; export it from the policy base (ref.from_nf4) or expect a KL penalty from step 0",
+                        kl, KL_REF_START_WARN)
+        return kl
 
     def advantages(self, exp: Experience, kl_coef: float, times: StageTimes) -> tuple[Experience, torch.Tensor]:
         """Scores as they enter the rewards (B,), then rewards, GAE and whitening on ``exp``."""

@@ -36,9 +36,10 @@ class _WorkerBackend:
     client: WorkerClient
     _executor: Optional[ThreadPoolExecutor] = None
 
-    def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds) -> list:
+    def _post_all(self, path: str, key: str, prompt_ids: TokenIds, response_ids: TokenIds, **extra) -> list:
         out: list = []
         for body in self._chunks(prompt_ids, response_ids):
+            body.update(extra)
             answer = self.client.post(path, body)[key]
             if len(answer) != len(body["sequences"]):  # one result per sample, or none at all
                 raise WorkerError(f"{path}: {len(answer)} results for {len(body['sequences'])} sequences")
@@ -66,15 +67,17 @@ class _WorkerBackend:
 
 
 class LlamaCppReference(_WorkerBackend, ReferenceBackend):
-    """Reference log-probs from a ref worker (``POST /logprobs``)."""
+    """Reference log-probs from a ref worker (``POST /logprobs``), at the actor's sampling
+    ``temperature``: the worker scores ``log_softmax(logits / temperature)`` as the actor does."""
 
-    def __init__(self, client: WorkerClient):
+    def __init__(self, client: WorkerClient, temperature: float = 1.0):
         self.client = client
+        self.temperature = float(temperature)
 
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         if len(prompt_ids) == 0:
             return []
-        return self._post_all("/logprobs", "logprobs", prompt_ids, response_ids)
+        return self._post_all("/logprobs", "logprobs", prompt_ids, response_ids, temperature=self.temperature)
 
 
 class LlamaCppReward(_WorkerBackend, RewardBackend):
@@ -104,8 +107,10 @@ def check_worker(health: dict, role: str, fingerprint: Optional[str], where: str
 
 
 def connect(role: str, *, url: Optional[str] = None, token: Optional[str] = None,
-            process: Optional[WorkerProcess] = None, fingerprint: Optional[str] = None):
-    """A started, checked backend for ``role`` (``ref`` or ``reward``)."""
+            process: Optional[WorkerProcess] = None, fingerprint: Optional[str] = None,
+            temperature: float = 1.0):
+    """A started, checked backend for ``role`` (``ref`` or ``reward``); a ref backend asks for
+    log-probs at ``temperature``."""
     client = WorkerClient(url=url, token=token, process=process)
     try:
         health = client.start()
@@ -117,7 +122,7 @@ def connect(role: str, *, url: Optional[str] = None, token: Optional[str] = None
     except BaseException:
         client.close()
         raise
-    return LlamaCppReference(client) if role == "ref" else LlamaCppReward(client)
+    return LlamaCppReference(client, temperature) if role == "ref" else LlamaCppReward(client)
 
 
 # --------------------------------------------------------------------------- GGUF cache
@@ -208,16 +213,18 @@ def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_
                        vocab_rows: Optional[int] = None) -> LlamaCppReference:
     """The ref backend of a run: ``cfg.ref.url`` if set, else a local worker on ``cfg.ref.model``
     as it is when that is a .gguf file (``vocab_rows``: the policy's embedding rows), else on its
-    exported GGUF (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``)."""
+    exported GGUF (default: the policy base, dequantized NF4 when ``cfg.ref.from_nf4``).
+    Log-probs are asked for at ``cfg.rollout.temperature``, the actor's."""
     rc = cfg.ref
     fingerprint = tokenizer_fingerprint(tokenizer)
+    temperature = cfg.rollout.temperature
     if rc.url:
-        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint)
+        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint, temperature=temperature)
     if rc.model and rc.model.endswith(".gguf"):
         gguf = gguf_as_reference(Path(rc.model).expanduser(), tokenizer, vocab_rows or len(tokenizer))
-        return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None)
+        return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None, temperature=temperature)
     gguf = cached_ref_gguf(rc.model or policy_model_path, rc.outtype, rc.from_nf4, cfg.quant, cfg.card.device)
-    return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint)
+    return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=fingerprint, temperature=temperature)
 
 
 def llamacpp_reward(cfg: "RunConfig", tokenizer, run_dir) -> LlamaCppReward:

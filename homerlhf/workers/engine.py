@@ -4,8 +4,8 @@ llama.cpp runs in-process through llama-cpp-python's low-level API, so several s
 ``llama_decode`` batch (the high-level ``Llama`` class decodes one sequence at a time). Token ids
 come in and go out; the engine never tokenizes text.
 
-- ref role, :meth:`Engine.logprobs`: per-token ``log p(response[t] | prompt, response[:t])``;
-  log-softmax is done here in float64 from the raw logits.
+- ref role, :meth:`Engine.logprobs`: per-token ``log p(response[t] | prompt, response[:t])`` at the
+  request's sampling temperature: log-softmax of ``logits / temperature``, in float64, done here.
 - reward role, :meth:`Engine.score`: ``score_head · h_last (+ bias)`` where ``h_last`` is the last
   token's post-norm hidden state (LAST pooling), as HF ``*ForSequenceClassification`` computes it.
 
@@ -236,10 +236,13 @@ class Engine:
 
     # ----------------------------------------------------------------------- the two computations
 
-    def logprobs(self, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        """Per response token ``log p(r_t | prompt, r_<t)``; row ``i`` of the logits predicts token ``i+1``."""
+    def logprobs(self, sequences: list[tuple[list[int], list[int]]], temperature: float = 1.0) -> list[list[float]]:
+        """Per response token ``log softmax(logits / temperature)[r_t]``, the distribution the actor
+        sampled from; row ``i`` of the logits predicts token ``i+1``."""
         if self.role != "ref":
             raise BadRequest("this worker serves the reward role; POST /score")
+        if not temperature > 0:
+            raise BadRequest(f"temperature {temperature} must be > 0")
         self.validate(sequences)
         started = time.perf_counter()
         result: list[list[float]] = [[] for _ in sequences]
@@ -256,6 +259,7 @@ class Engine:
             self._decode([full[i] for i in pack], flags)
             ptr = self._llama.llama_get_logits(self._ctx.ctx)
             logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).astype(np.float64)  # (n_out, V)
+            logits /= temperature
             peak = logits.max(axis=1, keepdims=True)
             lse = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))  # (n_out,)
             row = 0

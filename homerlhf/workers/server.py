@@ -1,6 +1,7 @@
 """The llama.cpp worker: one process serving one model (reference or reward) over HTTP.
 
-``POST /logprobs`` (ref role) and ``POST /score`` (reward role) take token ids and answer with
+``POST /logprobs`` (ref role, with the actor's sampling ``temperature``, default 1) and
+``POST /score`` (reward role) take token ids and answer with
 :class:`~homerlhf.workers.engine.Engine`'s results; ``GET /health`` reports the model, its
 vocabulary fingerprint and the served totals.
 
@@ -37,10 +38,16 @@ class SequenceIds(BaseModel):
 
 
 class SequencesRequest(BaseModel):
-    """The body of ``POST /logprobs`` and ``POST /score``."""
+    """The body of ``POST /score``."""
 
     model_config = ConfigDict(extra="forbid")
     sequences: list[SequenceIds] = Field(min_length=1)
+
+
+class LogprobsRequest(SequencesRequest):
+    """The body of ``POST /logprobs``: the sequences and the temperature the actor sampled at."""
+
+    temperature: float = Field(1.0, gt=0)
 
 
 def check_bind(host: str, token: Optional[str]) -> None:
@@ -97,9 +104,9 @@ def create_app(engine: Engine, token: Optional[str] = None):
 
     # Sync handlers run in FastAPI's thread pool; the lock makes the llama context single-user.
     @app.post("/logprobs")
-    def logprobs(body: SequencesRequest):
+    def logprobs(body: LogprobsRequest):
         with engine.lock:
-            return {"logprobs": engine.logprobs(_pairs(body))}
+            return {"logprobs": engine.logprobs(_pairs(body), body.temperature)}
 
     @app.post("/score")
     def score(body: SequencesRequest):

@@ -66,6 +66,24 @@ def test_prompt_wrong_type_row_is_bad_not_fatal(tmp_path):
     assert reasons(report) == ["prompt should be text, got int", "not valid JSON"]
 
 
+def test_mixed_prompt_formats_keep_every_row(tmp_path):
+    """The format is detected per row: one file mixing prompt, instruction+input and messages rows."""
+    src = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"prompt": "Tell me about tea."},
+        {"instruction": "Summarise this.", "input": "Rain falls."},
+        {"messages": [user("Hello there.")]},
+        {"prompt": ""},
+    ])
+    records, report = load_prompts(src)
+    assert [r["prompt"][-1]["role"] for r in records] == ["user"] * 3
+    assert records[0] == {"prompt": [user("Tell me about tea.")]}
+    assert "Summarise this." in records[1]["prompt"][-1]["content"] and "Rain falls." in records[1]["prompt"][-1]["content"]
+    assert records[2] == {"prompt": [user("Hello there.")]}
+    assert (report.n_rows, report.n_usable, report.n_bad) == (4, 3, 1)
+    assert reasons(report) == ["empty prompt"]
+    assert report.format.split(" + ") == ["prompt", "instruction/input", "messages (messages)"]
+
+
 def test_question_column_csv(tmp_path):
     path = tmp_path / "q.csv"
     path.write_text('question,id\n"How do bees make honey?",1\n,2\n"Why is snow light?",3\n')

@@ -9,7 +9,8 @@ import torch
 
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
-from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, rollout_metrics, time_metrics
+from homerlhf.ppo.metrics import (METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, kl_ref_start, rollout_metrics,
+                                  time_metrics)
 
 PAD = 9.0  # at masked positions: must not reach any metric
 
@@ -47,6 +48,18 @@ def test_rollout_metrics_by_hand():
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
 
 
+def test_kl_ref_start_by_hand():
+    import math
+
+    exp = _experience()
+    # log(p_ref / p) per token: ln 2 and -ln 2 on two of the 5 response tokens, 0 elsewhere, PAD masked.
+    exp.ref_logprobs = torch.tensor([[math.log(2), 0.0, 0.0], [-math.log(2), 0.0, PAD]])
+    # k3 = e^r - 1 - r: (2 - 1 - ln 2) + (1/2 - 1 + ln 2) = 0.5 over 5 tokens.
+    assert kl_ref_start(exp) == pytest.approx(0.1, abs=1e-7)  # float32 log-probs
+    exp.ref_logprobs = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, PAD]])
+    assert kl_ref_start(exp) == 0.0
+
+
 def test_time_metrics_by_hand():
     times = StageTimes(generation=2.0, scoring=0.5, reference_reward_wait=0.25, advantages=0.125, update=4.0)
     got = time_metrics(times, _experience(), optimizer_steps=3, mini_batch_size=2, iteration_s=7.0)
@@ -67,4 +80,5 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
     assert 3.0 <= row["time_iteration_s"] < 60.0
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
-    assert set(METRIC_DESCRIPTIONS) - set(row) == {key for key in METRIC_DESCRIPTIONS if "_mem_" in key}
+    # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only.
+    assert set(METRIC_DESCRIPTIONS) - set(row) == {key for key in METRIC_DESCRIPTIONS if "_mem_" in key} | {"kl_ref_start"}

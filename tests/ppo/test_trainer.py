@@ -4,6 +4,7 @@ tests/stages/test_resume.py)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -31,6 +32,8 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_c
     # The first step's approx_kl is 0 (new policy == old); after one step it exceeds 1e-9: stop.
     assert row["early_stopped"] == 1 and row["optimizer_steps"] == 2
     assert row["kl_mean"] == pytest.approx(0.0, abs=1e-6)
+    # Adapter-off reference = the actor before any update (LoRA B starts at 0).
+    assert row["kl_ref_start"] == pytest.approx(0.0, abs=1e-6)
     assert all(p.requires_grad for p in policy.value_head.parameters())
     assert max(float((p - b).abs().max()) for p, b in zip(policy.actor_parameters(), before)) > 0
     # The planner's prediction for this model and these settings is logged beside the measured peaks.
@@ -41,6 +44,25 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_c
     trainer.update_state.micro_batch_size = 2
     at_two = predicted_peaks(apply_overrides(cfg, {"ppo.micro_batch_size": 2}), resolve_shape(str(tiny_llama_dir)))
     assert trainer.memory_metrics()["predicted_mem_update_gib"] == at_two["update"] != predicted["update"]
+
+
+def test_kl_ref_start_warns_in_one_line_above_1e_3(caplog):
+    import logging
+
+    from homerlhf.ppo.experience import Experience
+
+    ones = torch.ones(1, 2)
+    exp = Experience(prompt_ids=torch.tensor([[5]]), prompt_mask=torch.tensor([[1]]), response_ids=torch.tensor([[8, 2]]),
+                     response_mask=torch.tensor([[1, 1]]), logprobs=-ones, ref_logprobs=-ones, values=0 * ones,
+                     scores=torch.zeros(1), truncated=torch.tensor([False]), rewards=0 * ones, kl=0 * ones,
+                     advantages=0 * ones, returns=0 * ones)
+    with caplog.at_level(logging.WARNING, logger="homerlhf.ppo.trainer"):
+        assert PPOTrainer._kl_ref_start(exp) == 0.0
+        assert caplog.records == []
+        exp.ref_logprobs = torch.tensor([[-1.1, -1.0]])  # k3 of r = -0.1: e^-0.1 - 0.9 = 4.84e-3, /2 tokens
+        assert PPOTrainer._kl_ref_start(exp) == pytest.approx((math.exp(-0.1) - 0.9) / 2, rel=1e-5)  # float32 log-probs
+    [record] = caplog.records
+    assert "kl_ref_start = 2.42e-03" in record.getMessage() and "\n" not in record.getMessage()
 
 
 # -- learning ----------------------------------------------------------------------------------

@@ -14,13 +14,14 @@ PROMPTS = [[2, 4, 17, 30, 41], [2, 5, 99], [2, 4, 200, 201, 202, 203, 7, 8], [2,
 RESPONSES = [[50, 51, 52, 1], [60, 61, 62, 63, 64, 65, 1], [70, 1], [80, 81, 82]]
 
 
-def hf_logprobs(model, prompts, responses) -> list[list[float]]:
-    """Per-token log p(response) under a HF causal LM, one sequence at a time (no padding)."""
+def hf_logprobs(model, prompts, responses, temperature: float = 1.0) -> list[list[float]]:
+    """Per-token log p(response) under a HF causal LM at ``temperature``, one sequence at a time
+    (no padding): ``log_softmax(logits / temperature)``."""
     out = []
     with torch.no_grad():
         for p, r in zip(prompts, responses):
             ids = torch.tensor([list(p) + list(r)])
-            logp = torch.log_softmax(model(ids).logits[0].double(), dim=-1)  # (T, V)
+            logp = torch.log_softmax(model(ids).logits[0].double() / temperature, dim=-1)  # (T, V)
             rows = torch.arange(len(p) - 1, len(p) + len(r) - 1)
             out.append(logp[rows, torch.tensor(r)].tolist())
     return out

@@ -22,10 +22,11 @@ def tokenizer(tiny_llama_dir):
 def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples):
     from homerlhf.paths import cache_dir
 
-    cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true"])
+    cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true", "rollout.temperature=0.7"])
     assert cfg.ref.from_nf4 and cfg.ref.outtype == "f32"
     backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
     try:
+        assert backend.temperature == 0.7  # the rollout's, sent with every request
         health = backend.health()
         assert health["role"] == "ref" and health["n_ctx"] == cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
         assert health["f32_kv_cache"] is True
@@ -112,7 +113,7 @@ def test_a_gguf_reference_is_served_as_it_is(llama_f32_gguf, tiny_llama_dir, tok
 
 
 def test_a_gguf_reference_with_other_tokens_is_refused(llama_f32_gguf, tokenizer):
-    from homerlhf.workers.server import read_gguf_info
+    from homerlhf.workers.engine import read_gguf_info
     from homerlhf.workers.vocab import check_same_vocabulary
 
     tokens = read_gguf_info(llama_f32_gguf, all_tokens=True).tokens

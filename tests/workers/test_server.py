@@ -38,6 +38,23 @@ def test_llama_logprobs_equal_hf(llama_ref, tiny_llama_dir, samples, hf_ref):
     assert diff <= 1e-3
 
 
+def test_logprobs_at_the_request_temperature_equal_hf(llama_ref, tiny_llama_dir, samples, hf_ref):
+    """The worker scores log_softmax(logits / T), the distribution the actor sampled at T."""
+    PROMPTS, RESPONSES = samples
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.workers.backends import LlamaCppReference
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    tempered = LlamaCppReference(llama_ref.client, temperature=0.7)
+    got = tempered.logprobs(PROMPTS, RESPONSES)
+    diff = _max_diff(got, hf_ref(model, PROMPTS, RESPONSES, temperature=0.7))
+    print(f"llama F32 export, F32 KV, T=0.7: max |logprob diff| vs HF = {diff:.2e}")
+    assert diff <= 1e-3
+    # The temperature changes the numbers far beyond the tolerance: the check can fail.
+    assert _max_diff(got, hf_ref(model, PROMPTS, RESPONSES)) > 1e-2
+
+
 def test_qwen2_logprobs_equal_hf(qwen2_f32_gguf, tiny_qwen2_dir, tmp_path, samples, hf_ref):
     PROMPTS, RESPONSES = samples
     from transformers import AutoModelForCausalLM
@@ -117,6 +134,8 @@ def test_qwen2_reward_via_cli_export_and_token_auth(qwen2_rm_dir, tmp_path, samp
         ("/logprobs", {"sequences": [{"prompt_ids": ["a"], "response_ids": [4]}]}, 422, "valid integer"),
         ("/logprobs", {"sequences": [{"prompt_ids": [2]}]}, 422, "response_ids"),
         ("/logprobs", {"seqs": []}, 422, "malformed"),
+        ("/logprobs", {"sequences": [{"prompt_ids": [2], "response_ids": [4]}], "temperature": 0}, 422, "temperature"),
+        ("/score", {"sequences": [{"prompt_ids": [2], "response_ids": [4]}], "temperature": 0.7}, 422, "temperature"),
         ("/score", {"sequences": [{"prompt_ids": [2], "response_ids": [4]}]}, 400, "POST /logprobs"),
     ],
 )

@@ -119,22 +119,15 @@ def test_the_sliding_window_changes_these_samples(arch, tmp_path):
     assert gap > 1e-2
 
 
-def test_phi3_longrope_long_factors(tmp_path):
+def test_phi3_longrope_long_factors(tmp_path, llama_cpp_logits):
     """Sequences past the original context use the long factors on both sides (llama.cpp picks them
     by context size, HF by sequence length: a 300-token sequence in a 512-token context)."""
-    from llama_cpp import Llama
-
     rope = phi3_longrope(np.random.default_rng(3), original=256)
     model_dir, model = build_variant(tmp_path / "phi3", "phi3", seed=23, rope_parameters=rope,
                                      max_position_embeddings=1024, original_max_position_embeddings=256)
     gguf = export_ref(str(model_dir), tmp_path / "phi3.gguf", outtype="f32")
     ids = [2, *np.random.default_rng(4).integers(3, 500, 299).tolist()]
-    llm = Llama(str(gguf), logits_all=True, type_k=0, type_v=0, n_ctx=512, n_batch=512, n_ubatch=512, verbose=False)
-    try:
-        llm.eval(ids)
-        got = torch.log_softmax(torch.tensor(np.array(llm.scores[: len(ids)]), dtype=torch.float64), -1)
-    finally:
-        llm.close()
+    got = torch.log_softmax(torch.tensor(llama_cpp_logits(gguf, ids, n_ctx=512)), -1)
     with torch.no_grad():
         want = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
     diff = (got - want).abs().max().item()

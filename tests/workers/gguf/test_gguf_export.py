@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,34 +12,6 @@ from homerlhf.errors import UserError
 from homerlhf.workers.gguf import export_ref, export_reward, permute_qk
 
 IDS = [2, 4, 17, 30, 41, 50, 51, 52, 60, 61, 62, 63, 64, 65, 1, 7, 8, 9, 10, 11]
-
-
-# Run in a child interpreter: a llama.cpp build for another CPU dies by SIGILL, and in this process
-# it would take the whole test run with it.
-LLAMA_CPP_LOGITS = """
-import json, sys
-import numpy as np
-from llama_cpp import Llama
-
-llm = Llama(sys.argv[1], logits_all=True, type_k=0, type_v=0, n_ctx=64, verbose=False)
-ids = json.loads(sys.argv[2])
-llm.eval(ids)
-np.save(sys.argv[3], np.array(llm.scores[: len(ids)], dtype=np.float64))
-llm.close()
-print(json.dumps({"saved": sys.argv[3]}))
-"""
-
-
-def llama_cpp_logits(gguf_path, ids) -> np.ndarray:
-    """(T, V) logits of llama.cpp for ``ids`` (F32 KV cache), computed in a child process."""
-    from homerlhf.doctor import ChildFailed, run_child
-
-    out = Path(gguf_path).with_suffix(".logits.npy")
-    try:
-        run_child(LLAMA_CPP_LOGITS, str(gguf_path), json.dumps(list(ids)), str(out), timeout=300)
-    except ChildFailed as exc:
-        pytest.fail(f"llama.cpp on {Path(gguf_path).name}: {exc.detail}; {exc.fix}", pytrace=False)
-    return np.load(out)
 
 
 def mean_kl(logits_p: np.ndarray, logits_q: np.ndarray) -> float:
@@ -57,7 +28,7 @@ def test_permute_qk_interleaves_rotate_half_pairs():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_q8_0_export_loads_and_stays_close(arch, tiny_llama_dir, tiny_qwen2_dir, tmp_path):
+def test_q8_0_export_loads_and_stays_close(arch, tiny_llama_dir, tiny_qwen2_dir, tmp_path, llama_cpp_logits):
     from transformers import AutoModelForCausalLM
 
     model_dir = tiny_llama_dir if arch == "llama" else tiny_qwen2_dir
@@ -73,7 +44,7 @@ def test_q8_0_export_loads_and_stays_close(arch, tiny_llama_dir, tiny_qwen2_dir,
     assert np.abs(q8 - hf).max() < 0.05 and kl < 1e-3
 
 
-def test_from_nf4_export_is_kl_consistent_with_the_4bit_actor(tiny_llama_dir, tmp_path):
+def test_from_nf4_export_is_kl_consistent_with_the_4bit_actor(tiny_llama_dir, tmp_path, llama_cpp_logits):
     """KL(actor at step 0 || reference): the NF4 base (LoRA B = 0 adds nothing) vs the llama.cpp ref."""
     from transformers import AutoModelForCausalLM
 
@@ -168,7 +139,7 @@ def test_cli_export_ref_reports_user_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen3"])
-def test_mistral_and_qwen3_exports_match_hf(arch, tmp_path):
+def test_mistral_and_qwen3_exports_match_hf(arch, tmp_path, llama_cpp_logits):
     """Mistral (llama graph, q/k permuted) and Qwen3 (q/k norms, head_dim != H / heads, tied embeddings)."""
     from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 
@@ -189,7 +160,7 @@ def test_mistral_and_qwen3_exports_match_hf(arch, tmp_path):
     assert np.abs(llama_cpp_logits(gguf, IDS) - hf).max() < 1e-3
 
 
-def test_sentencepiece_style_vocabulary(tmp_path):
+def test_sentencepiece_style_vocabulary(tmp_path, llama_cpp_logits):
     """A byte-fallback BPE vocabulary (Llama-2/Mistral style) exports as "llama" and loads in llama.cpp."""
     from gguf import GGUFReader
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
