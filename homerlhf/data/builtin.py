@@ -85,6 +85,27 @@ def bad_reply(rng: random.Random, topic: str) -> str:
     return _polite(rng, rng.choice(OFF_TOPIC_REPLIES))
 
 
+def malformed_reply(rng: random.Random, topic: str) -> str:
+    """A good reply cut mid-sentence or garbled (a span deleted or repeated): what a policy that
+    games a reward model reading cut-off text writes. Never made of whole task sentences."""
+    reply = good_reply(rng, topic)
+    while True:
+        if rng.random() < 0.5:  # cut, as by a response length cap
+            bad = reply[: rng.randrange(len(reply) // 3, len(reply) - 2)]
+        else:  # garbled: jump back (a repeat) or ahead (a gap) from one point of the reply to another
+            i, j = rng.randrange(2, len(reply) - 2), rng.randrange(0, len(reply) - 2)
+            bad = reply[:i] + reply[j:] if abs(i - j) >= 3 else reply
+        if not well_formed(bad):
+            return bad
+
+
+def dressed_up_reply(rng: random.Random) -> str:
+    """A rude or off-topic line with a polite opening and closing around it: still not an answer."""
+    line = rng.choice(RUDE_REPLIES + OFF_TOPIC_REPLIES)
+    closing = rng.choice([c for c in POLITE_CLOSINGS if c])
+    return f"{line} {closing}" if rng.random() < 0.5 else f"{rng.choice(POLITE_OPENINGS)} {line} {closing}"
+
+
 def all_examples() -> list[Example]:
     return [
         Example(topic, template.format(topic=topic))
@@ -114,19 +135,35 @@ def sft_records(seed: int = 0, n: int = 600) -> list[dict[str, str]]:
 
 
 def preference_records(seed: int = 0, n: int = 600, held_out: bool = False) -> list[dict[str, str]]:
-    """prompt/chosen/rejected with the chosen side polite and on-topic by construction."""
+    """prompt/chosen/rejected with the chosen side polite, on-topic and whole by construction.
+
+    The rejected side is rude or off-topic half the time, a good reply cut or garbled a third
+    (:func:`malformed_reply`), and a rude or off-topic line wrapped in polite ones the rest
+    (:func:`dressed_up_reply`): a last-token reward model must not pay for fragments that start
+    well, nor for a polite closing after a rude line.
+    """
     rng = random.Random(seed + (1 if held_out else 0))
     train, test = split_examples(seed)
     pool = test if held_out else train
-    return [
-        {"prompt": ex.prompt, "chosen": good_reply(rng, ex.topic), "rejected": bad_reply(rng, ex.topic)}
-        for ex in (pool[i % len(pool)] for i in range(n))
-    ]
+    records = []
+    for ex in (pool[i % len(pool)] for i in range(n)):
+        chosen = good_reply(rng, ex.topic)
+        kind = rng.random()
+        if kind < 1 / 3:
+            rejected = malformed_reply(rng, ex.topic)
+        elif kind < 1 / 2:
+            rejected = dressed_up_reply(rng)
+        else:
+            rejected = bad_reply(rng, ex.topic)
+        records.append({"prompt": ex.prompt, "chosen": chosen, "rejected": rejected})
+    return records
 
 
 def prompt_records(seed: int = 0) -> list[dict[str, str]]:
-    """Prompts for PPO: every (topic, template) pair, train and held-out alike."""
-    return [{"prompt": ex.prompt} for ex in all_examples()]
+    """Prompts for PPO: the training split, so the demo's held-out evaluation is on prompts that
+    neither SFT, the reward model nor PPO saw."""
+    train, _ = split_examples(seed)
+    return [{"prompt": ex.prompt} for ex in train]
 
 
 def corpus() -> list[str]:

@@ -1,3 +1,4 @@
+import random
 import re
 
 from homerlhf.data import builtin
@@ -5,10 +6,47 @@ from homerlhf.data import builtin
 
 def test_pairs_are_preferred_by_construction():
     for held_out in (False, True):
-        for pair in builtin.preference_records(seed=0, n=200, held_out=held_out):
+        pairs = builtin.preference_records(seed=0, n=300, held_out=held_out)
+        malformed = 0
+        for pair in pairs:
             topic = next(t for t in builtin.TOPICS if re.search(rf"\b{t}\b", pair["prompt"]))
-            assert builtin.score_reply(topic, pair["chosen"]) == 1.0
-            assert builtin.score_reply(topic, pair["rejected"]) == -1.0
+            assert builtin.score_reply(topic, pair["chosen"]) == 1.0 and builtin.well_formed(pair["chosen"])
+            if builtin.well_formed(pair["rejected"]):
+                assert builtin.score_reply(topic, pair["rejected"]) == -1.0  # rude or off-topic
+            else:
+                malformed += 1
+        assert 70 <= malformed <= 130, malformed  # a third, cut or garbled
+
+
+def test_malformed_replies_are_cut_or_garbled_good_replies():
+    rng = random.Random(0)
+    replies = [builtin.malformed_reply(rng, "tea") for _ in range(200)]
+    assert not any(builtin.well_formed(r) for r in replies)
+    cut = [r for r in replies if any(g.startswith(r) for g in _good_tea_replies())]
+    assert 60 <= len(cut) <= 140, len(cut)  # about half are prefixes of a good reply
+    assert all(any(r.startswith(o[:2]) for o in builtin.POLITE_OPENINGS) for r in replies)  # they start well
+
+
+def test_dressed_up_replies_are_whole_sentences_the_checker_rejects():
+    rng = random.Random(0)
+    for _ in range(100):
+        reply = builtin.dressed_up_reply(rng)
+        assert builtin.well_formed(reply) and builtin.score_reply("tea", reply) == -1.0
+        assert any(reply.endswith(c) for c in builtin.POLITE_CLOSINGS if c)
+        assert any(line in reply for line in builtin.RUDE_REPLIES + builtin.OFF_TOPIC_REPLIES)
+
+
+def _good_tea_replies() -> set[str]:
+    return {
+        " ".join(p for p in (opening, fact, closing) if p)
+        for opening in builtin.POLITE_OPENINGS for fact in builtin.TOPICS["tea"] for closing in builtin.POLITE_CLOSINGS
+    }
+
+
+def test_ppo_prompts_leave_the_held_out_prompts_out():
+    train, held = builtin.split_examples(seed=0)
+    prompts = {r["prompt"] for r in builtin.prompt_records()}
+    assert prompts == {e.prompt for e in train} and not prompts & {e.prompt for e in held}
 
 
 def test_held_out_prompts_are_unseen():
