@@ -21,7 +21,6 @@ FAST_OVERRIDES = [
     "ppo.iterations=8",
     "rollout.batch_size=32",
     "rollout.chunk_size=16",
-    "rollout.max_new_tokens=20",
     "checkpoint.every=8",
 ]
 N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
