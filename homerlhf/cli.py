@@ -128,7 +128,7 @@ def plan(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
-    fast: bool = typer.Option(False, "--fast", help="A couple of minutes instead of about ten (for CI)."),
+    fast: bool = typer.Option(False, "--fast", help="8 PPO iterations instead of 12 (for CI)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
     seed: int = typer.Option(0, "--seed", help="Seed of PPO and of the held-out samples."),
 ) -> None:
