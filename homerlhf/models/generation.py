@@ -18,8 +18,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Optional
 
-# Assistant text for the probe conversation; plain ASCII no template rewrites.
-PROBE_REPLY = "PROBE"
+from homerlhf.data.replies import PROBE_REPLY, template_end_of_turn_ids  # noqa: F401 - part of the stop set's API
 
 
 def build_generation_config(*, max_new_tokens: int, temperature: float, stop_ids: Iterable[int], pad_id: int):
@@ -71,28 +70,6 @@ def checkpoint_defaults_off(model, generation_config) -> Iterator[None]:
         yield
     finally:
         model.generation_config = saved
-
-
-def template_end_of_turn_ids(tokenizer) -> list[int]:
-    """The special token the chat template writes right after an assistant reply, as a list.
-
-    Found by rendering ``[user, assistant PROBE_REPLY]`` and tokenizing what follows the reply:
-    Qwen's ``<|im_end|>``, Llama-3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``. Only a special
-    (added) token counts: the newline some templates write after it is text, not a stop. Empty when
-    the tokenizer has no chat template, the reply is followed by nothing, or by ordinary text.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY}]
-    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
-    at = rendered.rfind(PROBE_REPLY)
-    if at < 0:
-        return []
-    after = tokenizer(rendered[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
-    if not after:
-        return []
-    added = tokenizer.added_tokens_decoder.get(after[0])
-    return [after[0]] if added is not None and added.special else []
 
 
 def stop_token_ids(tokenizer, generation_config: Optional[object] = None) -> list[int]:

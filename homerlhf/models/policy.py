@@ -4,7 +4,8 @@ The base is loaded once in NF4 (bitsandbytes, double quant) and frozen. Two peft
 ``set_adapter`` picks which one a forward uses, and ``disable_adapter()`` gives the untouched base,
 which is the reference model when ``ref.backend == "adapter_off"``. The value head is a small fp32
 ``Linear(hidden, 1)`` on the critic's final hidden state. With ``critic.shared_adapter`` there is a
-single adapter (named ``actor``) and one forward gives both log-probs and values.
+single adapter (named ``actor``) and one forward gives both log-probs and values. Adapters and value
+head are fp32 under every compute dtype (``homerlhf.models.precision``).
 
 Sequences everywhere are a left-padded prompt (B, P) followed by a right-padded response (B, T);
 ``attention_mask`` covers both, so padded slots change nothing.
@@ -27,6 +28,7 @@ from homerlhf.config.schema import LoraConfig, QuantConfig, RunConfig
 from homerlhf.errors import UserError
 from homerlhf.models.generation import checkpoint_defaults_off, stop_token_ids
 from homerlhf.models.logprobs import chunked_logprobs, output_logit_transform, position_ids_from_mask, response_hidden
+from homerlhf.models.precision import adapters_to_fp32
 
 ACTOR = "actor"
 CRITIC = "critic"
@@ -221,6 +223,7 @@ class PolicyModel:
         if not cfg.critic.shared_adapter:
             model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
         model.set_adapter(ACTOR)
+        adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
         hidden = base.config.get_text_config().hidden_size
         value_head = ValueHead(hidden, cfg.critic.value_head_init_std).to(base.device)
         return cls(

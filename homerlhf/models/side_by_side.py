@@ -26,7 +26,7 @@ from homerlhf.errors import UserError
 class Answer:
     text: str
     prompt_ids: list[int]
-    response_ids: list[int]  # up to and including EOS, as the trainer scores them
+    response_ids: list[int]  # up to and including the first stop token, as the trainer scores them
     score: Optional[float] = None
 
 
@@ -51,6 +51,7 @@ class EvalModels:
         from peft import PeftModel
 
         from homerlhf.config import check_device
+        from homerlhf.models.generation import stop_token_ids
         from homerlhf.models.policy import ACTOR, load_base, load_tokenizer
         from homerlhf.models.registry import resolve_model
 
@@ -64,6 +65,7 @@ class EvalModels:
         self.tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code,
                                         revision=cfg.model.revision)
         base = load_base(model_path, cfg)
+        self.stop_ids = stop_token_ids(self.tokenizer, base.generation_config)
         self.model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
         self.model.set_adapter(ACTOR)
         self.model.eval()
@@ -82,23 +84,28 @@ class EvalModels:
         return ids[-self.cfg.rollout.max_prompt_len:]
 
     def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool) -> list[int]:
+        """Response ids up to and including the first stop token: the shape PPO and its reward
+        model score (:func:`homerlhf.data.replies.reward_sequence_ids`)."""
         import contextlib
 
         import torch
 
+        from homerlhf.models.generation import build_generation_config, checkpoint_defaults_off
+
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        kwargs = dict(max_new_tokens=int(sampling.max_new_tokens), do_sample=True,
-                      temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-                      top_k=int(sampling.top_k), pad_token_id=self.tokenizer.pad_token_id,
-                      eos_token_id=self.tokenizer.eos_token_id)
+        config = build_generation_config(max_new_tokens=int(sampling.max_new_tokens),
+                                         temperature=float(sampling.temperature), stop_ids=self.stop_ids,
+                                         pad_id=self.tokenizer.pad_token_id)
+        # A chat may sample from a cut distribution; nothing else of the checkpoint's config applies.
+        config.top_p, config.top_k = float(sampling.top_p), int(sampling.top_k)
         # Same seed for both sides: differences come from the weights, not the dice.
         torch.manual_seed(int(sampling.seed))
         ctx = contextlib.nullcontext() if adapter_on else self.model.disable_adapter()
-        with torch.no_grad(), ctx:
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        with torch.no_grad(), ctx, checkpoint_defaults_off(self.model.get_base_model(), config):
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         response = out[0, ids.shape[1]:].tolist()
-        eos = self.tokenizer.eos_token_id
-        return response[: response.index(eos) + 1] if eos in response else response
+        ends = [i for i, token in enumerate(response) if token in self.stop_ids]
+        return response[: ends[0] + 1] if ends else response
 
     def answer_both(self, text: str, sampling: Sampling) -> tuple[Answer, Answer]:
         """(actor answer, reference answer) to one user message, each with its reward score."""

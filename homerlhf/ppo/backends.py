@@ -107,7 +107,8 @@ class AdapterOffReference(ReferenceBackend):
 
 
 class HFReward(RewardBackend):
-    """An in-process HF ``*ForSequenceClassification`` (num_labels 1): the score at the last token.
+    """An in-process HF ``*ForSequenceClassification`` (num_labels 1): the score at the last token
+    of prompt + response (:func:`homerlhf.models.scores.sequence_scores`).
 
     ``model_path`` is an HF model dir, a hub id, or a reward-stage run dir (its ``model/`` is used).
     Scores in a worker thread, so it overlaps the policy's GPU work.
@@ -149,23 +150,9 @@ class HFReward(RewardBackend):
         self.source_path = str(path)
 
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
-        import torch
+        from homerlhf.models.scores import score_sequences
 
-        from homerlhf.models.logprobs import position_ids_from_mask
-        from homerlhf.ppo.rollout import pad_sequences
-
-        backbone = getattr(self.model, self.model.base_model_prefix)
-        scores: list[float] = []
-        with torch.no_grad():
-            for start in range(0, len(prompt_ids), self.batch_size):
-                # Prompt + response per sample, left-padded: the last column is real.
-                rows = [list(p) + list(r) for p, r in zip(prompt_ids[start:start + self.batch_size],
-                                                          response_ids[start:start + self.batch_size])]
-                ids, mask = pad_sequences(rows, self.pad_id, "left", self.device)
-                hidden = backbone(
-                    input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
-                ).last_hidden_state
-                # Left padding puts every row's last real token in the last column; pooling it
-                # ourselves avoids HF's pad-id search, which misfires when pad == eos.
-                scores.extend(self.model.score(hidden[:, -1]).float().squeeze(-1).cpu().tolist())
-        return scores
+        # Prompt + response per sample, unpadded; read at the last real token (never "the last
+        # non-pad id", which misfires when pad == eos).
+        rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        return score_sequences(self.model, rows, self.pad_id, self.batch_size).tolist()

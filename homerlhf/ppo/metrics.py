@@ -43,6 +43,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "grad_norm_critic": "Critic (LoRA + value head) gradient norm before clipping, averaged over steps.",
     "optimizer_steps": "Optimizer steps taken this iteration.",
     "nonfinite_skipped_steps": "Optimizer steps skipped this iteration because a loss or gradient norm was NaN/inf.",
+    "loss_scale": "fp16 compute only: the grad scaler's loss scale after the iteration's last step (halved at each overflow).",
     "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
     "micro_batch_size": "Micro-batch size in use at the end of the iteration (lower after an OOM backoff).",
     "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",
@@ -107,6 +108,7 @@ def kl_ref_start(exp: Experience) -> float:
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
                   "grad_norm_critic", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
                   "micro_batch_size", "oom_retries")
+OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
 
 
 def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_batch_size: int,
@@ -140,6 +142,7 @@ def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: 
         "iteration": iteration,
         **rollout_metrics(exp, scores, entropy, kl_coef),
         **{key: update[key] for key in UPDATE_METRICS},
+        **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
         **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
     }
     return {key: row[key] for key in METRIC_DESCRIPTIONS if key in row}

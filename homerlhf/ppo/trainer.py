@@ -9,7 +9,8 @@ nothing here re-derives it.
 
 Backward and gradient clipping go through an ``accelerate.Accelerator`` (built for the card's
 device), the one place a later multi-GPU launch would hook into; the policy's weights are placed
-by its loader (``device_map``), not by the Accelerator.
+by its loader (``device_map``), not by the Accelerator. Under fp16 compute the update scales its
+loss with a ``torch.amp.GradScaler`` of ours (``homerlhf.models.precision``), not accelerate's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import ModelShape, shape_from_config
+from homerlhf.models.policy import compute_dtype
+from homerlhf.models.precision import loss_scaler
 from homerlhf.ppo.advantages import compute_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
@@ -81,7 +84,9 @@ class PPOTrainer:
         self.reward = reward
         self.prompts = [list(p) for p in prompts]
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu")
+        # Mixed precision is ours (models.precision): accelerate's would scale the loss a second time.
+        self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu", mixed_precision="no")
+        self.scaler = loss_scaler(compute_dtype(cfg.quant, cfg.card.device), policy.device)
         wd = cfg.training.weight_decay
         self.actor_opt = build_optimizer(cfg.actor.optimizer, policy.actor_parameters(), cfg.actor.lr, wd)
         self.critic_opt = build_optimizer(cfg.critic.optimizer, policy.critic_parameters(), cfg.critic.lr, wd)
@@ -136,7 +141,10 @@ class PPOTrainer:
         return {"actor": self.actor_opt, "critic": self.critic_opt}
 
     def _stateful(self) -> dict[str, Any]:
-        return {"kl_controller": self.kl_ctl, "score_moments": self.score_moments, "nonfinite_guard": self.guard}
+        stateful = {"kl_controller": self.kl_ctl, "score_moments": self.score_moments, "nonfinite_guard": self.guard}
+        if self.scaler.is_enabled():  # fp16 compute: the loss scale resumes where it was
+            stateful["grad_scaler"] = self.scaler
+        return stateful
 
     def _drop_iteration(self) -> None:
         _, counters = self._iteration_start
@@ -198,7 +206,7 @@ class PPOTrainer:
         retries_before = self.update_state.oom_retries
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state, self.guard)
+                                self.generator, self.update_state, self.guard, self.scaler)
         times.update = time.perf_counter() - t0
         return {**update, "micro_batch_size": self.update_state.micro_batch_size,
                 "oom_retries": self.update_state.oom_retries - retries_before}

@@ -4,10 +4,16 @@ over micro-batches, with the OOM backoff and the non-finite guard.
 Backward and gradient clipping go through ``accelerate.Accelerator`` (``backward``,
 ``clip_grad_norm_``). Gradient accumulation is done by hand in ``make_accumulate``: its loss
 weighting must be exact for the OOM backoff to redo a step with smaller micro-batches.
+
+Under fp16 compute a ``torch.amp.GradScaler`` (:func:`homerlhf.models.precision.loss_scaler`)
+scales the loss before backward and unscales the fp32 gradients before clipping; an overflow
+skips the step and lowers the scale. Forwards run without autocast, as at rollout, so the old and
+new log-probs come from the same computation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -114,15 +120,35 @@ class UpdateState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def _scale_overflow(scaler: torch.amp.GradScaler, stats: dict[str, float]) -> bool:
+    """An fp16 loss-scale overflow: finite losses but a non-finite gradient norm, at a scale above 1.
+
+    That is the scaler's business (skip the step, halve the scale), not divergence. At a scale of 1
+    or less a non-finite gradient is not the scale's doing, and the non-finite guard counts it.
+    """
+    if not scaler.is_enabled() or scaler.get_scale() <= 1.0:
+        return False
+    losses_finite = all(math.isfinite(stats[k]) for k in ("policy_loss", "value_loss") if k in stats)
+    grads_finite = all(math.isfinite(stats[k]) for k in ("grad_norm_actor", "grad_norm_critic"))
+    return losses_finite and not grads_finite
+
+
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
-                    state: UpdateState, guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
+                    state: UpdateState, guard: Optional[NonFiniteGuard] = None,
+                    scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, float]:
     """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches).
 
     With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
-    set in the stats); the guard raises once too many came in a row.
+    set in the stats); the guard raises once too many came in a row. ``scaler``: the fp16 loss
+    scaler (None: no scaling); its overflows skip the step without counting as non-finite.
     """
     optimizers = (actor_opt, critic_opt)
-    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, accelerator.backward)
+    scaler = scaler if scaler is not None else torch.amp.GradScaler("cpu", enabled=False)
+
+    def backward(loss: Tensor) -> None:
+        accelerator.backward(scaler.scale(loss))
+
+    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, backward)
     if cfg.training.dynamic_micro_batch:
         from homerlhf.memory.oom import run_with_backoff
 
@@ -133,34 +159,43 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
         stats = run_with_backoff(accumulate, state.micro_batch_size, on_retry=on_retry, phase="update")
     else:
         stats = accumulate(state.micro_batch_size)
+    for optimizer in optimizers:
+        scaler.unscale_(optimizer)  # clipping and the guard see the true gradients
     actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
     critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
     stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
     stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
     checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
-    if guard is not None and not guard.check({k: stats[k] for k in checked if k in stats}):
+    if _scale_overflow(scaler, stats) or (guard is not None and not guard.check({k: stats[k] for k in checked
+                                                                                 if k in stats})):
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
+        scaler.update()  # lowers the scale after an overflow
         stats["skipped"] = 1.0
         state.history.append(stats)
         return stats
     stats["skipped"] = 0.0
-    actor_opt.step()
-    critic_opt.step()
+    scaler.step(actor_opt)
+    scaler.step(critic_opt)
+    scaler.update()
     state.history.append(stats)
     return stats
 
 
 def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
-               generator: torch.Generator, state: UpdateState,
-               guard: Optional[NonFiniteGuard] = None) -> dict[str, float]:
-    """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``."""
+               generator: torch.Generator, state: UpdateState, guard: Optional[NonFiniteGuard] = None,
+               scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, float]:
+    """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``.
+
+    With an enabled fp16 ``scaler`` the stats include ``loss_scale``, its scale after the last step.
+    """
     policy.train()
     early_stopped = False
     steps = []
     for _ in range(cfg.ppo.epochs):
         for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
-            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard))
+            steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard,
+                                         scaler))
             if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
                 early_stopped = True
                 break
@@ -172,4 +207,6 @@ def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, a
     out["optimizer_steps"] = len(steps)
     out["nonfinite_skipped_steps"] = sum(1 for s in steps if s.get("skipped"))
     out["early_stopped"] = int(early_stopped)
+    if scaler is not None and scaler.is_enabled():
+        out["loss_scale"] = float(scaler.get_scale())
     return out

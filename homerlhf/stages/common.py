@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import torch
 
 from homerlhf.errors import UserError
+from homerlhf.models.precision import cast_trainable, trainable_dtype, trainer_precision_flags
 
 Method = Literal["qlora", "lora", "full"]
 
@@ -57,7 +58,8 @@ def on_cuda(cfg) -> bool:
 
 
 def train_dtype(cfg) -> torch.dtype:
-    """Weights dtype of a full-precision base: bf16 where the GPU has it, fp32 on CPU."""
+    """Weights dtype of a full-precision base: bf16 where the GPU has it, fp16 on a GPU without
+    (T4), fp32 on CPU."""
     if on_cuda(cfg):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
@@ -67,6 +69,11 @@ def compute_dtype(cfg) -> torch.dtype:
     from homerlhf.models.policy import compute_dtype as quant_compute_dtype
 
     return quant_compute_dtype(cfg.quant, "cuda" if on_cuda(cfg) else "cpu")
+
+
+def stage_compute_dtype(cfg, method: Method) -> torch.dtype:
+    """What a stage's frozen base computes in: the 4-bit compute dtype (qlora), else the weights'."""
+    return compute_dtype(cfg) if method == "qlora" else train_dtype(cfg)
 
 
 def quantization_config(cfg):
@@ -86,7 +93,9 @@ def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
         load_kwargs["dtype"] = compute_dtype(cfg)
         load_kwargs["device_map"] = {"": 0} if on_cuda(cfg) else "cpu"
     else:
-        load_kwargs["dtype"] = train_dtype(cfg)
+        # method full trains every weight: fp32 master weights under fp16 compute (see models.precision)
+        dtype = train_dtype(cfg)
+        load_kwargs["dtype"] = trainable_dtype(dtype) if method == "full" else dtype
     try:
         with _quiet_head_swap(auto_cls):
             model = auto_cls.from_pretrained(base, **load_kwargs)
@@ -132,21 +141,20 @@ def lora_config(section, lora, task_type: str):
     return None if section.method == "full" else peft_lora_config(lora, task_type)
 
 
-def match_trainable_dtype(model, cfg) -> None:
-    """Trainable weights in the compute dtype.
+def match_trainable_dtype(model, cfg, method: Method) -> list[str]:
+    """Trainable weights in the dtype the stage's mixed precision trains (``models.precision``);
+    returns the names cast.
 
-    TRL casts the trainable weights of a 4-bit model to bf16 (the QLoRA paper's choice); with fp32
-    compute (CPU) a bf16 score head then meets fp32 hidden states and the matmul fails.
+    TRL casts the trainable weights of a 4-bit model to bf16 (the QLoRA paper's choice): they
+    follow the compute dtype instead, so fp32 on CPU (a bf16 score head would meet fp32 hidden
+    states) and fp32 under fp16 compute (the grad scaler refuses fp16 gradients). With a
+    full-precision base only fp16 weights (a SEQ_CLS score head copied from an fp16 base) go to fp32.
     """
-    dtype = compute_dtype(cfg)
-    for param in model.parameters():
-        if param.requires_grad and param.dtype != dtype and param.is_floating_point():
-            param.data = param.data.to(dtype)
+    return cast_trainable(model, stage_compute_dtype(cfg, method), all_trainable=method == "qlora")
 
 
 def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
     """Keyword arguments shared by TRL's SFTConfig and RewardConfig, from an sft/rm section."""
-    use_bf16 = on_cuda(cfg) and torch.cuda.is_bf16_supported()
     return dict(
         output_dir=str(out / "trainer"),
         num_train_epochs=section.epochs,
@@ -161,8 +169,9 @@ def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
         seed=cfg.seed,
         data_seed=cfg.seed,
         use_cpu=not on_cuda(cfg),
-        bf16=use_bf16,
-        fp16=on_cuda(cfg) and not use_bf16,
+        # autocast in the compute dtype (+ a grad scaler for fp16) on CUDA; trainable weights are
+        # fp32 under fp16 (match_trainable_dtype), so the scaler can unscale their gradients
+        **trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg)),
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
@@ -198,8 +207,7 @@ def train_and_save(make_trainer: Callable[[], Any], method: Method, cfg, out: Pa
     steps, losses, seconds and the directories.
     """
     trainer = make_trainer()
-    if method == "qlora":
-        match_trainable_dtype(trainer.model, cfg)
+    match_trainable_dtype(trainer.model, cfg, method)  # before train() builds the optimizer
     with Timer() as timer:
         result = trainer.train()
     final_loss = train_loss(trainer) or float(result.training_loss)

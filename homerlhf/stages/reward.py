@@ -21,49 +21,57 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
 from homerlhf.data.load import load_preferences
-from homerlhf.data.tokens import fit_length, sequence_ids
-from homerlhf.ppo.rollout import pad_sequences
+from homerlhf.data.replies import reward_sequence_ids
+from homerlhf.data.tokens import fit_length
+from homerlhf.models.scores import score_sequences, sequence_scores
 from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
 
+class Pair(NamedTuple):
+    """The two sequences of one preference record."""
+
+    chosen_ids: list[int]  # untruncated
+    rejected_ids: list[int]
+
+
+def _pairs(records, tokenizer) -> list[Pair]:
+    """The two sequences of each preference record, each rendered once.
+
+    A sequence is what PPO scores (:func:`homerlhf.data.replies.reward_sequence_ids`): the prompt
+    rendered with its generation prompt, the reply, its end-of-turn token, nothing after it.
+    """
+    return [Pair(reward_sequence_ids(tokenizer, r["prompt"], r["chosen"]),
+                 reward_sequence_ids(tokenizer, r["prompt"], r["rejected"])) for r in records]
+
+
+def _columns(pairs: Sequence[Pair], max_len: int) -> dict[str, list[list[int]]]:
+    """``chosen_ids`` / ``rejected_ids`` left-truncated to ``max_len``: the end of the reply, where
+    the score is read, is kept."""
+    return {"chosen_ids": [p.chosen_ids[-max_len:] for p in pairs],
+            "rejected_ids": [p.rejected_ids[-max_len:] for p in pairs]}
+
+
 def pair_ids(records, tokenizer, max_len: int) -> dict[str, list[list[int]]]:
-    """Preference records -> ``chosen_ids`` / ``rejected_ids`` (prompt + reply), left-truncated.
-
-    Left truncation keeps the end of the reply, where a last-token reward model reads its score.
-    """
-    return {
-        "chosen_ids": [sequence_ids(tokenizer, r["prompt"], r["chosen"])[-max_len:] for r in records],
-        "rejected_ids": [sequence_ids(tokenizer, r["prompt"], r["rejected"])[-max_len:] for r in records],
-    }
+    """Preference records -> ``chosen_ids`` / ``rejected_ids``, the sequences PPO scores,
+    left-truncated to ``max_len``."""
+    return _columns(_pairs(records, tokenizer), max_len)
 
 
-def _fit(records, report, tokenizer, max_len: int, overlong: str):
-    lengths = [
-        max(len(sequence_ids(tokenizer, r["prompt"], r["chosen"])), len(sequence_ids(tokenizer, r["prompt"], r["rejected"])))
-        for r in records
-    ]
-    return fit_length(records, lengths, max_len, overlong, report)
+def _fit(records, report, tokenizer, max_len: int, overlong: str) -> list[Pair]:
+    pairs = _pairs(records, tokenizer)
+    lengths = [max(len(p.chosen_ids), len(p.rejected_ids)) for p in pairs]
+    return fit_length(pairs, lengths, max_len, overlong, report)
 
 
-@torch.no_grad()
 def score_ids(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 32) -> torch.Tensor:
-    """Reward of each token sequence. Returns Shape: (n,) float32.
-
-    Sequences are right-padded; the HF sequence classifier reads the last non-pad token.
-    """
+    """Reward of each token sequence, read at its last token. Returns Shape: (n,) float32."""
     model.eval()
-    device = next(model.parameters()).device
-    scores = []
-    for start in range(0, len(sequences), batch_size):
-        ids, mask = pad_sequences(sequences[start : start + batch_size], pad_id, side="right", device=device)
-        logits = model(input_ids=ids, attention_mask=mask).logits  # (b, 1)
-        scores.append(logits[:, 0].float().cpu())
-    return torch.cat(scores)
+    return score_sequences(model, sequences, pad_id, batch_size)
 
 
 def pairwise_accuracy(model, pairs: dict[str, list[list[int]]], pad_id: int) -> float:
@@ -73,14 +81,36 @@ def pairwise_accuracy(model, pairs: dict[str, list[list[int]]], pad_id: int) -> 
     return float((chosen > rejected).float().mean())
 
 
-def _accuracies(model, train_records, eval_records, tokenizer, max_len: int) -> dict[str, Optional[float]]:
+def _accuracies(model, train_pairs, eval_pairs, pad_id: int, max_len: int) -> dict[str, Optional[float]]:
     """Pairwise accuracy on the held-out pairs (None when there are none) and on up to 256 training pairs."""
-    pad = tokenizer.pad_token_id
-    held_out = pair_ids(eval_records, tokenizer, max_len)
     return {
-        "eval_accuracy": pairwise_accuracy(model, held_out, pad) if eval_records else None,
-        "train_accuracy": pairwise_accuracy(model, pair_ids(train_records[:256], tokenizer, max_len), pad),
+        "eval_accuracy": pairwise_accuracy(model, _columns(eval_pairs, max_len), pad_id) if eval_pairs else None,
+        "train_accuracy": pairwise_accuracy(model, _columns(train_pairs[:256], max_len), pad_id),
     }
+
+
+def _last_token_reward_trainer():
+    """TRL's RewardTrainer whose model scores by :func:`homerlhf.models.scores.sequence_scores`.
+
+    TRL calls the model's own forward, which pools at the last token that is not the pad id; with
+    pad == eos (Llama-3) that is the token before the end-of-turn. Its loss and metrics are kept;
+    only the forward it calls is ours.
+    """
+    from types import SimpleNamespace
+
+    from trl import RewardTrainer
+
+    class LastTokenRewardTrainer(RewardTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            # Unwrapped: one process, one device (a DDP wrapper would need its own forward).
+            inner = self.accelerator.unwrap_model(model)
+
+            def forward(input_ids, attention_mask, **_):
+                return SimpleNamespace(logits=sequence_scores(inner, input_ids, attention_mask).unsqueeze(-1))
+
+            return super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
+
+    return LastTokenRewardTrainer
 
 
 def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
@@ -107,24 +137,24 @@ def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
     return final
 
 
-def _split(records, fraction: float, seed: int):
+def _split(items, fraction: float, seed: int):
     """(train, eval) by a seeded shuffle; eval is empty when fraction is 0."""
-    order = list(range(len(records)))
+    order = list(range(len(items)))
     random.Random(seed).shuffle(order)
-    n_eval = int(round(len(records) * fraction))
-    if n_eval >= len(records):
-        n_eval = len(records) - 1
-    return [records[i] for i in order[n_eval:]], [records[i] for i in order[:n_eval]]
+    n_eval = int(round(len(items) * fraction))
+    if n_eval >= len(items):
+        n_eval = len(items) - 1
+    return [items[i] for i in order[n_eval:]], [items[i] for i in order[:n_eval]]
 
 
 def _train_and_eval(records, report, eval_source, cfg, tokenizer, max_len: int):
-    """(train records, eval records, eval report or None), fitted to ``max_len``; without
-    ``eval_source`` the eval records are a ``data.eval_fraction`` split of ``records``."""
-    records = _fit(records, report, tokenizer, max_len, cfg.data.overlong)
+    """(train pairs, eval pairs, eval report or None), fitted to ``max_len``; without
+    ``eval_source`` the eval pairs are a ``data.eval_fraction`` split of ``records``."""
+    pairs = _fit(records, report, tokenizer, max_len, cfg.data.overlong)
     if not eval_source:
-        return (*_split(records, cfg.data.eval_fraction, cfg.seed), None)
+        return (*_split(pairs, cfg.data.eval_fraction, cfg.seed), None)
     eval_records, eval_report = load_preferences(eval_source, cfg.data)
-    return records, _fit(eval_records, eval_report, tokenizer, max_len, cfg.data.overlong), eval_report
+    return pairs, _fit(eval_records, eval_report, tokenizer, max_len, cfg.data.overlong), eval_report
 
 
 def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[str] = None,
@@ -135,7 +165,9 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
     """
     from datasets import Dataset
     from transformers import AutoModelForSequenceClassification
-    from trl import RewardConfig, RewardTrainer
+    from trl import RewardConfig
+
+    LastTokenRewardTrainer = _last_token_reward_trainer()
 
     from homerlhf.stages.preflight import check_reward_stage
 
@@ -144,7 +176,7 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
     out = prepare_out(Path(out), "reward_run.json", overwrite)
     records, report = load_preferences(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)
-    train_records, eval_records, eval_report = _train_and_eval(
+    train_pairs, eval_pairs, eval_report = _train_and_eval(
         records, report, eval_data or section.eval_data, cfg, tokenizer, section.max_len
     )
     print("\n".join(r.summary() for r in (report, eval_report) if r is not None))
@@ -153,28 +185,28 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
         torch.manual_seed(cfg.seed)  # the score head is initialised at random
         model = load_model(AutoModelForSequenceClassification, base_path, cfg, section.method, num_labels=1)
         model.config.pad_token_id = tokenizer.pad_token_id
-        return RewardTrainer(
+        return LastTokenRewardTrainer(
             model=model,
             args=RewardConfig(
                 **trainer_args(section, cfg, out),
-                max_length=None,  # already left-truncated by pair_ids; TRL would drop over-long pairs instead
+                max_length=None,  # already left-truncated by _columns; TRL would drop over-long pairs instead
                 center_rewards_coefficient=section.center_rewards_coef,
                 disable_dropout=True,
             ),
-            train_dataset=Dataset.from_dict(pair_ids(train_records, tokenizer, section.max_len)),
+            train_dataset=Dataset.from_dict(_columns(train_pairs, section.max_len)),
             processing_class=tokenizer,
             peft_config=lora_config(section, section.lora, "SEQ_CLS"),
         )
 
     trained = train_and_save(make_trainer, section.method, cfg, out, base_path, tokenizer,
                              AutoModelForSequenceClassification,
-                             lambda model: _accuracies(model, train_records, eval_records, tokenizer, section.max_len),
+                             lambda model: _accuracies(model, train_pairs, eval_pairs, tokenizer.pad_token_id, section.max_len),
                              num_labels=1, pad_token_id=tokenizer.pad_token_id)
     summary = {
         "stage": "reward", "base_model": base_name, "base_path": base_path, "method": section.method,
         "data": report.to_dict(),
         "eval_data": eval_report.to_dict() if eval_report else f"{cfg.data.eval_fraction:g} split of the data",
-        "n_train": len(train_records), "n_eval": len(eval_records), **trained, "gguf_dir": None,
+        "n_train": len(train_pairs), "n_eval": len(eval_pairs), **trained, "gguf_dir": None,
     }
     write_json(out / "reward_run.json", summary)
     if section.export_gguf:

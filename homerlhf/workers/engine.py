@@ -7,7 +7,8 @@ come in and go out; the engine never tokenizes text.
 - ref role, :meth:`Engine.logprobs`: per-token ``log p(response[t] | prompt, response[:t])`` at the
   request's sampling temperature: log-softmax of ``logits / temperature``, in float64, done here.
 - reward role, :meth:`Engine.score`: ``score_head · h_last (+ bias)`` where ``h_last`` is the last
-  token's post-norm hidden state (LAST pooling), as HF ``*ForSequenceClassification`` computes it.
+  token's post-norm hidden state (LAST pooling) of the sequence as sent, unpadded: the last
+  position where the attention mask would be 1, the rule of :mod:`homerlhf.models.scores`.
 
 Serving it over HTTP is :mod:`homerlhf.workers.server`.
 """
@@ -108,7 +109,7 @@ class Engine:
         self.ctx_len = int(ctx)
         if self.ctx_len < 2:
             raise UserError(f"--ctx {ctx} is too small; use at least 2")
-        gguf_path, self.head_weight, self.head_bias, self.pad_token_id = self._resolve(role, Path(model))
+        gguf_path, self.head_weight, self.head_bias = self._resolve(role, Path(model))
         self.info = read_gguf_info(gguf_path)
         self.fingerprint = self.info.fingerprint
         self.kv_size = max(self.ctx_len, batch_tokens or 1024)
@@ -156,7 +157,7 @@ class Engine:
         if role == "ref":
             if model.is_dir():
                 raise UserError(f"{model} is a directory; the ref worker takes a .gguf file (homerlhf export ref)")
-            return model, None, None, None
+            return model, None, None
         from safetensors.numpy import load_file
 
         manifest_path = model / "manifest.json" if model.is_dir() else None
@@ -166,7 +167,7 @@ class Engine:
         head = load_file(str(model / manifest.get("score_head", "score_head.safetensors")))
         weight = head["weight"].astype(np.float64).reshape(-1)
         bias = float(head["bias"].reshape(-1)[0]) if "bias" in head else 0.0
-        return model / manifest.get("backbone", "backbone.gguf"), weight, bias, manifest.get("pad_token_id")
+        return model / manifest.get("backbone", "backbone.gguf"), weight, bias
 
     def health(self) -> dict:
         return {
@@ -271,15 +272,6 @@ class Engine:
         self._account(sequences, started)
         return result
 
-    def _strip_padding(self, tokens: list[int]) -> list[int]:
-        """Drops trailing pad tokens: HF's classifier reads the last non-pad token (causal, so same state)."""
-        if self.pad_token_id is None:
-            return tokens
-        end = len(tokens)
-        while end > 1 and tokens[end - 1] == self.pad_token_id:
-            end -= 1
-        return tokens[:end]
-
     def score(self, sequences: list[tuple[list[int], list[int]]]) -> list[float]:
         """``w · h_last + b`` per sequence, ``h_last``: (n_embd,) post-norm state of the last token."""
         if self.role != "reward":
@@ -287,7 +279,9 @@ class Engine:
         self.validate(sequences)
         started = time.perf_counter()
         scores = [0.0] * len(sequences)
-        full = [self._strip_padding(list(p) + list(r)) for p, r in sequences]
+        # Unpadded, as sent: the last token is the last real one (the client never pads; a pad id
+        # at the end is a real token, e.g. Llama-3's pad == eos == the end-of-turn token).
+        full = [list(p) + list(r) for p, r in sequences]
         for pack in self._packs([len(s) for s in full]):
             # Pooled embeddings need every token marked as an output.
             self._decode([full[i] for i in pack], [[True] * len(full[i]) for i in pack])

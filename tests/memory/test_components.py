@@ -43,3 +43,24 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("compute_dtype", ["fp16", "fp32"])
+def test_trainable_weights_are_counted_as_the_fp32_tensors_the_policy_holds(compute_dtype, tiny_llama_dir):
+    # Under fp16 compute too (T4): LoRA and value head are fp32, so are their grads and Adam moments.
+    from homerlhf.config import load_config
+    from homerlhf.memory.components import Assumptions, persistent_components
+    from homerlhf.memory.shapes import resolve_shape
+    from homerlhf.models.policy import PolicyModel
+
+    cfg = load_config("cpu-tiny", overrides=[f"quant.compute_dtype={compute_dtype}", "ref.backend=adapter_off",
+                                             "reward.backend=hf"])
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    planned = {c.name: c.bytes for c in persistent_components(cfg, resolve_shape(str(tiny_llama_dir)), Assumptions())}
+
+    def held(params):
+        return sum(p.numel() * p.element_size() for p in params)
+
+    assert {p.dtype for p in policy.actor_parameters() + policy.critic_parameters()} == {torch.float32}
+    assert planned["LoRA actor"] == held(policy.actor_parameters())
+    assert planned["LoRA critic"] + planned["value head"] == held(policy.critic_parameters())

@@ -83,3 +83,66 @@ def test_without_a_reward_model_answers_are_unscored(run_dir):
     assert models.reward is None and actor.score is None and ref.score is None
     assert 0 < len(actor.response_ids) <= 3
     models.close()
+
+
+@pytest.mark.slow  # an NF4 Gemma-3-vocabulary policy (262k tokens) loaded twice, ~40 s on 2 cores
+def test_answers_end_at_the_stop_set_and_are_scored_on_the_reward_models_sequence(real_tokenizer_dirs, tmp_path):
+    """A base-style Gemma-3 tokenizer (EOS ``<eos>``, turns end ``<end_of_turn>``): both answers end
+    at ``<end_of_turn>`` with nothing after it, and each is scored on exactly the sequence the reward
+    model is trained on (``reward_sequence_ids``), read at its last token."""
+    from transformers import AutoTokenizer
+
+    from homerlhf.config import load_config
+    from homerlhf.data.replies import reward_sequence_ids
+    from homerlhf.models.policy import PolicyModel
+    from homerlhf.models.scores import score_sequences
+    from homerlhf.ppo.backends import HFReward
+    from homerlhf.tiny import build_causal_lm, build_sequence_classifier
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    tok = AutoTokenizer.from_pretrained(str(real_tokenizer_dirs["gemma3"]))
+    tok.eos_token = "<eos>"  # as a base checkpoint ships it: EOS is not the turn's end
+    tok.save_pretrained(tokenizer_dir)
+    shape = dict(hidden=64, layers=2)
+    model_dir = build_causal_lm(tmp_path / "lm", arch="gemma3_text", seed=0, tokenizer_dir=tokenizer_dir,
+                                tie_embeddings=True, **shape)
+    (model_dir / "generation_config.json").unlink()  # no eos list to help: the template's token must stop
+    rm_dir = build_sequence_classifier(tmp_path / "rm", arch="gemma3_text", seed=2, tokenizer_dir=tokenizer_dir, **shape)
+    cfg = load_config("cpu-tiny", None, [f"model.name_or_path={model_dir}", "ref.backend=adapter_off",
+                                         "reward.backend=hf", f"reward.model={rm_dir}"])
+    PolicyModel.from_config(cfg, str(model_dir)).save(tmp_path / "ckpt")
+    models = EvalModels(cfg, tmp_path / "ckpt", reward=lambda cfg, tokenizer: HFReward(str(rm_dir)))
+    assert models.stop_ids == sorted(tok.convert_tokens_to_ids(["<eos>", "<end_of_turn>"]))
+
+    prompt = [{"role": "user", "content": "Tell me about tea."}]
+    sequence = reward_sequence_ids(models.tokenizer, prompt, [{"role": "assistant", "content": "Green tea."}])
+    n_prompt = len(models.prompt_ids("Tell me about tea."))
+    forced = sequence[n_prompt:] + models.tokenizer("\n", add_special_tokens=False)["input_ids"] * 3
+    step = {"n": 0}
+
+    def restart(module, args):
+        if args[0].shape[1] > 1:  # the prompt's forward: a new answer starts
+            step["n"] = 0
+
+    def force(module, args, output):
+        output = output.clone()
+        if step["n"] < len(forced):
+            output[:, -1, :] = -1e4
+            output[:, -1, forced[step["n"]]] = 1e4
+        step["n"] += 1
+        return output
+
+    handles = [models.model.get_input_embeddings().register_forward_pre_hook(restart),
+               models.model.get_output_embeddings().register_forward_hook(force)]
+    try:
+        actor, ref = models.answer_both("Tell me about tea.", Sampling(max_new_tokens=len(forced), seed=3))
+    finally:
+        for handle in handles:
+            handle.remove()
+    for answer in (actor, ref):
+        assert answer.prompt_ids + answer.response_ids == sequence
+        assert answer.text == "Green tea."
+    rm = HFReward(str(rm_dir))
+    want = score_sequences(rm.model, [sequence], pad_id=rm.pad_id).item()
+    assert actor.score == pytest.approx(want, abs=1e-5) and ref.score == pytest.approx(want, abs=1e-5)
+    models.close()

@@ -80,5 +80,10 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
     assert 3.0 <= row["time_iteration_s"] < 60.0
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
-    # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only.
-    assert set(METRIC_DESCRIPTIONS) - set(row) == {key for key in METRIC_DESCRIPTIONS if "_mem_" in key} | {"kl_ref_start"}
+    # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only,
+    # loss_scale from an fp16 run's grad scaler.
+    assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS if "_mem_" in key}
+                                                   | {"kl_ref_start", "loss_scale"})
+    scaled = iteration_metrics(4, _experience(), torch.zeros(2), entropy, 0.1, {**update, "loss_scale": 1024.0},
+                               StageTimes(update=1.0), mini_batch_size=2, started=time.perf_counter())
+    assert scaled["loss_scale"] == 1024.0 and list(scaled) == [key for key in METRIC_DESCRIPTIONS if key in scaled]

@@ -279,3 +279,42 @@ def test_scored_logprobs_are_those_generate_sampled_from(name, real_policies):
     at_one = PolicyModel(loaded.model, loaded.value_head, loaded.tokenizer, shared_adapter=False,
                          logprob_chunk_size=3)
     assert ((score_with_policy(at_one, batch)[0] - old) * mask).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_rollout_of_a_reply_is_the_reward_models_sequence(name, real_policies):
+    """The actor, forced to write a reply and then the template's text after the turn (Qwen/Gemma:
+    end-of-turn then "\\n"), yields prompt ids + response ids up to the stop token that are exactly
+    ``reward_sequence_ids``: what the reward model is trained and evaluated on."""
+    from homerlhf.data.replies import reward_sequence_ids
+    from homerlhf.data.tokens import tokenize_prompts
+
+    policy = real_policies(name)
+    tok = policy.tokenizer
+    records = [{"prompt": [{"role": "user", "content": "Tell me about green tea, please."}],
+                "reply": [{"role": "assistant", "content": "Green tea is steamed or pan-fired."}]},
+               {"prompt": [{"role": "user", "content": "Hi"}], "reply": [{"role": "assistant", "content": "Hello!"}]}]
+    shapes = [reward_sequence_ids(tok, r["prompt"], r["reply"]) for r in records]
+    prompts = tokenize_prompts(records, tok, max_prompt_len=64)
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    # What each row is made to write: the reply, its end token, then more text that must not count.
+    forced = [shape[len(p):] + newline * 3 for shape, p in zip(shapes, prompts)]
+    step = {"n": 0}
+
+    def force(module, args, output):
+        output = output.clone()
+        for row, tokens in enumerate(forced):
+            if step["n"] < len(tokens):
+                output[row, -1, :] = -1e4
+                output[row, -1, tokens[step["n"]]] = 1e4
+        step["n"] += 1
+        return output
+
+    handle = policy.lm_head.register_forward_hook(force)
+    try:
+        batch = generate_rollout(policy, prompts, _real_cfg(f"rollout.max_new_tokens={max(map(len, forced))}").rollout)
+    finally:
+        handle.remove()
+    assert batch.truncated.tolist() == [False, False]
+    assert [p + r for p, r in zip(batch.prompt_lists(), batch.response_lists())] == shapes
+    assert all(r[-1] in policy.stop_ids for r in batch.response_lists())

@@ -1,5 +1,5 @@
-"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, early stop and the shared
-adapter (OOM backoff: tests/ppo/test_update.py; checkpoints and resume: tests/ppo/test_checkpoint.py,
+"""The PPO loop on a real 4-bit tiny policy: it learns a known reward, early stop, the shared
+adapter and the fp16 loss scale (OOM backoff: tests/ppo/test_update.py; checkpoints and resume: tests/ppo/test_checkpoint.py,
 tests/stages/test_resume.py)."""
 
 from __future__ import annotations
@@ -123,3 +123,27 @@ def test_ppo_learns_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_i
     assert last >= first + 0.15 and last >= 2.5 * first, scores
     # Putting all mass on the target would cost about 6 * -log p_ref(target) ~ 14 nats.
     assert max(kls) < 10.0, kls
+
+
+# -- fp16 compute: the trainer's grad scaler ------------------------------------------------------
+def test_fp16_compute_scales_the_loss_logs_the_scale_and_resumes_it(tiny_llama_dir, ppo_cfg, prompt_ids, tmp_path):
+    cfg = ppo_cfg("quant.compute_dtype=fp16", "rollout.batch_size=2", "rollout.chunk_size=2",
+                  "rollout.max_new_tokens=3", "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1")
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    reward = CallableReward(lambda p, r: float(len(r)))
+    prompts = prompt_ids(policy.tokenizer, 2)
+    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir=tmp_path / "run")
+    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0**16
+    row = trainer.step()
+    assert row["optimizer_steps"] == 1 and row["loss_scale"] == trainer.scaler.get_scale()
+    assert row["loss_scale"] in (2.0**16, 2.0**15)  # unchanged, or halved by an fp16 overflow
+    trainer.scaler.update(new_scale=1024.0)  # a scale the run reached
+    saved = trainer.checkpoint()
+
+    resumed = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir=tmp_path / "run")
+    resumed.resume(saved)
+    assert resumed.scaler.get_scale() == 1024.0
+
+    fp32 = PPOTrainer(ppo_cfg(), policy, AdapterOffReference(policy), reward, prompts)
+    assert not fp32.scaler.is_enabled() and "grad_scaler" not in fp32._stateful()

@@ -1,8 +1,12 @@
 """The update stage on a real 4-bit tiny policy: an OOM retry with halved micro-batches gives the
-un-split step."""
+un-split step; under fp16 compute the trainable weights and Adam moments are fp32 and the grad
+scaler's step is the unscaled one."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from homerlhf.models.policy import PolicyModel
@@ -57,3 +61,96 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_d
     assert moved > 1e-3  # the step really changed the LoRA weights
     diff = max(float((u - r).abs().max()) for u, r in zip(unsplit, retried))
     assert diff <= 1e-5, diff
+
+
+# -- fp16 compute: fp32 trainable weights and the grad scaler ----------------------------------------
+@pytest.fixture(scope="module")
+def fp16_run(tiny_llama_dir):
+    """(cfg, policy, experience): an fp16-compute policy (NF4 matmuls in fp16 on the CPU) and one
+    rollout of it. Tests that step it start from whatever weights it holds and restore nothing."""
+    from homerlhf.config import load_config
+    from homerlhf.data.builtin import prompt_records
+
+    cfg = load_config("cpu-tiny", overrides=[
+        "ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false", "quant.compute_dtype=fp16",
+        "rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=5", "ppo.mini_batch_size=4",
+        "ppo.micro_batch_size=2", "ppo.max_grad_norm=1e6"])
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    prompts = [policy.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
+                                                    add_generation_prompt=True, tokenize=True, return_dict=False)
+               for r in prompt_records()[:4]]
+    reward = CallableReward(lambda p, r: sum(t % 5 == 0 for t in r) / len(r))
+    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
+    return cfg, policy, compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
+
+
+def test_fp16_compute_keeps_trainable_weights_and_adam_states_fp32(fp16_run):
+    from accelerate import Accelerator
+    from bitsandbytes.nn import Linear4bit
+
+    from homerlhf.models.precision import loss_scaler
+    from homerlhf.ppo.update import build_optimizer
+
+    cfg, policy, exp = fp16_run
+    trainable = policy.actor_parameters() + policy.critic_parameters()
+    assert len(trainable) > 2 and {p.dtype for p in trainable} == {torch.float32}
+    assert {p.dtype for p in policy.model.parameters() if p.requires_grad} == {torch.float32}
+    # The frozen base computes in fp16: its 4-bit layers' compute dtype (weights: packed uint8).
+    quantized = [m for m in policy.model.modules() if isinstance(m, Linear4bit)]
+    assert quantized and {(m.compute_dtype, m.weight.dtype) for m in quantized} == {(torch.float16, torch.uint8)}
+    # peft's prepare_model_for_kbit_training puts the non-4-bit weights (embeddings, norms, LM head) in fp32.
+    frozen = {p.dtype for n, p in policy.model.named_parameters() if "lora_" not in n and p.dtype != torch.uint8}
+    assert frozen == {torch.float32}
+
+    actor_opt = build_optimizer("adamw", policy.actor_parameters(), 1e-3, 0.0)
+    critic_opt = build_optimizer("adamw", policy.critic_parameters(), 1e-3, 0.0)
+    scaler = loss_scaler(torch.float16, policy.device)
+    assert scaler.is_enabled()
+    before = [p.detach().clone() for p in trainable]
+    policy.train()
+    stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
+                            scaler=scaler)
+    assert stats["skipped"] == 0.0 and math.isfinite(stats["grad_norm_actor"]) and stats["grad_norm_actor"] > 0
+    assert max(float((p.detach() - b).abs().max()) for p, b in zip(trainable, before)) > 1e-5
+    moments = [s[k] for opt in (actor_opt, critic_opt) for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
+    assert len(moments) == 2 * len(trainable) and {t.dtype for t in moments} == {torch.float32}
+
+
+def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_the_scale(fp16_run):
+    from accelerate import Accelerator
+
+    from homerlhf.ppo.guards import NonFiniteGuard
+
+    cfg, policy, exp = fp16_run
+    params = policy.actor_parameters() + policy.critic_parameters()
+    start = [p.detach().clone() for p in params]
+
+    def one_step(scaler, guard=None):
+        for p, s in zip(params, start):
+            p.data.copy_(s)
+        # Plain SGD: its step is the gradient itself, so any scaling left in it shows.
+        actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
+        critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
+        policy.train()
+        stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
+                                guard, scaler)
+        return stats, [p.detach().clone() for p in params]
+
+    _, plain = one_step(None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    stats, scaled = one_step(scaler)
+    assert stats["skipped"] == 0.0 and scaler.get_scale() == 2.0**10  # no overflow, no growth yet
+    moved = max(float((u - s).abs().max()) for u, s in zip(plain, start))
+    assert moved > 1e-3
+    # A power-of-two scale and its exact inverse: the same step up to fp16 rounding in the base's backward.
+    assert max(float((u - s).abs().max()) for u, s in zip(plain, scaled)) <= 1e-3 * moved
+
+    # 2**40 overflows fp16 in the 4-bit layers' backward: the step is skipped and the scale halved,
+    # and the non-finite guard (one bad step stops the run) does not count it.
+    guard = NonFiniteGuard(max_in_row=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    stats, after = one_step(scaler, guard)
+    assert not math.isfinite(stats["grad_norm_actor"]) and math.isfinite(stats["policy_loss"])
+    assert stats["skipped"] == 1.0 and scaler.get_scale() == 2.0**39 and guard.in_row == 0
+    assert all(torch.equal(a, s) for a, s in zip(after, start))

@@ -165,3 +165,120 @@ def test_a_failed_export_keeps_the_trained_model_and_names_the_command(pairs_fil
     run = json.loads((out / "reward_run.json").read_text())
     assert run["gguf_dir"] is None and "WordPiece" in run["gguf_error"] and not (out / "gguf").exists()
     AutoModelForSequenceClassification.from_pretrained(out / "model")  # the trained model is there, whole
+
+
+# -- one sequence shape and one pooling rule, with real tokenizers (tests/fixtures/README.md) --------
+REAL_PAIRS = [
+    {"prompt": "Tell me about tea, please.", "chosen": "Tea is made by steeping dried leaves in hot water.",
+     "rejected": "No."},
+    {"prompt": "Share a fact about cats.", "chosen": "Cats sleep for most of the day.",
+     "rejected": "Figure it out yourself, I am busy today."},
+]
+
+
+REAL_ARCH = {"qwen3": "qwen3", "llama3_1": "llama", "gemma3": "gemma3_text"}  # as tests/conftest.py builds them
+
+
+def _real_records():
+    from homerlhf.data.load import normalise
+
+    records, _ = normalise(REAL_PAIRS, "preference")
+    return records
+
+
+def _real_reward_model(name, real_tokenizer_dirs, out_dir):
+    """A tiny random-init reward model on a real tokenizer, saved as the reward stage saves one: the
+    tokenizer as the stages load it (Llama-3.1: pad = eos = <|eot_id|>) and its pad id in the config."""
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.tiny import build_sequence_classifier
+
+    tok = load_tokenizer(str(real_tokenizer_dirs[name]), trust_remote_code=False, padding_side=None)
+    path = build_sequence_classifier(out_dir, arch=REAL_ARCH[name], seed=11,
+                                     tokenizer_dir=real_tokenizer_dirs[name], hidden=64, layers=2)
+    model = AutoModelForSequenceClassification.from_pretrained(path, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, model.eval(), tok
+
+
+@pytest.mark.slow  # each real vocabulary is exported and served by a worker (Gemma-3: 262k tokens)
+@pytest.mark.parametrize("name", ["qwen3", "llama3_1", "gemma3"])
+def test_one_score_through_stage_evaluation_hf_backend_and_worker(name, real_tokenizer_dirs, tmp_path):
+    """The RM score of a (prompt, reply) is the same through the reward stage's evaluation (the ids
+    it trains on), the ``hf`` backend and the llama.cpp worker (F32 export, F32 KV cache) fed as PPO
+    feeds them (prompt ids, response ids up to the stop token), and equals the score at the last
+    token of that one unpadded sequence."""
+    import numpy as np
+
+    from homerlhf.data.tokens import prompt_ids
+    from homerlhf.ppo.backends import HFReward
+    from homerlhf.stages.reward import pair_ids, score_ids
+    from homerlhf.workers.backends import connect
+    from homerlhf.workers.gguf import export_reward
+    from homerlhf.workers.process import WorkerProcess
+
+    path, model, tok = _real_reward_model(name, real_tokenizer_dirs, tmp_path / "rm")
+    if name == "llama3_1":
+        assert tok.pad_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|eot_id|>")
+    records = _real_records()
+    pairs = pair_ids(records, tok, max_len=256)
+    sequences = pairs["chosen_ids"] + pairs["rejected_ids"]  # different lengths: padding is exercised
+    prompts = [prompt_ids(tok, r["prompt"]) for r in records] * 2
+    responses = [seq[len(p):] for seq, p in zip(sequences, prompts)]
+    assert all(seq[:len(p)] == p for seq, p in zip(sequences, prompts))
+
+    stage = score_ids(model, sequences, tok.pad_token_id, batch_size=4).double().numpy()
+    hf = np.array(HFReward(str(path), batch_size=4).score(prompts, responses))
+    export = export_reward(str(path), tmp_path / "export", outtype="f32")
+    worker = connect("reward", process=WorkerProcess("reward", export, ctx=128, f32_kv_cache=True, threads=1,
+                                                     log_path=tmp_path / "reward.log"))
+    try:
+        served = np.array(worker.score(prompts, responses))
+    finally:
+        worker.close()
+    with torch.no_grad():
+        alone = np.array([model.score(model.model(input_ids=torch.tensor([s])).last_hidden_state[0, -1]).item()
+                          for s in sequences])
+    print(f"{name}: scores {np.round(alone, 4).tolist()}; max |diff| stage {np.abs(stage - alone).max():.1e}, "
+          f"hf {np.abs(hf - alone).max():.1e}, worker {np.abs(served - alone).max():.1e}")
+    assert np.abs(stage - alone).max() <= 1e-4 and np.abs(hf - alone).max() <= 1e-4
+    assert np.abs(served - stage).max() <= 1e-3
+    assert np.ptp(alone) > 1e-2  # distinct scores: a mix-up between sequences would show
+
+
+def test_reward_trainer_loss_reads_the_last_real_token_when_pad_is_eos(real_vocab_model_dir, tmp_path):
+    """The trainer's Bradley-Terry loss on a collated batch of the shape's ids (Llama-3.1: pad = eos)
+    is ``-log sigmoid(r_chosen - r_rejected)`` with scores at the last real token, not at the last
+    non-pad id that TRL's model forward would read."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification
+    from trl import RewardConfig
+
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.models.scores import score_sequences
+    from homerlhf.stages.reward import _last_token_reward_trainer, pair_ids
+
+    base = real_vocab_model_dir("llama3_1")
+    tok = load_tokenizer(str(base), trust_remote_code=False, padding_side=None)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, pad_token_id=tok.pad_token_id)
+    pairs = pair_ids(_real_records(), tok, max_len=256)
+    trainer = _last_token_reward_trainer()(
+        model=model, args=RewardConfig(output_dir=str(tmp_path / "t"), report_to="none", use_cpu=True,
+                                       max_length=None, disable_dropout=True),
+        train_dataset=Dataset.from_dict(pairs), processing_class=tok)
+    batch = trainer.data_collator([{"chosen_ids": c, "rejected_ids": r}
+                                   for c, r in zip(pairs["chosen_ids"], pairs["rejected_ids"])])
+    assert batch["input_ids"][0, -1].item() == tok.pad_token_id  # a padded row: trailing eos pads
+    model.eval()
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, dict(batch))
+        chosen = score_sequences(model, pairs["chosen_ids"], tok.pad_token_id)
+        rejected = score_sequences(model, pairs["rejected_ids"], tok.pad_token_id)
+        want = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+        hf_pooled = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=0)
+    hf_loss = -torch.nn.functional.logsigmoid(hf_pooled[:2] - hf_pooled[2:]).mean()
+    assert abs(hf_loss.item() - want.item()) > 1e-4  # the rule matters on these ids

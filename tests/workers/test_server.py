@@ -79,21 +79,27 @@ def _hf_scores(rm_dir, PROMPTS, RESPONSES) -> list[float]:
 
 
 def test_llama_reward_score_equals_hf(llama_rm_dir, llama_rm_export, tmp_path, samples):
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.models.scores import score_sequences
+
     PROMPTS, RESPONSES = samples
-    # The last response right-padded (pad id 0): HF scores its last non-pad token, so must the worker.
-    RESPONSES = RESPONSES[:-1] + [RESPONSES[-1] + [0, 0]]
+    # One response ends with the pad id (0): sequences travel unpadded, so it is a real token (as
+    # Llama-3's pad = eos is) and the score is read there, as HF scoring reads the last real token.
+    RESPONSES = RESPONSES[:-1] + [RESPONSES[-1] + [0]]
     backend = connect("reward", process=WorkerProcess("reward", llama_rm_export, ctx=64, f32_kv_cache=True,
                                                       threads=2, log_path=tmp_path / "rm.log"))
     try:
         got = backend.score(PROMPTS, RESPONSES)
-        unpadded = backend.score(PROMPTS[-1:], [RESPONSES[-1][:-2]])
+        without_pad = backend.score(PROMPTS[-1:], [RESPONSES[-1][:-1]])
     finally:
         backend.close()
-    assert got[-1] == pytest.approx(unpadded[0], abs=1e-9)
-    want = _hf_scores(llama_rm_dir, PROMPTS, RESPONSES)
+    model = AutoModelForSequenceClassification.from_pretrained(llama_rm_dir, dtype=torch.float32).eval()
+    want = score_sequences(model, [p + r for p, r in zip(PROMPTS, RESPONSES)], pad_id=0).tolist()
     diff = max(abs(a - b) for a, b in zip(got, want))
     print(f"llama reward: max |score diff| vs HF = {diff:.2e}")
     assert diff <= 1e-3
+    assert abs(got[-1] - without_pad[0]) > 1e-3  # the trailing pad id was scored, not dropped
     assert len(set(round(s, 4) for s in want)) == len(want)  # distinct scores: the check can fail
 
 

@@ -1,0 +1,67 @@
+"""Mixed precision: which weights train in which dtype, and when the loss is scaled.
+
+The *compute dtype* is what the frozen base computes in: bitsandbytes' 4-bit matmuls
+(``quant.compute_dtype``) or a full-precision base's weights. It is bf16 on cards that have it,
+fp16 on cards that do not (T4, Colab) and fp32 on the CPU. The rules:
+
+- **fp16 compute:** every trainable weight (LoRA A/B, value head, reward score head, all weights
+  under method ``full``) is fp32, and a loss scaler (``torch.amp.GradScaler``) keeps small
+  gradients from flushing to zero in the fp16 backward. The scaler refuses fp16 gradients, and fp16
+  cannot hold the small updates Adam makes to a weight, so fp32 master weights are not optional.
+- **bf16 compute:** no scaler (bf16 has fp32's exponent range). The SFT and reward stages keep
+  TRL's QLoRA choice of bf16 trainable weights; PPO's are fp32.
+- **fp32 compute (CPU):** everything fp32.
+
+PPO's adapters and value head are fp32 under every compute dtype (:func:`adapters_to_fp32`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def trainable_dtype(compute: torch.dtype) -> torch.dtype:
+    """The dtype trainable weights of a TRL stage are kept in under ``compute``: fp32 for fp16
+    compute (grad scaler), the compute dtype otherwise."""
+    return torch.float32 if compute == torch.float16 else compute
+
+
+def cast_trainable(model, compute: torch.dtype, *, all_trainable: bool) -> list[str]:
+    """Cast ``model``'s trainable floating-point weights for ``compute``; returns the names cast.
+
+    ``all_trainable``: cast every trainable weight to :func:`trainable_dtype` (TRL casts a 4-bit
+    model's trainable weights to bf16, which must follow the compute dtype); otherwise only fp16
+    ones go up to fp32 and fp32 LoRA weights (peft's default) stay as they are.
+    """
+    target = trainable_dtype(compute)
+    cast = []
+    for name, param in model.named_parameters():
+        if not (param.requires_grad and param.is_floating_point()) or param.dtype == target:
+            continue
+        if all_trainable or param.dtype == torch.float16:
+            param.data = param.data.to(target)
+            cast.append(name)
+    return cast
+
+
+def adapters_to_fp32(params: Iterable[torch.nn.Parameter]) -> None:
+    """PPO's trainable weights in fp32 whatever the compute dtype (peft's ``autocast_adapter_dtype``
+    already does this for LoRA; this makes it a rule rather than a default)."""
+    for param in params:
+        if param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+def trainer_precision_flags(compute: torch.dtype, on_cuda: bool) -> dict[str, bool]:
+    """``bf16``/``fp16`` for HF ``TrainingArguments``: autocast in the compute dtype on CUDA, and a
+    grad scaler with it for fp16. On the CPU both are off (accelerate runs no fp16 autocast there)."""
+    return {"bf16": on_cuda and compute == torch.bfloat16, "fp16": on_cuda and compute == torch.float16}
+
+
+def loss_scaler(compute: torch.dtype, device: str | torch.device) -> torch.amp.GradScaler:
+    """A ``GradScaler`` for ``device``, enabled only under fp16 compute (disabled, every call is a
+    no-op: ``scale`` returns the loss, ``step`` calls ``optimizer.step()``)."""
+    device_type = torch.device(device).type
+    return torch.amp.GradScaler(device_type, enabled=compute == torch.float16)

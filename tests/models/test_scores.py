@@ -1,0 +1,77 @@
+"""One pooling rule for reward scores: the last position where the attention mask is 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homerlhf.models.scores import last_real_index, score_sequences, sequence_scores
+
+
+def test_last_real_index_either_padding_side():
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert last_real_index(right).tolist() == [2, 4, 0]
+    assert last_real_index(left).tolist() == [4, 4, 4]
+
+
+@pytest.fixture(scope="module")
+def pad_is_eos_classifier(tmp_path_factory):
+    """A tiny Llama reward model whose pad id is its eos id (1), as Llama-3's is."""
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.tiny import build_sequence_classifier
+
+    path = build_sequence_classifier(tmp_path_factory.mktemp("rm-pad-eos"), arch="llama", seed=5)
+    model = AutoModelForSequenceClassification.from_pretrained(path, pad_token_id=1).eval()
+    assert model.config.pad_token_id == 1
+    return model
+
+
+def _alone(model, ids: list[int]) -> float:
+    """The independent reading: one unpadded sequence, score head on its last hidden state."""
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state  # (1, T, H)
+        return model.score(hidden[0, -1]).item()
+
+
+def test_scores_read_the_last_real_token_when_pad_is_eos(pad_is_eos_classifier):
+    model = pad_is_eos_classifier
+    # Sequences ending with eos (= pad), one with an eos mid-sequence too (a Llama-3 prompt's turn end).
+    seqs = [[5, 9, 33, 1], [5, 40, 1, 17, 1], [7, 8, 9, 10, 11, 12, 1]]
+    want = torch.tensor([_alone(model, s) for s in seqs])
+    for batch_size in (1, 3):
+        torch.testing.assert_close(score_sequences(model, seqs, pad_id=1, batch_size=batch_size), want,
+                                   atol=1e-5, rtol=0)
+    # Left padding with the same ids: the same scores.
+    width = max(map(len, seqs))
+    ids = torch.tensor([[1] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    with torch.no_grad():
+        torch.testing.assert_close(sequence_scores(model, ids, mask), want, atol=1e-5, rtol=0)
+        # HF's own pooling (the last id that is not the pad id) reads another token here: what this
+        # rule exists for. One sequence, no padding at all, and still not the last token's score.
+        hf = model(input_ids=torch.tensor([seqs[0]])).logits[0, 0].item()
+    assert abs(hf - want[0].item()) > 1e-3
+    assert hf == pytest.approx(_alone(model, seqs[0][:-1]), abs=1e-5)  # it read the token before eos
+
+
+def test_peft_wrapped_classifier_scores_through_its_adapter_and_head(pad_is_eos_classifier):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(copy.deepcopy(pad_is_eos_classifier),
+                           LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+            if "modules_to_save" in name and "score" in name:
+                param.mul_(2.0)
+    model.eval()
+    seq = [5, 9, 33, 1]
+    merged = copy.deepcopy(model).merge_and_unload()
+    got = score_sequences(model, [seq], pad_id=1)
+    torch.testing.assert_close(got, torch.tensor([_alone(merged, seq)]), atol=1e-5, rtol=0)
+    assert abs(got.item() - _alone(pad_is_eos_classifier, seq)) > 1e-3  # the adapter and head count
