@@ -53,6 +53,15 @@ def presets() -> None:
         typer.echo(f"{name:<12} {cfg.card.name:<18} {mem:<9} {cfg.model.name_or_path}")
 
 
+def _ask_redacted_tokens(cfg):
+    """A resumed run's worker tokens are not saved: read from the environment or asked for here."""
+    import getpass
+
+    from homerlhf.workers.tokens import restore_redacted_tokens
+
+    return restore_redacted_tokens(cfg, ask=getpass.getpass if sys.stdin.isatty() else None)
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -75,6 +84,7 @@ def train(
         explicit_preset = ctx.get_parameter_source("preset").name == "COMMANDLINE"
         cfg, _ = resume_config(resume, preset=preset if explicit_preset else None, config_file=config,
                                overrides=set_)
+        cfg = _ask_redacted_tokens(cfg)
     else:
         cfg = _load(preset, config, set_)
     check_device(cfg)
@@ -128,11 +138,20 @@ def plan(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
-    fast: bool = typer.Option(False, "--fast", help="8 PPO iterations instead of 12 (for CI)."),
+    fast: bool = typer.Option(False, "--fast", help="8 RL iterations instead of 12 (15 with --algorithm), for CI."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
-    seed: int = typer.Option(0, "--seed", help="Seed of PPO and of the held-out samples."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the RL run and of the held-out samples."),
+    algorithm: Optional[str] = typer.Option(
+        None, "--algorithm",
+        help="grpo, rloo or ppo: RL on the builtin addition task with its checker as the reward (held-out "
+        "accuracy before/after) instead of the default PPO demo with a reward model."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
+    if algorithm is not None:
+        from homerlhf.stages.demo_math import run_math_demo
+
+        run_math_demo(out, algorithm, fast=fast, overwrite=overwrite, seed=seed)
+        return
     from homerlhf.stages.demo import run_demo
 
     run_demo(out, fast=fast, overwrite=overwrite, seed=seed)
@@ -224,11 +243,14 @@ def export_reward(
 def worker(
     role: str = typer.Option(..., "--role", help="ref or reward."),
     model: Path = typer.Option(..., "--model", "-m", help="GGUF file (ref) or exported reward dir."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (non-loopback needs --token)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (non-loopback needs a token)."),
     port: int = typer.Option(0, "--port", help="Port (0: pick a free one and print it)."),
-    threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: auto)."),
+    threads: int = typer.Option(0, "--threads", help="llama.cpp threads (0: all physical cores)."),
     ctx: int = typer.Option(2048, "--ctx", help="Context length."),
-    token: Optional[str] = typer.Option(None, "--token", help="Bearer token required on every request."),
+    token_file: Optional[Path] = typer.Option(
+        None, "--token-file", help="File (mode 0600) holding the bearer token required on every request "
+        "(else HOMERLHF_WORKER_TOKEN, else none)."),
+    token: Optional[str] = typer.Option(None, "--token", hidden=True),
     f32_kv_cache: bool = typer.Option(False, "--f32-kv-cache", help="F32 KV cache (HF-exact) instead of F16."),
     batch_tokens: int = typer.Option(0, "--batch-tokens", help="Tokens per llama.cpp decode (0: max(ctx, 1024))."),
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process is gone."),
@@ -237,9 +259,14 @@ def worker(
     from homerlhf.workers.engine import ROLES
     from homerlhf.workers.server import serve
 
+    from homerlhf.workers.tokens import worker_token
+
+    if token is not None:
+        raise UserError("--token puts the secret in the process list; set HOMERLHF_WORKER_TOKEN or pass "
+                        "--token-file (a 0600 file) instead")
     if role not in ROLES:
         raise UserError(f"--role {role!r} is not known; use ref or reward")
-    serve(role, model, host=host, port=port, threads=threads, ctx=ctx, token=token,
+    serve(role, model, host=host, port=port, threads=threads, ctx=ctx, token=worker_token(token_file),
           f32_kv_cache=f32_kv_cache, parent_pid=parent_pid, batch_tokens=batch_tokens)
 
 

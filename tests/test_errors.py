@@ -36,6 +36,7 @@ CLI_CASES = [
     ("ref-backend-hf", ["train", "--set", "ref.backend=hf"], 2, "ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'"),
     ("reward-backend-adapter-off", ["train", "--set", "reward.backend=adapter_off"], 2, "reward.backend 'adapter_off' makes no sense"),
     ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),
+    ("reward-function-without-backend", ["train", "--set", "reward.function=rewards.py:score"], 2, "reward.function is set but reward.backend is 'llamacpp'; set reward.backend=function"),
     ("nonfinite-limit-zero", ["train", "--set", "training.max_nonfinite_steps=0"], 2, "config key 'training.max_nonfinite_steps': got 0"),
     ("rollout-top-p", ["train", "--set", "rollout.top_p=0.9"], 2, "training rollouts must sample the full distribution"),
     ("gpu-preset-without-gpu", ["train", "--preset", "4090"], 2, "needs a CUDA GPU (RTX 4090) and none is visible; use --preset cpu-tiny"),
@@ -47,7 +48,9 @@ CLI_CASES = [
     ("config-file-is-a-dir", ["train", "--config", "{tmp}/empty"], 2, "cannot read config file"),
     ("option-not-a-number", ["worker", "--role", "ref", "--model", "{gguf}", "--port", "abc"], 2, "Invalid value for '--port'"),
     ("worker-unknown-role", ["worker", "--role", "critic", "--model", "{gguf}"], 2, "--role 'critic' is not known; use ref or reward"),
-    ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without --token"),
+    ("worker-public-bind-no-token", ["worker", "--role", "ref", "--model", "{gguf}", "--host", "0.0.0.0"], 2, "refusing to bind 0.0.0.0 without a token"),
+    ("worker-token-in-argv", ["worker", "--role", "ref", "--model", "{gguf}", "--token", "s3cret"], 2, "--token puts the secret in the process list; set HOMERLHF_WORKER_TOKEN"),
+    ("worker-token-file-shared", ["worker", "--role", "ref", "--model", "{gguf}", "--token-file", "{tmp}/shared.token"], 2, "is readable by others (mode 0644); run `chmod 600"),
     ("worker-model-missing", ["worker", "--role", "ref", "--model", "{tmp}/none.gguf"], 2, "does not exist; export it first (homerlhf export ref)"),
     ("worker-ref-model-is-dir", ["worker", "--role", "ref", "--model", "{tmp}"], 2, "is a directory; the ref worker takes a .gguf file"),
     ("worker-not-a-gguf", ["worker", "--role", "ref", "--model", "{tmp}/fake.gguf"], 2, "is not a readable GGUF file"),
@@ -85,6 +88,10 @@ TRAIN_CASES = [
     ("arch-sliding-window", ["train", "--set", "model.name_or_path={tmp}/mistral-window", "--out", "{tmp}/r-arch4"], 2, "sliding window of 32 tokens is not applied by llama.cpp's llama graph"),
     ("reward-arch-no-export", ["reward", "--set", "model.name_or_path={tmp}/gpt2", "--out", "{tmp}/r-arch5"], 2, "set rm.export_gguf=false and use the reward model with reward.backend=hf"),
     ("ref-gguf-missing", ["train", "--set", "ref.model={tmp}/none.gguf", "--out", "{tmp}/r-gguf1"], 2, "does not exist; give an existing .gguf file"),
+    ("reward-function-file-missing", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/none.py:score", "--out", "{tmp}/r-fn1"], 2, "none.py not found (give path/to/file.py:function_name, the path relative to the working directory)"),
+    ("reward-function-missing", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/rewards.py:nope", "--out", "{tmp}/r-fn2"], 2, "rewards.py has no function 'nope' (it defines: loud, wants_x)"),
+    ("reward-function-bad-parameter", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/rewards.py:wants_x", "--out", "{tmp}/r-fn3"], 2, "rewards.py:wants_x takes parameter 'x'; a reward function takes some of prompt, response, prompt_ids, response_ids, row"),
+    ("reward-function-component-missing", ["train", "--set", "reward.components=[{{backend: function, function: '{tmp}/none.py:score'}}]", "--out", "{tmp}/r-fn4"], 2, "reward.components[0].function: file "),
     ("ref-gguf-other-vocab", ["train", "--set", "model.name_or_path={tiny}", "--set", "ref.model={tmp}/vocab400.gguf", "--out", "{tmp}/r-gguf2"], 2, "has 400 tokens but the policy's embedding 512"),
 ]
 
@@ -157,7 +164,11 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "fake.gguf").write_text("not a gguf\n")
     (tmp / "nocol.jsonl").write_text('{"foo": 1}\n{"foo": 2}\n')
     (tmp / "garbage.jsonl").write_text("garbage\n{{{\n")
+    (tmp / "rewards.py").write_text("def loud(response, row):\n    return float(row['solution'])\n\n\n"
+                                    "def wants_x(response, x):\n    return 0.0\n")  # the reward-function-* rows
     (tmp / "empty").mkdir()
+    (tmp / "shared.token").write_text("s3cret\n")
+    (tmp / "shared.token").chmod(0o644)
     (tmp / "oldrun").mkdir()
     (tmp / "oldrun" / "config.yaml").write_text("seed: 0\n")
     (tmp / "oldrun" / "metrics.jsonl").write_text('{"iteration": 1}\n')
@@ -267,8 +278,8 @@ def worker_url(files):
     tmp, gguf = files["tmp"], files["gguf"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "homerlhf.cli", "worker", "--role", "ref", "--model", str(gguf), "--ctx", "48",
-         "--threads", "1", "--token", "secret", "--parent-pid", str(os.getpid())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tmp))
+         "--threads", "1", "--parent-pid", str(os.getpid())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**_env(tmp), "HOMERLHF_WORKER_TOKEN": "secret"})
     try:
         url = None
         for line in proc.stdout:

@@ -23,7 +23,7 @@ def reward_backend(cfg, run_dir: Path, tokenizer):
     """
     from homerlhf.stages.ppo import scoring_reward
 
-    if cfg.reward.backend != "hf":
+    if cfg.reward.backend == "llamacpp" and not cfg.reward.components:  # a weighted sum is more than that worker
         from homerlhf.workers.backends import connect
         from homerlhf.workers.vocab import tokenizer_fingerprint
 

@@ -27,7 +27,12 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Tokens / s", [r"tokens?[/_.]?per[/_.]?s|tokens?_s$|tok_s|throughput"]),
     ("Memory (GiB)", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
     ("Approx KL old→new policy", [r"approx_kl"]),
+    # How far the rollout engine sampled from the trainer's policy (docs/ppo_details.md, detail 18).
+    ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$"]),
+    ("Groups (GRPO / RLOO)", [r"^group_"]),
 ]
+# Drawn only when a run logs their metrics (a PPO run has no groups).
+OPTIONAL_PANELS = {"Groups (GRPO / RLOO)"}
 # Drawn on a second y axis of their panel: a coefficient is on another scale than the KL itself.
 SECONDARY = re.compile(r"coef", re.IGNORECASE)
 
@@ -129,7 +134,7 @@ def metrics_figure(rows: Sequence[dict]):
     from matplotlib.figure import Figure
 
     rows = [flatten(r) for r in rows]
-    groups = panel_keys(numeric_keys(rows))
+    groups = [(title, keys) for title, keys in panel_keys(numeric_keys(rows)) if keys or title not in OPTIONAL_PANELS]
     n_cols = 4
     n_rows = math.ceil(len(groups) / n_cols)
     fig = Figure(figsize=(14, 3.0 * n_rows), layout="constrained")

@@ -26,6 +26,7 @@ class Settings:
     overrides: Any
     gpu_gib: Any
     preset_model: Any  # gr.State: the preset's own model, to tell a user's choice from the default
+    algorithm: Any = None  # ppo / grpo / rloo, written into the overrides
 
 
 def preset_model_of(preset: str) -> str:
@@ -50,6 +51,8 @@ def settings_components(default_preset: str) -> Settings:
         gpu_gib=gr.Number(0, label="Plan for GPU GiB (0: the preset's card)", render=False,
                           elem_id="plan-gpu-gib"),
         preset_model=gr.State(model),
+        algorithm=gr.Radio(["ppo", "grpo", "rloo"], value="ppo", label="Algorithm", render=False,
+                           info="grpo / rloo: no critic, ppo.group_size samples per prompt", elem_id="plan-algorithm"),
     )
 
 
@@ -117,15 +120,16 @@ def suggestion_overrides(plan) -> list[str]:
 
 
 def verdict_markdown(plan) -> str:
-    mark = {True: "✅ ", False: "❌ ", None: ""}[plan.fits]
+    mark = {"fits": "✅ ", "tight": "⚠️ ", "over": "❌ ", None: ""}[plan.status]
     lines = [f"**{mark}{plan.verdict()}**"]
     if plan.fits is False:
         if plan.suggestion is None:
-            lines.append("No setting in the search fits: use a smaller model or a larger card.")
+            lines.append("No setting in the search fits with 10% of the card free: use a smaller model or a larger card.")
         else:
             sug = plan.suggestion
-            lines.append(f"**Suggestion** (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): "
-                         f"`{' '.join(sug.set_args)}` — press *Apply suggestion*.")
+            restores = "restores the margin" if plan.status == "tight" else "fits"
+            lines.append(f"**Suggestion** that {restores} (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB "
+                         f"headroom): `{' '.join(sug.set_args)}` — press *Apply suggestion*.")
     lines += [f"Note: {note}" for note in plan.notes]
     return "\n\n".join(lines)
 
@@ -180,6 +184,8 @@ def _layout(settings: Settings) -> PlanPanel:
         settings.preset.render()
         settings.model.render()
         settings.gpu_gib.render()
+        if settings.algorithm is not None:
+            settings.algorithm.render()
     card = gr.Markdown(elem_id="plan-card")
     settings.overrides.render()
     with gr.Row():
@@ -195,6 +201,15 @@ def _layout(settings: Settings) -> PlanPanel:
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
                      suggestion=gr.State([]))
+
+
+def on_algorithm(algorithm: str, overrides: str) -> str:
+    """The overrides with ``algorithm`` set; GRPO / RLOO get a group of 4 unless one is set already."""
+    overrides = set_override(overrides, "algorithm", algorithm)
+    has_group = any(item.startswith("ppo.group_size=") for item in parse_overrides(overrides))
+    if algorithm != "ppo" and not has_group:
+        overrides = set_override(overrides, "ppo.group_size", "4")
+    return overrides
 
 
 def on_preset(preset, model, preset_model):
@@ -230,6 +245,8 @@ def build(settings: Settings):
     s = settings
     inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
     s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [panel.card, s.model, s.preset_model])
+    if s.algorithm is not None:
+        s.algorithm.change(on_algorithm, [s.algorithm, s.overrides], s.overrides)
 
     @guarded(6, error_index=0)
     def on_plan(preset, model, overrides, preset_model, gpu_gib):

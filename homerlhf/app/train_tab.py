@@ -47,11 +47,24 @@ def worker_table(run_dir: Path, status: runs.RunStatus) -> list[list]:
         elif url.startswith("("):  # no address announced yet: the worker is still loading
             rows.append([role, backend, "-", "starting", None])
         else:
-            token = getattr(cfg, role).token if cfg is not None else None
-            up, latency, detail = monitor.check_worker(url, token=token)
+            up, latency, detail = monitor.check_worker(url, token=_worker_token(cfg, run_dir, role))
             rows.append([role, backend, url, "up" if up else f"down ({detail})",
                          None if latency is None else round(latency, 1)])
     return rows
+
+
+def _worker_token(cfg, run_dir, role: str) -> Optional[str]:
+    """The run's own worker's token (a 0600 file beside its log), else the configured one, if any."""
+    from homerlhf.workers.tokens import client_token, read_token_file
+
+    try:
+        own = Path(run_dir) / "workers" / f"{role}.log.token"
+        if own.exists():
+            return read_token_file(own)
+        rc = getattr(cfg, role, None) if cfg is not None else None
+        return client_token(role, rc.token, rc.token_file) if rc is not None else None
+    except UserError:  # unreadable, or redacted with nothing to restore it: the check shows the 401
+        return None
 
 
 def status_markdown(status: runs.RunStatus) -> str:

@@ -124,8 +124,22 @@ def load_config(
     return validate(data)
 
 
+# What config.yaml and checkpoints hold instead of a worker's bearer token.
+REDACTED = "<redacted>"
+
+
+def redacted_dump(config: RunConfig) -> dict:
+    """``config`` as plain data, every worker token replaced by :data:`REDACTED`: what may be written."""
+    data = config.model_dump(mode="json")
+    for role in ("ref", "reward"):
+        if data[role].get("token"):
+            data[role]["token"] = REDACTED
+    return data
+
+
 def to_yaml(config: RunConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The YAML of ``config`` as it may be written to disk: worker tokens redacted."""
+    return yaml.safe_dump(redacted_dump(config), sort_keys=False)
 
 
 def from_yaml_file(path: str | Path) -> RunConfig:

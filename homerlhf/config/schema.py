@@ -46,7 +46,9 @@ class QuantConfig(_Section):
 class LoraConfig(_Section):
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
+    )
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
     )
@@ -75,7 +77,11 @@ class CriticConfig(_Section):
 class RolloutConfig(_Section):
     batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
     chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
-    max_prompt_len: int = Field(256, ge=1, description="Prompt tokens kept (left-truncated).")
+    max_prompt_len: int = Field(
+        256, ge=1,
+        description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
+        "turn and generation prompt kept) or dropped, as data.overlong says.",
+    )
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
@@ -84,6 +90,18 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="Top-k sampling; must stay 0 (off) for training.")
     truncation_penalty: Optional[float] = Field(
         None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
+    )
+    engine: Literal["hf", "llamacpp"] = Field(
+        "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
+        "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
+    )
+    engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
+        "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
+    engine_threads: int = Field(0, ge=0, description="llamacpp engine: threads (0: all cores).")
+    engine_f32_kv_cache: bool = Field(False, description="llamacpp engine: F32 KV cache (exact, slower) instead of F16.")
+    is_cap: Optional[float] = Field(
+        2.0, ge=1, description="Truncated importance weight min(exp(old - behaviour), is_cap) on each token's "
+        "policy loss (None: off, every weight 1).",
     )
 
     @model_validator(mode="after")
@@ -118,29 +136,86 @@ class PPOConfig(_Section):
         None, gt=0, description="Stop the epochs of an iteration once approx_kl exceeds this."
     )
     whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
-    score_norm: bool = Field(False, description="Normalise scores by a running mean/std.")
+    score_norm: bool = Field(
+        True,
+        description="Normalise scores by their running mean/std, so clip_range_value and kl_coef mean the "
+        "same for any reward model's scale.",
+    )
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    group_size: int = Field(
+        1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
+    )
+    dr_grpo: bool = Field(
+        False, description="grpo: Dr. GRPO (no std scaling of advantages, loss divided by B * max_new_tokens)."
+    )
+    loss_aggregation: Optional[Literal["token_mean", "seq_mean_token_mean", "constant"]] = Field(
+        None, description="grpo/rloo: per-token losses to one number (None: seq_mean_token_mean for grpo, "
+        "constant for Dr. GRPO, token_mean for rloo)."
+    )
+    kl_in: Optional[Literal["reward", "loss"]] = Field(
+        None, description="Where the KL to the reference goes: 'reward' (per token, k1/k3 as kl_estimator) or "
+        "'loss' (k3 per token, grpo/rloo only). None: 'loss' for grpo, 'reward' for ppo and rloo."
+    )
 
 
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf"] = Field(
+    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
         "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process (reward).",
+        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
+        "(reward); function: a Python function from your own file (reward).",
     )
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
     url: Optional[str] = Field(None, description="Use a running worker at this URL instead of spawning one.")
-    token: Optional[str] = Field(None, description="Bearer token for a remote worker.")
+    token: Optional[str] = Field(
+        None, description="Bearer token of a remote worker; never written to disk (config.yaml and checkpoints "
+        "say <redacted>). Prefer HOMERLHF_REF_TOKEN / HOMERLHF_REWARD_TOKEN or token_file.")
+    token_file: Optional[str] = Field(None, description="File holding the remote worker's bearer token (mode 0600).")
     outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field("f16", description="GGUF export type.")
     from_nf4: bool = Field(True, description="Ref: export the dequantized NF4 base (KL-consistent).")
-    threads: int = Field(0, ge=0, description="llama.cpp threads (0: auto).")
+    threads: int = Field(
+        0, ge=0, description="llama.cpp threads (0: an even share of the physical cores with the run's other local "
+        "worker and the trainer on CPU).")
     ctx: int = Field(0, ge=0, description="llama.cpp context (0: prompt + response length).")
     f32_kv_cache: bool = Field(False, description="F32 KV cache (exact, slower) instead of F16.")
+
+
+class RewardComponentConfig(BackendConfig):
+    """One reward of a run: a reward model or a function, with its weight in the total score."""
+
+    function: Optional[str] = Field(
+        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+    )
+    weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
+    name: Optional[str] = Field(
+        None, pattern=r"^[a-z][a-z0-9_]*$",
+        description="Its metric is reward_<name> (default: the function's name, or 'rm' for a reward model).",
+    )
+
+    @property
+    def metric_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.backend == "function" and self.function:
+            return self.function.rsplit(":", 1)[-1].lower()
+        return "rm"
+
+
+class RewardConfig(RewardComponentConfig):
+    """The run's reward: this one (``backend``/``model``/``function``) plus ``components``, weighted."""
+
+    components: list[RewardComponentConfig] = Field(
+        [], description="More rewards added to this one, each {backend, model or function, weight, name}.",
+    )
+
+    def all_rewards(self) -> list[tuple[str, RewardComponentConfig]]:
+        """``(config key, reward)`` of this reward and each component, in order."""
+        return [("reward", self)] + [(f"reward.components[{i}]", c) for i, c in enumerate(self.components)]
 
 
 class DataConfig(_Section):
@@ -150,7 +225,11 @@ class DataConfig(_Section):
     chosen_column: Optional[str] = Field(None, description="Column holding the chosen reply.")
     rejected_column: Optional[str] = Field(None, description="Column holding the rejected reply.")
     messages_column: Optional[str] = Field(None, description="Column holding a message list.")
-    overlong: Literal["truncate", "drop"] = Field("truncate", description="What to do with too-long rows.")
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description="Too-long rows: truncate (prompts: cut inside the last user message, dropped if even "
+        "that cannot fit; sft: the completion's end; rm: the start) or drop.",
+    )
     max_rows: Optional[int] = Field(None, ge=1, description="Use at most this many rows.")
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Held-out fraction (reward stage).")
 
@@ -234,6 +313,10 @@ class RunConfig(_Section):
     """A whole run. Loaded from a preset, then a user YAML, then --set overrides."""
 
     preset: str = Field("cpu-tiny", description="The preset this config started from.")
+    algorithm: Literal["ppo", "grpo", "rloo"] = Field(
+        "ppo", description="ppo: actor + critic (GAE); grpo / rloo: critic-free, advantages from ppo.group_size "
+        "samples per prompt (no critic adapter or value head is loaded)."
+    )
     description: str = Field("", description="One line about the preset.")
     seed: int = Field(0, description="Seed for python, numpy and torch.")
     output_dir: str = Field("runs/latest", description="Run directory.")
@@ -245,7 +328,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
     ref: BackendConfig = BackendConfig()
-    reward: BackendConfig = BackendConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
+    reward: RewardConfig = RewardConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
     data: DataConfig = DataConfig()
     sft: SFTConfig = SFTConfig()
     rm: RewardTrainConfig = RewardTrainConfig()
@@ -265,10 +348,53 @@ class RunConfig(_Section):
                 f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                 f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
             )
-        if self.ref.backend == "hf":
-            raise ValueError("ref.backend 'hf' is not available; use 'llamacpp' or 'adapter_off'")
-        if self.reward.backend == "adapter_off":
-            raise ValueError("reward.backend 'adapter_off' makes no sense; use 'llamacpp' or 'hf'")
-        if not self.reward.model and not self.reward.url:
-            raise ValueError("reward.model is required (a reward run dir, HF dir or hub id) unless reward.url is set")
+        self._check_groups()
+        if self.ref.backend in ("hf", "function"):
+            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
+        for key, reward in self.reward.all_rewards():
+            _check_reward(key, reward)
+        names = [reward.metric_name for _, reward in self.reward.all_rewards()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two rewards are named {twice[0]!r} (metric reward_{twice[0]}); give each a distinct name")
+        if "mean" in names:
+            raise ValueError("a reward may not be named 'mean' (reward_mean is the KL-shaped reward's metric); rename it")
         return self
+
+    def _check_groups(self) -> None:
+        group = self.ppo.group_size
+        if self.algorithm != "ppo" and group < 2:
+            raise ValueError(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+        if self.rollout.batch_size % group:
+            raise ValueError(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
+                             f"({group}): each prompt is sampled group_size times")
+        if self.algorithm == "ppo" and (self.ppo.kl_in == "loss" or self.ppo.dr_grpo or self.ppo.loss_aggregation):
+            raise ValueError("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
+                             "set algorithm: grpo (or rloo) or leave them unset")
+
+    @property
+    def has_critic(self) -> bool:  # PPO trains a critic; GRPO and RLOO load none
+        return self.algorithm == "ppo"
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """True when the KL to the reference is a loss term (k3) rather than a reward penalty."""
+        return (self.ppo.kl_in or ("loss" if self.algorithm == "grpo" else "reward")) == "loss"
+
+    @property
+    def loss_aggregation(self) -> str:
+        """How the actor's per-token losses become one number (PPO and RLOO: ``token_mean``)."""
+        grpo = "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
+        return self.ppo.loss_aggregation or (grpo if self.algorithm == "grpo" else "token_mean")
+
+
+def _check_reward(key: str, reward: RewardComponentConfig) -> None:
+    if reward.backend == "adapter_off":
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+    if reward.backend == "function" and not reward.function:
+        raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
+    if reward.function and reward.backend != "function":
+        raise ValueError(f"{key}.function is set but {key}.backend is '{reward.backend}'; set {key}.backend=function")
+    if reward.backend != "function" and not reward.model and not reward.url:
+        raise ValueError(f"{key}.model is required (a reward run dir, HF dir or hub id) unless {key}.url is set "
+                         f"or {key}.backend is function")

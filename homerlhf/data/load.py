@@ -105,8 +105,12 @@ def _row_converters(rows: list[dict[str, Any]], kind: Kind, cols: Columns) -> li
     return picked
 
 
-def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(), source: str = "rows") -> tuple[list[Record], LoadReport]:
-    """Raw rows -> normalised records of ``kind`` and the report of what was dropped and why."""
+def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(), source: str = "rows",
+              keep_rows: bool = False) -> tuple[list[Record], LoadReport]:
+    """Raw rows -> normalised records of ``kind`` and the report of what was dropped and why.
+
+    ``keep_rows``: each record also holds its raw row, every column, under ``"row"`` (what a
+    reward function sees of the dataset, e.g. a reference answer)."""
     report = LoadReport(source=source, kind=kind, n_rows=len(rows))
     if not rows or not any(k for r in rows for k in r if not k.startswith("__")):
         raise UserError(f"{source} has no rows; check the file or split")
@@ -125,6 +129,8 @@ def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(),
             record = converters[i][1](row)
             if kind == "preference" and record["chosen"] == record["rejected"]:
                 raise BadRow("chosen == rejected")
+            if keep_rows:
+                record["row"] = {k: v for k, v in row.items() if not k.startswith("__")}
         except BadRow as exc:
             report.add_bad(i, str(exc), row.get("__line__", row))
             continue
@@ -136,17 +142,18 @@ def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(),
     return records, report
 
 
-def load_records(source: str, kind: Kind, data_cfg=None) -> tuple[list[Record], LoadReport]:
-    """Read ``source`` and normalise it to ``kind`` records; ``data_cfg`` is a ``DataConfig``."""
+def load_records(source: str, kind: Kind, data_cfg=None, keep_rows: bool = False) -> tuple[list[Record], LoadReport]:
+    """Read ``source`` and normalise it to ``kind`` records; ``data_cfg`` is a ``DataConfig``;
+    ``keep_rows``: see :func:`normalise`."""
     split = data_cfg.split if data_cfg is not None else "train"
     max_rows = data_cfg.max_rows if data_cfg is not None else None
     cols = Columns.from_config(data_cfg) if data_cfg is not None else Columns()
     rows = read_rows(source, split=split, max_rows=max_rows)
-    return normalise(rows, kind, cols, source=source)
+    return normalise(rows, kind, cols, source=source, keep_rows=keep_rows)
 
 
-def load_prompts(source: str, data_cfg=None):
-    return load_records(source, "prompt", data_cfg)
+def load_prompts(source: str, data_cfg=None, keep_rows: bool = False):
+    return load_records(source, "prompt", data_cfg, keep_rows=keep_rows)
 
 
 def load_sft(source: str, data_cfg=None):

@@ -34,6 +34,42 @@ def prompt_ids(tokenizer, prompt: list[Message]) -> list[int]:
     return encode(tokenizer, render(tokenizer, prompt, add_generation_prompt=True))
 
 
+def fit_prompt(tokenizer, prompt: list[Message], max_len: int) -> Optional[list[int]]:
+    """Ids of ``prompt`` with its generation prompt, at most ``max_len`` of them; None if it cannot fit.
+
+    An over-long prompt is cut inside the content of its last user message, never in the rendered
+    ids: the message keeps its head (the longest prefix that fits, found by a binary search over
+    its characters, each candidate rendered again), so BOS, the system turn, earlier turns, the
+    message's own tags and the generation prompt all survive. The head is kept because a request
+    usually says what it wants first ("Summarise this:", "Translate:", a question before pasted
+    text). None when even an empty last user message (or a prompt without one) is too long.
+    """
+    ids = prompt_ids(tokenizer, prompt)
+    if len(ids) <= max_len:
+        return ids
+    last = max((i for i, m in enumerate(prompt) if m["role"] == "user"), default=None)
+    if last is None:
+        return None
+    content = prompt[last]["content"]
+
+    def with_head(n_chars: int) -> list[int]:
+        cut = {**prompt[last], "content": content[:n_chars]}
+        return prompt_ids(tokenizer, [*prompt[:last], cut, *prompt[last + 1:]])
+
+    best = with_head(0)
+    if len(best) > max_len:
+        return None
+    fits, too_long = 0, len(content)  # invariant: with_head(fits) fits, with_head(too_long) does not
+    while too_long - fits > 1:
+        mid = (fits + too_long) // 2
+        candidate = with_head(mid)
+        if len(candidate) <= max_len:
+            fits, best = mid, candidate
+        else:
+            too_long = mid
+    return best
+
+
 def tokenize_prompts(
     records: Sequence[Record],
     tokenizer,
@@ -42,18 +78,45 @@ def tokenize_prompts(
     overlong: Literal["truncate", "drop"] = "truncate",
     report: Optional[LoadReport] = None,
 ) -> list[list[int]]:
-    """Prompt records -> token ids ready for generation, each left-truncated to ``max_prompt_len``.
+    """Prompt records -> token ids ready for generation, each at most ``max_prompt_len`` long.
 
-    Left truncation keeps the end of the prompt (the latest user turn and the generation prompt),
-    which is what the reply must follow. Returns one list of ints per kept record (no padding);
-    with ``overlong="drop"`` longer prompts are left out. ``report`` (if given) counts both.
+    ``overlong="truncate"`` cuts an over-long prompt inside its last user message
+    (:func:`fit_prompt`) and drops the prompts that cannot fit even so; ``"drop"`` drops every
+    over-long prompt. Returns one list of ints per kept record (no padding); ``report`` (if given)
+    counts the cut (``n_truncated``) and dropped (``n_dropped``) ones. No prompt left is a UserError.
     """
-    all_ids = [prompt_ids(tokenizer, r["prompt"]) for r in records]
-    if report is not None:
-        fit_length(list(range(len(all_ids))), [len(i) for i in all_ids], max_prompt_len, overlong, report)
-    if overlong == "drop":
-        return [ids for ids in all_ids if len(ids) <= max_prompt_len]
-    return [ids[-max_prompt_len:] for ids in all_ids]
+    return [ids for _, ids in tokenize_prompts_indexed(records, tokenizer, max_prompt_len, overlong=overlong,
+                                                       report=report)]
+
+
+def tokenize_prompts_indexed(
+    records: Sequence[Record],
+    tokenizer,
+    max_prompt_len: int,
+    *,
+    overlong: Literal["truncate", "drop"] = "truncate",
+    report: Optional[LoadReport] = None,
+) -> list[tuple[int, list[int]]]:
+    """:func:`tokenize_prompts` with each kept prompt's index in ``records``: ``(index, ids)``."""
+    report = report if report is not None else LoadReport(source="prompts", kind="prompt", n_rows=len(records))
+    kept = []
+    for index, record in enumerate(records):
+        ids = prompt_ids(tokenizer, record["prompt"])
+        if len(ids) > max_prompt_len:
+            ids = fit_prompt(tokenizer, record["prompt"], max_prompt_len) if overlong == "truncate" else None
+            if ids is None:
+                report.n_dropped += 1
+                continue
+            report.n_truncated += 1
+        kept.append((index, ids))
+    report.n_usable = len(kept)
+    if not kept:
+        raise UserError(
+            f"no prompt of {report.source} fits rollout.max_prompt_len={max_prompt_len} tokens "
+            f"(data.overlong={overlong}); raise rollout.max_prompt_len"
+            + (" or use data.overlong=truncate" if overlong == "drop" else "")
+        )
+    return kept
 
 
 def sequence_ids(tokenizer, prompt: list[Message], reply: list[Message]) -> list[int]:
@@ -74,8 +137,9 @@ def fit_length(
 ) -> list[Record]:
     """Apply the over-long policy: count rows longer than ``max_len`` tokens, drop them if asked.
 
-    Truncation itself happens where the tokens are made (left for prompts and reward pairs, on
-    the completion's end for SFT); this only decides and counts.
+    Truncation itself happens where the tokens are made (on the left for reward pairs, on the
+    completion's end for SFT); this only decides and counts. PPO prompts have their own:
+    :func:`tokenize_prompts`.
     """
     kept = []
     for record, n in zip(records, lengths):

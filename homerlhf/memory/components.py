@@ -134,11 +134,13 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
     comps.append(Component("norms + biases", "weights", shape.norm_params * nq + shape.linear_bias_params * c))
     actor_lora = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules)
     comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}, fp32"))
-    if not cfg.critic.shared_adapter:
+    if cfg.has_critic and not cfg.critic.shared_adapter:
         critic_lora = shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules)
         comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}, fp32"))
-    comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
-    for role, sec in (("actor", cfg.actor), ("critic", cfg.critic)):
+    if cfg.has_critic:  # GRPO / RLOO load no critic at all
+        comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
+    roles = (("actor", cfg.actor), ("critic", cfg.critic)) if cfg.has_critic else (("actor", cfg.actor),)
+    for role, sec in roles:
         if role == "critic" and cfg.critic.shared_adapter:
             states = 8 * (shape.hidden_size + 1)  # only the value head
         else:

@@ -1,4 +1,5 @@
-"""Dynamic micro-batching: on an out-of-memory error in a phase, free, halve the micro-batch, redo.
+"""Dynamic micro-batching: on an out-of-memory error in a phase, free, halve the micro-batch (update)
+or the rollout chunk (generation, scoring: :func:`halved_after_oom`), redo.
 
 The contract with a ``step_fn(micro_batch_size)``:
 
@@ -117,6 +118,33 @@ def maybe_raise(micro_batch_size: int) -> None:
         injectors = list(_active)
     for injector in injectors:
         injector.maybe_raise(micro_batch_size)
+
+
+class OutOfMemoryAtChunk1(UserError):
+    """Still out of memory generating or scoring one prompt at a time."""
+
+    def __init__(self, phase: str, exc: BaseException):
+        super().__init__(
+            f"out of GPU memory in {phase} even with rollout.chunk_size=1 ({type(exc).__name__}); "
+            "lower rollout.max_new_tokens / rollout.max_prompt_len or ppo.logprob_chunk_size, "
+            "or check the plan with `homerlhf plan`",
+            exit_code=1,
+        )
+
+
+def halved_after_oom(exc: BaseException, chunk_size: int, phase: str) -> int:
+    """The rollout chunk to redo with after ``exc`` in ``phase`` (generation or scoring): half of
+    ``chunk_size``. Re-raises ``exc`` when it is no OOM; :class:`OutOfMemoryAtChunk1` at chunk 1.
+    Frees what the failed step held (call it inside the ``except`` block)."""
+    if not is_oom(exc):
+        raise exc
+    if chunk_size <= 1:
+        raise OutOfMemoryAtChunk1(phase, exc) from exc
+    new_size = max(1, chunk_size // 2)
+    log.warning("out of memory in %s at rollout chunk %d; redoing the chunk with %d", phase, chunk_size, new_size)
+    traceback.clear_frames(exc.__traceback__)  # the frames hold the failed step's activations
+    free_memory()
+    return new_size
 
 
 def run_with_backoff(

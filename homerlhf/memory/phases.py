@@ -83,7 +83,7 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     m = cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     tokens = m * t
-    r = max(cfg.actor.lora.r, cfg.critic.lora.r)
+    r = max(cfg.actor.lora.r, cfg.critic.lora.r) if cfg.has_critic else cfg.actor.lora.r
     per_layer = layer_saved_bytes_per_token(shape, a, t, r)
     h, i = shape.hidden_size, shape.intermediate_size
     ckpt = cfg.training.gradient_checkpointing
@@ -100,10 +100,13 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
         count = 1 if ckpt else shape.num_layers
         attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a)
     bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP")
-    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4 + (shape.hidden_size + 1) * 4
-    if not cfg.critic.shared_adapter:
+    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4
+    if cfg.has_critic:
+        grads += (shape.hidden_size + 1) * 4
+    if cfg.has_critic and not cfg.critic.shared_adapter:
         grads += shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
-    grad = Component("LoRA + value head grads", "gradients", grads, note="fp32, accumulated over the mini-batch")
+    grad = Component("LoRA + value head grads" if cfg.has_critic else "LoRA grads", "gradients", grads,
+                     note="fp32, accumulated over the mini-batch")
     lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape),
                    note=f"{m} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} fp32 x 4, recomputed per chunk")
     loss = Component("PPO loss tensors", "buffers", m * n * 4 * 12)

@@ -7,7 +7,7 @@ from typing import Optional
 
 from homerlhf.errors import UserError
 from homerlhf.memory.components import GIB
-from homerlhf.memory.planner import Plan
+from homerlhf.memory.planner import MARGIN, Plan
 from homerlhf.memory.shapes import ModelShape, resolve_shape
 
 KIND_ORDER = ("weights", "adapters", "optimizer", "gradients", "buffers", "kv_cache", "activations", "logits", "overhead")
@@ -45,7 +45,8 @@ def print_plan(plan: Plan, console=None) -> None:
         f"rollout chunk {s['rollout.chunk_size']} x ({s['rollout.max_prompt_len']} + {s['rollout.max_new_tokens']}) tokens, "
         f"micro-batch {s['ppo.micro_batch_size']}, log-prob chunk {s['ppo.logprob_chunk_size']}, "
         f"checkpointing {'on' if s['training.gradient_checkpointing'] else 'off'}, "
-        f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}",
+        + (f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}" if s.get("algorithm", "ppo") == "ppo"
+           else f"{s['algorithm']}: no critic, optimizer {s['actor.optimizer']}"),
         highlight=False,
     )
     for phase in plan.phases:
@@ -64,19 +65,47 @@ def print_plan(plan: Plan, console=None) -> None:
         mark = " <- peak" if phase.name == plan.peak.name else ""
         summary.add_row(phase.name + mark, phase.moment, _gib(phase.allocated_gib), _gib(phase.total_gib))
     console.print(summary)
-    prefix = {True: "OK: ", False: "NO: ", None: ""}[plan.fits]
+    prefix = {"fits": "OK: ", "tight": "TIGHT: ", "over": "NO: ", None: ""}[plan.status]
     console.print(prefix + plan.verdict(), highlight=False)
     if plan.fits is False:
-        if plan.suggestion is None:
-            console.print("no setting in the search fits: use a smaller model or a larger card", highlight=False)
-        else:
-            sug = plan.suggestion
-            args = " ".join(f"--set {a}" for a in sug.set_args)
-            console.print(
-                f"suggestion (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): {args}", highlight=False
-            )
+        console.print(suggestion_line(plan), highlight=False)
+    _print_workers(plan, console)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+
+
+def _print_workers(plan: Plan, console) -> None:
+    """Host RAM of the local llama.cpp workers, against this machine's."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not plan.workers:
+        return
+    table = Table(title="llama.cpp workers: host RAM", title_justify="left", show_footer=True)
+    table.add_column("worker", footer="total")
+    table.add_column("component")
+    table.add_column("GiB", justify="right", footer=_gib(plan.workers_host_gib))
+    table.add_column("note")
+    for role, comps in plan.workers.items():
+        for comp in comps:
+            table.add_row(role, escape(comp.name), _gib(comp.gib), escape(comp.note))
+    console.print(table)
+    import psutil
+
+    ram = psutil.virtual_memory().total / GIB
+    console.print(f"the workers need {plan.workers_host_gib:.2f} GiB of host RAM; this machine has {ram:.1f} GiB",
+                  highlight=False)
+
+
+def suggestion_line(plan: Plan) -> str:
+    """What to change when the plan is tight or over: the suggestion, or why there is none."""
+    margin = f"{MARGIN:.0%} of the card free"
+    if plan.suggestion is None:
+        return f"no setting in the search fits with {margin}: use a smaller model or a larger card"
+    sug = plan.suggestion
+    args = " ".join(f"--set {a}" for a in sug.set_args)
+    restores = "restores the margin" if plan.status == "tight" else "fits"
+    return f"suggestion that {restores} (peak {sug.peak_gib:.2f} GiB, {sug.headroom_gib:.2f} GiB headroom): {args}"
 
 
 def plan_figure(plan: Plan):

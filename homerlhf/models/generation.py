@@ -82,3 +82,36 @@ def stop_token_ids(tokenizer, generation_config: Optional[object] = None) -> lis
     if listed is not None:
         ids.update(int(i) for i in ([listed] if isinstance(listed, int) else listed))
     return sorted(ids)
+
+
+class BehaviourLogprobs:
+    """A logits processor that records ``log_softmax(logits / temperature)`` of each sampled token.
+
+    Passed to ``generate(logits_processor=[...])``, it runs before HF's temperature warper (custom
+    processors come first), so it sees the raw logits, as ``output_logits`` would return them. Each
+    call keeps one step's (B, V) log-probs until the next call shows which token was sampled, so
+    memory stays at one step, not ``output_scores``' (B, T, V). :meth:`taken` gathers the last step.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = float(temperature)
+        self._pending = None  # (B, V) float32 log-probs of the step whose token is not yet known
+        self._taken: list = []  # per step: (B,) log-prob of the sampled token
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self._pending is not None:
+            self._taken.append(self._pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def taken(self, response_ids):
+        """(B, T) log-probs of ``response_ids`` (B, T), the generated block; T must be the steps taken."""
+        import torch
+
+        steps = self._taken + ([self._pending.gather(-1, response_ids[:, -1:]).squeeze(-1)]
+                               if self._pending is not None else [])
+        if len(steps) != response_ids.shape[1]:
+            raise ValueError(f"recorded {len(steps)} steps for {response_ids.shape[1]} generated tokens")
+        return torch.stack(steps, dim=1) if steps else response_ids.new_zeros(response_ids.shape, dtype=torch.float32)

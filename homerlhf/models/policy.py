@@ -186,10 +186,10 @@ class PolicyModel:
     checkpoint's generation config.
     """
 
-    def __init__(self, model, value_head: ValueHead, tokenizer, *, shared_adapter: bool, logprob_chunk_size: int,
-                 temperature: float = 1.0):
+    def __init__(self, model, value_head: Optional[ValueHead], tokenizer, *, shared_adapter: bool,
+                 logprob_chunk_size: int, temperature: float = 1.0):
         self.model = model  # peft PeftModel
-        self.value_head = value_head
+        self.value_head = value_head  # None: no critic (GRPO/RLOO)
         self.tokenizer = tokenizer
         self.shared_adapter = shared_adapter
         self.logprob_chunk_size = logprob_chunk_size
@@ -220,17 +220,17 @@ class PolicyModel:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()
         model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
-        if not cfg.critic.shared_adapter:
+        if cfg.has_critic and not cfg.critic.shared_adapter:
             model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
         model.set_adapter(ACTOR)
         adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
         hidden = base.config.get_text_config().hidden_size
-        value_head = ValueHead(hidden, cfg.critic.value_head_init_std).to(base.device)
+        value_head = ValueHead(hidden, cfg.critic.value_head_init_std).to(base.device) if cfg.has_critic else None
         return cls(
             model,
             value_head,
             tokenizer,
-            shared_adapter=cfg.critic.shared_adapter,
+            shared_adapter=cfg.critic.shared_adapter or not cfg.has_critic,
             logprob_chunk_size=cfg.ppo.logprob_chunk_size,
             temperature=cfg.rollout.temperature,
         )
@@ -242,8 +242,12 @@ class PolicyModel:
         return int(self.model.get_base_model().config.get_text_config().vocab_size)
 
     @property
+    def has_critic(self) -> bool:
+        return self.value_head is not None
+
+    @property
     def device(self) -> torch.device:
-        return self.value_head.linear.weight.device
+        return self.lm_head.weight.device
 
     def adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
         """The LoRA parameters of one adapter (by name in the module path: ``lora_A.<adapter>``)."""
@@ -254,13 +258,28 @@ class PolicyModel:
         return self.adapter_parameters(ACTOR)
 
     def critic_parameters(self) -> list[nn.Parameter]:
-        """The critic LoRA (none when shared) and the value head."""
+        """The critic LoRA (none when shared) and the value head; nothing without a critic."""
+        if not self.has_critic:
+            return []
         lora = [] if self.shared_adapter else self.adapter_parameters(CRITIC)
         return lora + list(self.value_head.parameters())
 
     def train(self, mode: bool = True) -> None:
-        self.model.train(mode)
-        self.value_head.train(mode)
+        """The update's mode: the forward of eval mode, with activation checkpointing.
+
+        PPO's ratio compares the update's forward with the rollout's, taken in eval mode; anything
+        random in training mode (LoRA dropout whatever ``actor.lora.dropout`` says, attention
+        dropout, router jitter) would move it off 1 before any step. So every module stays in eval
+        mode except those that checkpoint activations, which HF does only in training mode.
+        (SFT and RM train through TRL and keep their dropout.)
+        """
+        self.model.eval()
+        if self.has_critic:
+            self.value_head.eval()
+        if mode:
+            for module in self.model.modules():
+                if getattr(module, "gradient_checkpointing", False) is True:
+                    module.training = True
 
     def eval(self) -> None:
         self.train(False)
@@ -307,7 +326,11 @@ class PolicyModel:
     def actor_logprobs_and_values(
         self, input_ids: Tensor, attention_mask: Tensor, response_len: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(logprobs, entropy, values), each (B, T): one forward when the adapter is shared."""
+        """(logprobs, entropy, values), each (B, T): one forward when the adapter is shared; values are
+        zeros without a critic."""
+        if not self.has_critic:
+            logprobs, entropy = self.actor_logprobs(input_ids, attention_mask, response_len)
+            return logprobs, entropy, torch.zeros_like(logprobs, dtype=torch.float32)
         if not self.shared_adapter:
             logprobs, entropy = self.actor_logprobs(input_ids, attention_mask, response_len)
             return logprobs, entropy, self.critic_values(input_ids, attention_mask, response_len)
@@ -324,29 +347,38 @@ class PolicyModel:
             return self._logprobs(hidden, input_ids, response_len)[0]
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config) -> Tensor:
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config, recorder=None,
+                 logits_processor=None) -> Tensor:
         """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
 
         ``generation_config``: a complete one from
         :func:`homerlhf.models.generation.build_generation_config`; nothing of the checkpoint's own
         generation config is used. Positions after a row's stop token hold the pad id.
+        ``recorder``: a :class:`homerlhf.models.generation.BehaviourLogprobs` to run as a logits processor,
+        first, on the raw logits; ``logits_processor``: then e.g. a
+        :class:`homerlhf.models.sampling.PerSampleSampler`.
         """
         if generation_config.temperature != self.temperature:
             raise ValueError(f"sampling at temperature {generation_config.temperature} but log-probs are "
                              f"taken at {self.temperature}: build both from the same config")
         with self.use_adapter(ACTOR), checkpoint_defaults_off(self.model.get_base_model(), generation_config):
+            processors = [p for p in (recorder, logits_processor) if p is not None]
+            extra = {"logits_processor": processors} if processors else {}
             out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                      generation_config=generation_config)
+                                      generation_config=generation_config, **extra)
         return out[:, prompt_ids.shape[1] :]
 
     # -- saving -------------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> None:
-        """Adapters in peft format (``out_dir/actor``, ``out_dir/critic``) and ``value_head.safetensors``."""
+        """Adapters in peft format (``out_dir/actor``, ``out_dir/critic``) and ``value_head.safetensors``
+        (the actor alone without a critic)."""
         from safetensors.torch import save_file
 
         out = Path(out_dir)
         adapters = [ACTOR] if self.shared_adapter else [ACTOR, CRITIC]
         self.model.save_pretrained(str(out), selected_adapters=adapters)
+        if not self.has_critic:
+            return
         save_file({k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
                   str(out / "value_head.safetensors"))
 

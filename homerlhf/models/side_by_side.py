@@ -78,10 +78,15 @@ class EvalModels:
         return next(self.model.parameters()).device
 
     def prompt_ids(self, text: str) -> list[int]:
-        from homerlhf.data.tokens import prompt_ids
+        """The message as a prompt of at most ``rollout.max_prompt_len`` ids, a long one keeping its
+        head (:func:`homerlhf.data.tokens.fit_prompt`), as in training."""
+        from homerlhf.data.tokens import fit_prompt
 
-        ids = prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
-        return ids[-self.cfg.rollout.max_prompt_len:]
+        limit = self.cfg.rollout.max_prompt_len
+        ids = fit_prompt(self.tokenizer, [{"role": "user", "content": text}], limit)
+        if ids is None:
+            raise UserError(f"the chat template alone is longer than rollout.max_prompt_len={limit} tokens; raise it")
+        return ids
 
     def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool) -> list[int]:
         """Response ids up to and including the first stop token: the shape PPO and its reward

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from homerlhf.config.schema import PPOConfig
+from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.group import grpo_advantages, rloo_advantages, token_advantages
 from homerlhf.ppo.math import gae, kl_penalized_rewards, masked_whiten
 from homerlhf.ppo.running import RunningMoments, normalize_scores
 
@@ -31,6 +32,33 @@ def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: 
     if ppo.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
     return Experience(**{**exp.__dict__, "rewards": rewards, "kl": kl, "advantages": advantages, "returns": returns})
+
+
+def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, scores: Tensor) -> Experience:
+    """GRPO / RLOO: each response's sequence reward (the score, minus ``kl_coef`` times its summed KL
+    when the KL goes in the reward), turned into an advantage by its group (rows ``[g * n, (g + 1) * n)``
+    hold one prompt's ``n = ppo.group_size`` responses) and spread over its tokens. No values, no returns.
+
+    With the KL in the loss (``cfg.kl_in_loss``) the rewards carry no KL and ``kl`` is the k3 estimate
+    the loss penalises, kept for the metrics and the KL controller.
+    """
+    mask = exp.response_mask
+    in_loss = cfg.kl_in_loss
+    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask, 0.0 if in_loss else kl_coef,
+                                       "k3" if in_loss else cfg.ppo.kl_estimator)
+    sequence_rewards = rewards.sum(dim=1)
+    if cfg.algorithm == "grpo":
+        advantages = grpo_advantages(sequence_rewards, cfg.ppo.group_size, scale_std=not cfg.ppo.dr_grpo)
+    else:
+        advantages = rloo_advantages(sequence_rewards, cfg.ppo.group_size)
+    return Experience(**{**exp.__dict__, "rewards": rewards, "kl": kl, "returns": None,
+                         "advantages": token_advantages(advantages, mask).to(exp.logprobs.dtype)})
+
+
+def sequence_advantages(exp: Experience) -> Tensor:
+    """(B,) the one advantage each response's tokens share under GRPO / RLOO (their mean over the mask)."""
+    mask = exp.response_mask.to(exp.advantages.dtype)
+    return (exp.advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 def sequence_kl(exp: Experience) -> Tensor:

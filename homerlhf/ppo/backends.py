@@ -8,7 +8,7 @@ trainer can overlap CPU scoring with GPU work; the base classes run the call in 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 TokenIds = Sequence[Sequence[int]]
 
@@ -46,8 +46,19 @@ class RewardBackend(_Async):
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
         raise NotImplementedError
 
-    def submit_score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> "Future[list[float]]":
-        return self._submit(self.score, prompt_ids, response_ids)
+    def score_samples(self, prompt_ids: TokenIds, response_ids: TokenIds,
+                      rows: Optional[Sequence[dict]] = None) -> list[float]:
+        """``score`` with each prompt's dataset row (``rows[i]``, all its columns) at hand; a reward
+        model ignores them, a reward function (``homerlhf.ppo.reward_functions``) reads them."""
+        return self.score(prompt_ids, response_ids)
+
+    def submit_score(self, prompt_ids: TokenIds, response_ids: TokenIds,
+                     rows: Optional[Sequence[dict]] = None) -> "Future[list[float]]":
+        return self._submit(self.score_samples, prompt_ids, response_ids, rows)
+
+    def take_component_scores(self) -> dict[str, list]:
+        """Per-reward scores since the last call, by reward name (a weighted sum of rewards has them)."""
+        return {}
 
 
 class CallableReward(RewardBackend):

@@ -3,7 +3,7 @@
 A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
 
 - ``actor/``, ``critic/``            the LoRA adapters in peft format (no ``critic/`` when shared)
-- ``value_head.safetensors``         the critic's fp32 value head
+- ``value_head.safetensors``         the critic's fp32 value head (none for GRPO/RLOO: no critic)
 - ``optimizers.pt``                  ``{name: optimizer.state_dict()}`` (and ``schedulers.pt``)
 - ``rng.pt``                         python, numpy, torch, CUDA and named ``torch.Generator`` states
 - ``trainer_state.json``             iteration, data cursor, KL controller, score normaliser, the
@@ -64,6 +64,7 @@ INCOMPATIBLE_KEYS = (
     "critic.lora.target_modules",
     "critic.optimizer",
     "critic.shared_adapter",
+    "algorithm",
     "data.prompts",
     "data.split",
 )
@@ -121,6 +122,7 @@ def incompatible_difference(saved, new) -> Optional[tuple[str, Any, Any]]:
     """
     saved_d = saved.model_dump(mode="json") if hasattr(saved, "model_dump") else saved
     new_d = new.model_dump(mode="json") if hasattr(new, "model_dump") else new
+    saved_d = {"algorithm": "ppo", **saved_d}  # written before there was a choice
     for key in INCOMPATIBLE_KEYS:
         old_value, new_value = _dotted(saved_d, key), _dotted(new_d, key)
         if old_value != new_value:
@@ -312,7 +314,8 @@ def load_adapters(policy, ckpt: str | Path) -> None:
         if unexpected:
             raise UserError(f"checkpoint {ckpt}: {adapter} adapter does not fit the model "
                             f"(unexpected key {unexpected[0]}); resume with the run's own model and LoRA settings")
-    policy.load_value_head(ckpt / "value_head.safetensors")
+    if policy.has_critic:
+        policy.load_value_head(ckpt / "value_head.safetensors")
 
 
 def load_checkpoint(

@@ -3,6 +3,11 @@
 Prompts are generated ``rollout.chunk_size`` at a time; chunk k's reference log-probs and scores
 are submitted to their backends (CPU workers) before chunk k's old log-probs and values are
 computed and chunk k+1 is generated, so CPU scoring runs while the GPU works.
+
+An out-of-memory error halves the rollout chunk (down to 1) for the rest of the run
+(:class:`RolloutState`): in generation the chunk is generated again in halves, in scoring the
+generated chunk is scored in halves. With per-sample ``seeds`` the samples are the same whatever
+the chunk size (:mod:`homerlhf.models.sampling`), so a redo changes no sample.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
-from homerlhf.ppo.rollout import RolloutBatch, apply_truncation_penalty, generate_rollout
+from homerlhf.ppo.importance import truncated_importance_weights
+from homerlhf.ppo.rollout import RolloutBatch, apply_truncation_penalty
 
 
 @dataclass
@@ -30,6 +37,15 @@ class StageTimes:
     reference_reward_wait: float = 0.0
     advantages: float = 0.0
     update: float = 0.0
+
+
+@dataclass
+class RolloutState:
+    """What survives between chunks and iterations: the rollout chunk in use and the OOM redos."""
+
+    chunk_size: int
+    oom_retries_generation: int = 0
+    oom_retries_scoring: int = 0
 
 
 def phase(meter, name: str):
@@ -53,6 +69,38 @@ def score_with_policy(policy, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tens
     return logprobs.detach(), entropy.detach(), values.detach()
 
 
+def score_in_chunks(policy, batch: RolloutBatch, state: RolloutState) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`score_with_policy` over ``batch`` in pieces of ``state.chunk_size`` rows, halving it on OOM."""
+    from homerlhf.memory.oom import halved_after_oom
+
+    pieces, start = [], 0
+    while start < len(batch):
+        end = min(len(batch), start + state.chunk_size)
+        try:
+            pieces.append(score_with_policy(policy, batch.rows(start, end)))
+        except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+            state.chunk_size = halved_after_oom(exc, min(state.chunk_size, end - start), "scoring")
+            state.oom_retries_scoring += 1
+            continue
+        start = end
+    logprobs, entropy, values = (torch.cat(parts) for parts in zip(*pieces))
+    return logprobs, entropy, values
+
+
+def generate_chunk(engine: RolloutEngine, prompts, seeds, cfg: RunConfig, state: RolloutState) -> RolloutBatch:
+    """The rollout of the next ``state.chunk_size`` of ``prompts`` by ``engine`` (fewer after an OOM:
+    it halves)."""
+    from homerlhf.memory.oom import halved_after_oom
+
+    while True:
+        n = min(len(prompts), state.chunk_size)
+        try:
+            return engine.generate(prompts[:n], cfg.rollout, seeds=None if seeds is None else seeds[:n])
+        except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+            state.chunk_size = halved_after_oom(exc, n, "generation")
+            state.oom_retries_generation += 1
+
+
 def collect_experience(
     policy,
     prompts: Sequence[Sequence[int]],
@@ -60,49 +108,70 @@ def collect_experience(
     reference: ReferenceBackend,
     reward: RewardBackend,
     *,
+    engine: Optional[RolloutEngine] = None,
+    rows: Optional[Sequence[dict]] = None,
     meter=None,
     times: Optional[StageTimes] = None,
+    seeds: Optional[Sequence[int]] = None,
+    state: Optional[RolloutState] = None,
 ) -> tuple[Experience, Tensor]:
     """Generate and score one iteration's batch, chunk by chunk, overlapping CPU scoring.
 
-    Returns the experience (scores are the raw backend scores with the truncation penalty
-    applied; rewards and advantages not yet computed) and the rollout entropy (B, T).
+    ``engine``: what samples (default: the actor's own ``generate``). ``seeds``: one per prompt
+    (see :func:`homerlhf.ppo.rollout.generate_rollout`). ``state``: the chunk size in use and the
+    OOM redos (kept by the trainer across iterations; default: a fresh one at
+    ``rollout.chunk_size``). ``rows``: the dataset row of each prompt (indexed like ``prompts``),
+    for reward functions. Returns the experience (scores are the raw backend scores with the
+    truncation penalty applied; behaviour log-probs and importance weights set; rewards and
+    advantages not yet computed) and the rollout entropy (B, T).
     """
     times = times if times is not None else StageTimes()
-    pending = []
-    for start in range(0, len(prompts), cfg.rollout.chunk_size):
-        chunk = prompts[start : start + cfg.rollout.chunk_size]
+    engine = engine if engine is not None else HFEngine(policy)
+    state = state if state is not None else RolloutState(cfg.rollout.chunk_size)
+    pending, start = [], 0
+    while start < len(prompts):
         t0 = time.perf_counter()
         with phase(meter, "generation"):
-            batch = generate_rollout(policy, chunk, cfg.rollout)
+            batch = generate_chunk(engine, prompts[start:], None if seeds is None else seeds[start:], cfg, state)
+        chunk_rows = rows[start : start + len(batch)] if rows is not None else None
+        start += len(batch)
         t1 = time.perf_counter()
         times.generation += t1 - t0
         prompt_lists, response_lists = batch.prompt_lists(), batch.response_lists()
         # Submitted before this chunk's own scoring and the next chunk's generation: they overlap.
         with phase(meter, "scoring"):
             ref_future = reference.submit_logprobs(prompt_lists, response_lists)
-            score_future = reward.submit_score(prompt_lists, response_lists)
-            logprobs, entropy, values = score_with_policy(policy, batch)
+            score_future = reward.submit_score(prompt_lists, response_lists, chunk_rows)
+            logprobs, entropy, values = score_in_chunks(policy, batch, state)
         times.scoring += time.perf_counter() - t1
         pending.append((batch, logprobs, entropy, values, ref_future, score_future))
 
     t0 = time.perf_counter()
+    out = _assemble(pending, cfg, engine, policy.tokenizer.pad_token_id)
+    times.reference_reward_wait += time.perf_counter() - t0
+    return out
+
+
+def _assemble(pending, cfg: RunConfig, engine: RolloutEngine, pad_id: int) -> tuple[Experience, Tensor]:
+    """Wait for each chunk's reference log-probs and scores and build the iteration's experience
+    (behaviour log-probs and importance weights included) and rollout entropy."""
     parts, entropies = [], []
     for batch, logprobs, entropy, values, ref_future, score_future in pending:
         width = batch.response_ids.shape[1]
         ref_logprobs = _pad_right(ref_future.result(), width, logprobs.device)
         raw_scores = torch.as_tensor(score_future.result(), dtype=torch.float32, device=logprobs.device)
         mask = batch.response_mask.to(logprobs.device)
+        # The trainer's own module sampled: its old log-probs are the behaviour policy's, exactly.
+        behaviour = logprobs if engine.shares_trainer_weights else batch.behaviour_logprobs.to(logprobs.device)
         parts.append(Experience(
             prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
             response_ids=batch.response_ids, response_mask=mask,
             logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=values * mask,
             scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
-            truncated=batch.truncated,
+            truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
+            is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
         ))
         entropies.append(entropy)
-    times.reference_reward_wait += time.perf_counter() - t0
-    pad_id = policy.tokenizer.pad_token_id
     width = max(e.shape[1] for e in entropies)
     entropy = torch.cat([torch.nn.functional.pad(e, (0, width - e.shape[1])) for e in entropies])
     return Experience.cat(parts, pad_id), entropy

@@ -17,6 +17,7 @@ from torch import Tensor
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _RESPONSE_FIELDS = (
     "response_ids", "response_mask", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns", "kl",
+    "behaviour_logprobs", "is_weights",
 )
 
 
@@ -36,6 +37,8 @@ class Experience:
     kl: Optional[Tensor] = None  # (B, T) per-token KL estimate used in the rewards
     advantages: Optional[Tensor] = None  # (B, T) GAE advantages (whitened if configured)
     returns: Optional[Tensor] = None  # (B, T) GAE returns, the critic's targets
+    behaviour_logprobs: Optional[Tensor] = None  # (B, T) log-probs under the engine that sampled
+    is_weights: Optional[Tensor] = None  # (B, T) truncated importance weights min(exp(old - behaviour), cap)
 
     def __post_init__(self) -> None:
         for f in fields(self):

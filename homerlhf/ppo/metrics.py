@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,8 +17,10 @@ from typing import Any, Iterable
 from torch import Tensor
 
 from homerlhf.ppo.advantages import sequence_kl
+from homerlhf.ppo.group import group_zero_spread, groups
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.importance import importance_metrics
 from homerlhf.ppo.math import explained_variance, masked_mean
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
@@ -31,6 +34,9 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
     "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
+    "group_zero_spread_fraction": "GRPO/RLOO: fraction of prompt groups whose sequence rewards are all equal (no signal).",
+    "group_reward_std": "GRPO/RLOO: mean over groups of the (unbiased) std of their sequence rewards.",
+    "kl_ref_loss": "GRPO/RLOO: mean per-token k3 KL(actor || reference) under the update's forward, averaged over steps.",
     "value_mean": "Mean critic value over response tokens at rollout.",
     "return_mean": "Mean GAE return over response tokens (the critic's target).",
     "policy_loss": "Clipped surrogate policy loss, averaged over optimizer steps.",
@@ -47,8 +53,15 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
     "micro_batch_size": "Micro-batch size in use at the end of the iteration (lower after an OOM backoff).",
     "oom_retries": "Times an out-of-memory error halved the micro-batch this iteration.",
+    "rollout_chunk_size": "Rollout chunk in use at the end of the iteration (lower after an OOM in generation or scoring).",
+    "oom_retries_generation": "Times an out-of-memory error in generation halved the rollout chunk this iteration.",
+    "oom_retries_scoring": "Times an out-of-memory error in scoring halved the rollout chunk this iteration.",
     "response_length_mean": "Mean response length in tokens (EOS included).",
     "truncated_fraction": "Fraction of responses that hit rollout.max_new_tokens without EOS.",
+    "is_weight_mean": "Mean truncated importance weight min(exp(old - behaviour), rollout.is_cap) over response tokens (1 with the hf engine).",
+    "is_weight_max": "Largest truncated importance weight of the batch.",
+    "is_capped_fraction": "Fraction of response tokens whose importance ratio exceeded rollout.is_cap.",
+    "kl_behaviour_old": "Mean per-token k3 KL(rollout engine || trainer's old policy), nats (0 with the hf engine).",
     "time_generation_s": "Wall seconds spent sampling responses.",
     "time_scoring_s": "Wall seconds computing old log-probs and values with the actor and critic.",
     "time_reference_reward_wait_s": "Wall seconds waiting for reference log-probs and scores after the last chunk.",
@@ -66,6 +79,19 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "predicted_mem_update_gib": "The memory planner's allocated GiB for the update (at the micro-batch in use).",
     "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
 }
+# Metrics named after the run's rewards (``reward.name`` / ``reward.components``), logged when the
+# reward is a function or a weighted sum (``homerlhf.ppo.reward_functions.component_metrics``).
+METRIC_FAMILIES: dict[str, str] = {
+    "reward_<name>": "Mean of one reward's scores over the iteration's samples it scored (before its weight).",
+    "reward_<name>_none": "Fraction of the iteration's samples that reward returned None (no reward, counted as 0) for.",
+}
+_FAMILY_PATTERNS = [re.compile("^" + re.escape(f).replace(re.escape("<name>"), "[a-z][a-z0-9_]*") + "$")
+                    for f in METRIC_FAMILIES]
+
+
+def is_documented(key: str) -> bool:
+    """A metric named in ``METRIC_DESCRIPTIONS`` or of a ``METRIC_FAMILIES`` pattern."""
+    return key in METRIC_DESCRIPTIONS or any(p.match(key) for p in _FAMILY_PATTERNS)
 
 
 def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float) -> dict[str, float]:
@@ -85,12 +111,41 @@ def rollout_metrics(exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: f
         "kl_per_token": float(masked_mean(exp.kl, mask)),
         "kl_coef": kl_coef,
         "entropy": float(masked_mean(entropy, mask)),
+        "response_length_mean": float(mask.sum(dim=1).float().mean()),
+        "truncated_fraction": float(exp.truncated.float().mean()),
+        **sampler_metrics(exp),
+        **critic_metrics(exp),
+    }
+
+
+def critic_metrics(exp: Experience) -> dict[str, float]:
+    """Values, returns and explained variance at rollout; nothing without a critic (no returns)."""
+    if exp.returns is None:
+        return {}
+    mask = exp.response_mask
+    return {
         "value_mean": float(masked_mean(exp.values, mask)),
         "return_mean": float(masked_mean(exp.returns, mask)),
         "explained_variance": float(explained_variance(exp.values, exp.returns, mask)),
-        "response_length_mean": float(mask.sum(dim=1).float().mean()),
-        "truncated_fraction": float(exp.truncated.float().mean()),
     }
+
+
+def group_metrics(exp: Experience, group_size: int) -> dict[str, float]:
+    """How much signal the groups carry: the fraction with no spread and the mean within-group std."""
+    sequence_rewards = (exp.rewards * exp.response_mask).sum(dim=1)
+    return {
+        "group_zero_spread_fraction": float(group_zero_spread(sequence_rewards, group_size)),
+        "group_reward_std": float(groups(sequence_rewards, group_size).std(dim=1).mean()),
+    }
+
+
+def sampler_metrics(exp: Experience) -> dict[str, float]:
+    """The rollout engine's distance from the trainer (:func:`homerlhf.ppo.importance.importance_metrics`);
+    none for an experience without behaviour log-probs."""
+    if exp.behaviour_logprobs is None or exp.is_weights is None:
+        return {}
+    stats = importance_metrics(exp.logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
+    return {key: float(value) for key, value in stats.items()}
 
 
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
@@ -106,8 +161,8 @@ def kl_ref_start(exp: Experience) -> float:
 
 
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
-                  "grad_norm_critic", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
-                  "micro_batch_size", "oom_retries")
+                  "grad_norm_critic", "kl_ref_loss", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
+                  "micro_batch_size", "oom_retries", "rollout_chunk_size", "oom_retries_generation", "oom_retries_scoring")
 OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
 
 
@@ -132,16 +187,19 @@ def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_
 
 def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float,
                       update: dict[str, float], times: StageTimes, *, mini_batch_size: int,
-                      started: float) -> dict[str, Any]:
+                      started: float, group_size: int | None = None) -> dict[str, Any]:
     """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
 
-    ``update``: ``ppo_update``'s stats plus ``micro_batch_size`` and ``oom_retries``; ``started``:
-    ``time.perf_counter()`` at the iteration's start.
+    ``update``: ``ppo_update``'s stats (the critic's and the group loss's only where they exist) plus
+    the OOM bookkeeping (``micro_batch_size``, ``oom_retries``, ``rollout_chunk_size``,
+    ``oom_retries_generation``, ``oom_retries_scoring``); ``started``: ``time.perf_counter()`` at
+    the iteration's start; ``group_size``: GRPO / RLOO's, for the group metrics (None for PPO).
     """
     row: dict[str, Any] = {
         "iteration": iteration,
         **rollout_metrics(exp, scores, entropy, kl_coef),
-        **{key: update[key] for key in UPDATE_METRICS},
+        **(group_metrics(exp, group_size) if group_size else {}),
+        **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
         **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
     }
@@ -173,7 +231,7 @@ class MetricsWriter:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(METRIC_DESCRIPTIONS)
+        unknown = {key for key in row if not is_documented(key)}
         if unknown:  # a name must be documented before it is logged
             raise KeyError(f"undocumented metric names: {sorted(unknown)}")
         with self.metrics_path.open("a") as fh:

@@ -44,3 +44,10 @@ def restore_rng_state(state: Mapping[str, Any], generators: Optional[Mapping[str
     for name, gen in (generators or {}).items():
         if name in saved_generators:
             gen.set_state(saved_generators[name])
+
+
+def sample_seeds(seed: int, iteration: int, n: int) -> list[int]:
+    """One seed per sample of an iteration, from the run's seed and the iteration alone: a sample's
+    response then does not depend on how the prompts were chunked (or re-chunked after an OOM)."""
+    base = (int(seed) * 1_000_003 + int(iteration)) * 100_003
+    return [(base + i) % 2**63 for i in range(n)]

@@ -2,7 +2,8 @@
 
 A rollout batch is a left-padded prompt block (B, P) and a right-padded response block (B, T) whose
 mask is 1 up to and including each row's first stop token (any of the policy's stop set: EOS, the
-checkpoint's eos list, the chat template's end-of-turn token). Rows that hit ``max_new_tokens``
+checkpoint's eos list, the chat template's end-of-turn token). Prompts were fitted to
+``max_prompt_len`` when tokenised; a longer one is refused here, never cut. Rows that hit ``max_new_tokens``
 without one are ``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
 Sampling uses a complete generation config built from ``cfg.rollout`` alone
 (:func:`homerlhf.models.generation.build_generation_config`).
@@ -11,13 +12,15 @@ Sampling uses a complete generation config built from ``cfg.rollout`` alone
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RolloutConfig
-from homerlhf.models.generation import build_generation_config
+from homerlhf.errors import UserError
+from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
+from homerlhf.models.sampling import PerSampleSampler
 from homerlhf.ppo.math import truncation_penalized_scores
 
 
@@ -28,6 +31,9 @@ class RolloutBatch:
     response_ids: Tensor  # (B, T) long, right-padded with the pad id after the stop token
     response_mask: Tensor  # (B, T) long, 1 up to and including the first stop token
     truncated: Tensor  # (B,) bool, hit max_new_tokens without a stop token
+    # (B, T) float32 log-prob of each sampled token under the sampler's own distribution (the
+    # behaviour policy), 0 after the stop token; None when the sampler does not report it.
+    behaviour_logprobs: Optional[Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -39,6 +45,11 @@ class RolloutBatch:
     def response_lists(self) -> list[list[int]]:
         """Response ids up to and including the stop token, one list per sample."""
         return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
+
+    def rows(self, start: int, end: int) -> "RolloutBatch":
+        """Samples ``start:end`` (same padded widths)."""
+        return RolloutBatch(self.prompt_ids[start:end], self.prompt_mask[start:end], self.response_ids[start:end],
+                            self.response_mask[start:end], self.truncated[start:end])
 
     def sequences(self) -> tuple[Tensor, Tensor]:
         """``(input_ids, attention_mask)``, each (B, P + T): prompt then response."""
@@ -77,20 +88,38 @@ def response_mask_and_truncated(response_ids: Tensor, stop_ids: Iterable[int]) -
     return mask, truncated
 
 
-def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig) -> RolloutBatch:
-    """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``."""
+def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_prompt_len: int) -> None:
+    """Refuse prompts longer than ``max_prompt_len``: ids are never cut here (that would drop BOS
+    and the system turn); :func:`homerlhf.data.tokens.tokenize_prompts` fits them while rendering."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) > max_prompt_len:
+            raise UserError(
+                f"prompt {i} has {len(prompt)} tokens, more than rollout.max_prompt_len={max_prompt_len}; "
+                "tokenise prompts with homerlhf.data.tokens.tokenize_prompts, which fits them"
+            )
+
+
+def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
+                     seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
+    """Sample one response per prompt with the actor. ``policy``: a ``PolicyModel``.
+
+    ``seeds``: one per prompt; each sample then draws from a generator of its own, so its response
+    does not depend on the other prompts of the chunk (:mod:`homerlhf.models.sampling`). Without
+    them sampling uses torch's global generator."""
     tokenizer = policy.tokenizer
-    # Left truncation keeps the end of a prompt, where the generation prompt (assistant tag) sits.
-    prompts = [list(p)[-rollout.max_prompt_len :] for p in prompts]
+    check_prompt_lengths(prompts, rollout.max_prompt_len)
     prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
     policy.eval()
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                                      stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
-    response_ids = policy.generate(prompt_ids, prompt_mask, config)
+    recorder = BehaviourLogprobs(rollout.temperature)
+    sampler = PerSampleSampler(seeds, rollout.temperature, policy.device) if seeds is not None else None
+    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder, logits_processor=sampler)
     response_mask, truncated = response_mask_and_truncated(response_ids, policy.stop_ids)
     # Generation pads finished rows with the pad id, which may be a stop token; the mask alone decides.
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)
-    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated)
+    behaviour = torch.where(response_mask.bool(), recorder.taken(response_ids), 0.0)
+    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated, behaviour)
 
 
 def apply_truncation_penalty(scores: Tensor, batch: RolloutBatch, rollout: RolloutConfig) -> Tensor:

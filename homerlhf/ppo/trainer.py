@@ -30,19 +30,22 @@ from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import ModelShape, shape_from_config
 from homerlhf.models.policy import compute_dtype
 from homerlhf.models.precision import loss_scaler
-from homerlhf.ppo.advantages import compute_advantages, normalized_scores, sequence_kl
+from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
-from homerlhf.ppo.collect import StageTimes, collect_experience, phase
+from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
 from homerlhf.ppo.resuming import truncate_logs
-from homerlhf.ppo.rng import capture_rng_state
+from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
+from homerlhf.ppo.rng import capture_rng_state, sample_seeds
+from homerlhf.ppo.rollout import check_prompt_lengths
 from homerlhf.ppo.running import RunningMoments
 from homerlhf.ppo.stopping import StopRequested
-from homerlhf.ppo.update import UpdateState, build_optimizer, ppo_update
+from homerlhf.ppo.update import GroupLoss, UpdateState, build_optimizer, ppo_update
 
 log = logging.getLogger(__name__)
 
@@ -68,28 +71,38 @@ class PPOTrainer:
     """Holds cross-iteration state and runs ``iterations`` of PPO.
 
     ``prompts``: tokenised prompts (lists of ids), sampled without replacement in a seeded order.
+    ``rows``: each prompt's dataset row (indexed like ``prompts``), handed to the reward with it.
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
+    ``engine``: what samples the rollouts (default: the actor's own ``generate``); it is synced with
+    the actor before every rollout.
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
-                 stop: Optional[StopRequested] = None):
+                 stop: Optional[StopRequested] = None, engine: Optional[RolloutEngine] = None,
+                 rows: Optional[Sequence[dict]] = None):
         from accelerate import Accelerator
 
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
+        check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
         self.cfg = cfg
         self.policy = policy
         self.reference = reference
         self.reward = reward
+        self.engine = engine if engine is not None else HFEngine(policy)
         self.prompts = [list(p) for p in prompts]
+        if rows is not None and len(rows) != len(self.prompts):
+            raise ValueError(f"{len(rows)} dataset rows for {len(self.prompts)} prompts")
+        self.rows = list(rows) if rows is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         # Mixed precision is ours (models.precision): accelerate's would scale the loss a second time.
         self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu", mixed_precision="no")
         self.scaler = loss_scaler(compute_dtype(cfg.quant, cfg.card.device), policy.device)
         wd = cfg.training.weight_decay
         self.actor_opt = build_optimizer(cfg.actor.optimizer, policy.actor_parameters(), cfg.actor.lr, wd)
-        self.critic_opt = build_optimizer(cfg.critic.optimizer, policy.critic_parameters(), cfg.critic.lr, wd)
+        self.critic_opt = (build_optimizer(cfg.critic.optimizer, policy.critic_parameters(), cfg.critic.lr, wd)
+                           if cfg.has_critic else None)  # GRPO / RLOO: no critic
         self.kl_ctl = build_kl_controller(cfg.ppo)
         self.score_moments = RunningMoments()
         self.generator = torch.Generator().manual_seed(cfg.seed)  # mini-batch shuffles
@@ -97,6 +110,7 @@ class PPOTrainer:
         self.data_epoch = 0
         self.data_cursor = 0
         self.update_state = UpdateState(cfg.ppo.micro_batch_size)
+        self.rollout_state = RolloutState(cfg.rollout.chunk_size)
         self.guard = NonFiniteGuard(cfg.training.max_nonfinite_steps)
         # The stage installs the signal handlers; a bare trainer only stops when asked in code.
         self.stop = stop if stop is not None else StopRequested()
@@ -112,17 +126,25 @@ class PPOTrainer:
 
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
-    def next_prompts(self) -> list[list[int]]:
-        batch: list[list[int]] = []
-        while len(batch) < self.cfg.rollout.batch_size:
+    def next_indices(self) -> list[int]:
+        """Indices into ``prompts`` (and ``rows``) of the next ``rollout.batch_size`` samples:
+        ``batch_size / ppo.group_size`` distinct prompts, each repeated ``group_size`` times in a row
+        (one group per prompt)."""
+        group = self.cfg.ppo.group_size
+        wanted = self.cfg.rollout.batch_size // group
+        batch: list[int] = []
+        while len(batch) < wanted:
             order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
                 self.cfg.seed * 1_000_003 + self.data_epoch))
-            take = order[self.data_cursor : self.data_cursor + self.cfg.rollout.batch_size - len(batch)]
-            batch.extend(self.prompts[i] for i in take.tolist())
+            take = order[self.data_cursor : self.data_cursor + wanted - len(batch)]
+            batch.extend(take.tolist())
             self.data_cursor += len(take)
             if self.data_cursor >= len(self.prompts):
                 self.data_epoch, self.data_cursor = self.data_epoch + 1, 0
-        return batch
+        return [index for index in batch for _ in range(group)]
+
+    def next_prompts(self) -> list[list[int]]:
+        return [self.prompts[i] for i in self.next_indices()]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -132,13 +154,14 @@ class PPOTrainer:
             "data_epoch": self.data_epoch,
             "data_cursor": self.data_cursor,
             "micro_batch_size": self.update_state.micro_batch_size,
+            "rollout_chunk_size": self.rollout_state.chunk_size,
         }
 
     def _generators(self) -> dict[str, torch.Generator]:
         return {"minibatch": self.generator}
 
     def _optimizers(self) -> dict[str, Any]:
-        return {"actor": self.actor_opt, "critic": self.critic_opt}
+        return {name: opt for name, opt in (("actor", self.actor_opt), ("critic", self.critic_opt)) if opt is not None}
 
     def _stateful(self) -> dict[str, Any]:
         stateful = {"kl_controller": self.kl_ctl, "score_moments": self.score_moments, "nonfinite_guard": self.guard}
@@ -162,8 +185,16 @@ class PPOTrainer:
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
+        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
+        times.generation += time.perf_counter() - started
+        indices = self.next_indices()
+        rows = [self.rows[i] for i in indices] if self.rows is not None else None
+        redos_before = (self.rollout_state.oom_retries_generation, self.rollout_state.oom_retries_scoring)
         exp, entropy = collect_experience(
-            self.policy, self.next_prompts(), self.cfg, self.reference, self.reward, meter=self.meter, times=times)
+            self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
+            rows=rows, meter=self.meter, times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(indices)),
+            state=self.rollout_state)
+        components = self.reward.take_component_scores()
         if self.stop.requested:
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
@@ -171,12 +202,16 @@ class PPOTrainer:
             return None
         kl_coef = float(self.kl_ctl.value)
         exp, scores = self.advantages(exp, kl_coef, times)
-        update = self.update(exp, times)
+        update = {**self.update(exp, times, kl_coef), "rollout_chunk_size": self.rollout_state.chunk_size,
+                  "oom_retries_generation": self.rollout_state.oom_retries_generation - redos_before[0],
+                  "oom_retries_scoring": self.rollout_state.oom_retries_scoring - redos_before[1]}
         self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
-                                mini_batch_size=self.cfg.ppo.mini_batch_size, started=started)
+                                mini_batch_size=self.cfg.ppo.mini_batch_size, started=started,
+                                group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
         if self.iteration == 1:
             row["kl_ref_start"] = self._kl_ref_start(exp)
+        row.update(component_metrics(components))
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
@@ -195,18 +230,22 @@ class PPOTrainer:
         """Scores as they enter the rewards (B,), then rewards, GAE and whitening on ``exp``."""
         t0 = time.perf_counter()
         scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments)
-        exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+        if self.cfg.has_critic:
+            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+        else:
+            exp = compute_group_advantages(exp, self.cfg, kl_coef, scores)
         times.advantages = time.perf_counter() - t0
         return exp, scores
 
-    def update(self, exp: Experience, times: StageTimes) -> dict[str, float]:
+    def update(self, exp: Experience, times: StageTimes, kl_coef: float) -> dict[str, float]:
         """The PPO epochs over ``exp`` (the update phase): their stats averaged over optimizer steps,
         the micro-batch size in use and this iteration's OOM retries."""
         t0 = time.perf_counter()
         retries_before = self.update_state.oom_retries
+        group = None if self.cfg.has_critic else GroupLoss.from_config(self.cfg, kl_coef)
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state, self.guard, self.scaler)
+                                self.generator, self.update_state, self.guard, self.scaler, group)
         times.update = time.perf_counter() - t0
         return {**update, "micro_batch_size": self.update_state.micro_batch_size,
                 "oom_retries": self.update_state.oom_retries - retries_before}
@@ -267,15 +306,25 @@ class PPOTrainer:
         self.data_epoch = int(counters["data_epoch"])
         self.data_cursor = int(counters["data_cursor"])
         self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
+        self.rollout_state.chunk_size = int(counters.get("rollout_chunk_size", self.rollout_state.chunk_size))
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
-            for group in optimizer.param_groups:
+            for group in (optimizer.param_groups if optimizer is not None else []):
                 group["lr"] = section.lr
                 group["weight_decay"] = self.cfg.training.weight_decay
         if self.run_dir is not None:
             truncate_logs(self.run_dir, state["logs"])
         self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
         return self.iteration
+
+    def _checkpoint_after_failed_rollout(self) -> str:
+        """Drop the iteration whose rollout failed, checkpoint the last finished one; say where it is."""
+        self._drop_iteration()
+        saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
+        if self.iteration == 0 or self.run_dir is None or self.guard.in_row:
+            return "no checkpoint written (no good iteration finished)"
+        path = self.last_checkpoint if saved else self.checkpoint()
+        return f"stopped after iteration {self.iteration}, checkpoint {path} (fix it, then --resume {self.run_dir})"
 
     @property
     def stopped(self) -> bool:
@@ -287,7 +336,9 @@ class PPOTrainer:
 
         A stop request (``self.stop``, set by SIGINT/SIGTERM in the stage) ends the loop at the next
         phase boundary with a checkpoint. A non-finite run raises ``NonFiniteError`` and writes no
-        checkpoint, so the last good one stays the newest.
+        checkpoint, so the last good one stays the newest. A reward function that fails on a sample
+        (``RewardFunctionError``) drops the iteration in flight, checkpoints the last finished one
+        and raises with where that checkpoint is.
         """
         from tqdm.auto import tqdm
 
@@ -296,7 +347,10 @@ class PPOTrainer:
                    disable=not self.cfg.logging.progress, dynamic_ncols=True)
         try:
             while self.iteration < total and not self.stop.requested:
-                row = self.step()
+                try:
+                    row = self.step()
+                except RewardFunctionError as exc:
+                    raise RewardFunctionError(f"{exc}; {self._checkpoint_after_failed_rollout()}") from None
                 if row is None:
                     break
                 bar.update(1)

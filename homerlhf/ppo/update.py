@@ -23,9 +23,12 @@ from torch import Tensor
 
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.errors import UserError
+from homerlhf.ppo.advantages import sequence_advantages
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.group import clipped_group_loss
 from homerlhf.ppo.guards import NonFiniteGuard
-from homerlhf.ppo.math import masked_mean, policy_loss, value_loss
+from homerlhf.ppo.importance import weighted_policy_loss
+from homerlhf.ppo.math import masked_mean, value_loss
 
 
 def build_optimizer(name: str, params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float):
@@ -58,8 +61,41 @@ def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, T
     input_ids, attention_mask = micro.sequences()
     logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, micro.response_len)
     mask = micro.response_mask
-    return _losses(policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range),
+    return _losses(weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
+                                        ppo.clip_range),
                    value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
+
+
+@dataclass(frozen=True)
+class GroupLoss:
+    """What the critic-free (GRPO / RLOO) actor loss needs beyond the experience."""
+
+    clip_range: float
+    kl_coef: float  # 0 when the KL goes in the reward
+    mode: str  # homerlhf.ppo.group.AGGREGATIONS
+    max_len: int  # rollout.max_new_tokens, the ``constant`` aggregation's length
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, kl_coef: float) -> "GroupLoss":
+        return cls(cfg.ppo.clip_range, kl_coef if cfg.kl_in_loss else 0.0, cfg.loss_aggregation,
+                   cfg.rollout.max_new_tokens)
+
+    @property
+    def per_row(self) -> bool:
+        """True when the loss is a mean over rows (micro-batches weigh by rows, not tokens)."""
+        return self.mode in ("seq_mean_token_mean", "constant")
+
+
+def group_micro_losses(policy, micro: Experience, group: GroupLoss) -> dict[str, Tensor]:
+    """Forward one micro-batch through the actor; the GRPO / RLOO loss (with graph) and its stats."""
+    input_ids, attention_mask = micro.sequences()
+    logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
+    mask = micro.response_mask
+    loss, stats = clipped_group_loss(logprobs, micro.logprobs, micro.ref_logprobs, sequence_advantages(micro), mask,
+                                     clip_range=group.clip_range, kl_coef=group.kl_coef, mode=group.mode,
+                                     max_len=group.max_len, weights=micro.is_weights)
+    return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
+            "kl_ref_loss": stats["kl_ref"], "entropy": masked_mean(entropy, mask)}
 
 
 def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backward: Callable[[Tensor], None],
@@ -72,7 +108,7 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     input_ids, attention_mask = micro.sequences()
     mask = micro.response_mask
     logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
-    pg = policy_loss(logprobs, micro.logprobs, micro.advantages, mask, ppo.clip_range)
+    pg = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
     backward(pg[0] * share)
     values = policy.critic_values(input_ids, attention_mask, micro.response_len)
     vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
@@ -80,13 +116,15 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     return _losses(pg, vf, entropy, mask)
 
 
-def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None]):
+def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None],
+                    group: Optional[GroupLoss] = None):
     """``accumulate(micro_batch_size) -> stats``: zero grads, then forward/backward every micro-batch.
 
     Each micro-batch's (token-mean) losses are weighted by its share of the mini-batch's response
-    tokens, so the accumulated gradient is the token-mean gradient of the whole mini-batch whatever
-    the micro-batch size: an OOM retry with halved micro-batches gives the same step. The optimizer
-    step is the caller's (see ``homerlhf.memory.oom``).
+    tokens (its share of rows for a per-row ``group`` loss), so the accumulated gradient is the
+    mini-batch's gradient whatever the micro-batch size: an OOM retry with halved micro-batches
+    gives the same step. The optimizer step is the caller's (see ``homerlhf.memory.oom``).
+    ``group``: the GRPO / RLOO loss (no critic); None for PPO.
     """
     from homerlhf.memory.oom import maybe_raise
 
@@ -99,7 +137,11 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
         for micro in minibatch.split(micro_batch_size):
             maybe_raise(micro_batch_size)
             share = micro.response_mask.sum() / total_tokens
-            if policy.shared_adapter:
+            if group is not None:
+                share = torch.tensor(len(micro) / len(minibatch)) if group.per_row else share
+                out = group_micro_losses(policy, micro, group)
+                backward(out["policy_loss"] * share)
+            elif policy.shared_adapter:
                 out = micro_batch_losses(policy, micro, ppo)
                 backward((out["policy_loss"] + ppo.vf_coef * out["value_loss"]) * share)
             else:
@@ -129,26 +171,28 @@ def _scale_overflow(scaler: torch.amp.GradScaler, stats: dict[str, float]) -> bo
     if not scaler.is_enabled() or scaler.get_scale() <= 1.0:
         return False
     losses_finite = all(math.isfinite(stats[k]) for k in ("policy_loss", "value_loss") if k in stats)
-    grads_finite = all(math.isfinite(stats[k]) for k in ("grad_norm_actor", "grad_norm_critic"))
+    grads_finite = all(math.isfinite(stats[k]) for k in ("grad_norm_actor", "grad_norm_critic") if k in stats)
     return losses_finite and not grads_finite
 
 
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                     state: UpdateState, guard: Optional[NonFiniteGuard] = None,
-                    scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, float]:
-    """One optimizer step of actor and critic on a mini-batch (accumulating over micro-batches).
+                    scaler: Optional[torch.amp.GradScaler] = None,
+                    group: Optional[GroupLoss] = None) -> dict[str, float]:
+    """One optimizer step of actor and critic (actor alone: ``critic_opt`` None) on a mini-batch,
+    accumulating over micro-batches.
 
     With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
     set in the stats); the guard raises once too many came in a row. ``scaler``: the fp16 loss
     scaler (None: no scaling); its overflows skip the step without counting as non-finite.
     """
-    optimizers = (actor_opt, critic_opt)
+    optimizers = tuple(opt for opt in (actor_opt, critic_opt) if opt is not None)
     scaler = scaler if scaler is not None else torch.amp.GradScaler("cpu", enabled=False)
 
     def backward(loss: Tensor) -> None:
         accelerator.backward(scaler.scale(loss))
 
-    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, backward)
+    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, backward, group)
     if cfg.training.dynamic_micro_batch:
         from homerlhf.memory.oom import run_with_backoff
 
@@ -162,9 +206,10 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
     for optimizer in optimizers:
         scaler.unscale_(optimizer)  # clipping and the guard see the true gradients
     actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
-    critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
     stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
-    stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
+    if critic_opt is not None:
+        critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
+        stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
     checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
     if _scale_overflow(scaler, stats) or (guard is not None and not guard.check({k: stats[k] for k in checked
                                                                                  if k in stats})):
@@ -175,8 +220,8 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
         state.history.append(stats)
         return stats
     stats["skipped"] = 0.0
-    scaler.step(actor_opt)
-    scaler.step(critic_opt)
+    for optimizer in optimizers:
+        scaler.step(optimizer)
     scaler.update()
     state.history.append(stats)
     return stats
@@ -184,10 +229,11 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
 
 def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                generator: torch.Generator, state: UpdateState, guard: Optional[NonFiniteGuard] = None,
-               scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, float]:
+               scaler: Optional[torch.amp.GradScaler] = None, group: Optional[GroupLoss] = None) -> dict[str, float]:
     """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``.
 
     With an enabled fp16 ``scaler`` the stats include ``loss_scale``, its scale after the last step.
+    ``group``: the GRPO / RLOO loss (``critic_opt`` None); None for PPO.
     """
     policy.train()
     early_stopped = False
@@ -195,7 +241,7 @@ def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, a
     for _ in range(cfg.ppo.epochs):
         for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
             steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard,
-                                         scaler))
+                                         group=group, scaler=scaler))
             if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
                 early_stopped = True
                 break

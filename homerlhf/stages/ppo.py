@@ -15,6 +15,7 @@ from homerlhf.config import RunConfig, to_yaml
 from homerlhf.errors import UserError
 from homerlhf.models.registry import resolve_model
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.engines import HFEngine, RolloutEngine
 
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
@@ -31,12 +32,24 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
-    """The configured prompt dataset, chat-templated and tokenised (left-truncated)."""
-    from homerlhf.data.load import load_prompts
-    from homerlhf.data.tokens import tokenize_prompts
+    """The configured prompt dataset, chat-templated and tokenised to ``rollout.max_prompt_len`` at
+    most (over-long prompts cut inside their last user message or dropped, as ``data.overlong``
+    says; the load report is printed when any was)."""
+    return load_prompt_rows(cfg, tokenizer)[0]
 
-    records, _report = load_prompts(cfg.data.prompts, cfg.data)
-    return tokenize_prompts(records, tokenizer, cfg.rollout.max_prompt_len)
+
+def load_prompt_rows(cfg: RunConfig, tokenizer) -> tuple[list[list[int]], list[dict]]:
+    """The prompts' token ids (as :func:`load_prompt_ids`) and, indexed alike, their dataset rows
+    (every column) for the reward."""
+    from homerlhf.data.load import load_prompts
+    from homerlhf.data.tokens import tokenize_prompts_indexed
+
+    records, report = load_prompts(cfg.data.prompts, cfg.data, keep_rows=True)
+    kept = tokenize_prompts_indexed(records, tokenizer, cfg.rollout.max_prompt_len, overlong=cfg.data.overlong,
+                                    report=report)
+    if report.n_truncated or report.n_dropped:
+        print(report.summary())
+    return [ids for _, ids in kept], [records[i]["row"] for i, _ in kept]
 
 
 def _check_same_vocab(policy_tokenizer, reward_path: str) -> None:
@@ -64,7 +77,35 @@ def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Pat
     return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir, vocab_rows=policy.vocab_size)
 
 
-def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
+def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+    """The run's reward: one reward model as it is; a function, or several rewards, weighted
+    (:class:`homerlhf.ppo.reward_functions.WeightedReward`). ``tokenizer``: the policy's."""
+    if not uses_weighted_reward(cfg):
+        return _model_reward(cfg, cfg.reward, tokenizer, run_dir)
+    from homerlhf.ppo.reward_functions import FunctionReward, WeightedReward, load_reward_function
+
+    parts = []
+    try:
+        for key, rc in cfg.reward.all_rewards():
+            if rc.backend == "function":
+                backend = FunctionReward(load_reward_function(rc.function, f"{key}.function"), tokenizer)
+            else:
+                backend = _model_reward(cfg, rc, tokenizer, run_dir)
+            parts.append((rc.metric_name, rc.weight, backend))
+    except BaseException:
+        for _, _, backend in parts:
+            backend.close()
+        raise
+    return WeightedReward(parts)
+
+
+def uses_weighted_reward(cfg: RunConfig) -> bool:
+    return cfg.reward.backend == "function" or bool(cfg.reward.components)
+
+
+def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+    """A reward model (``rc``: ``cfg.reward`` or one of its components) on its backend."""
+    cfg = cfg.model_copy(update={"reward": rc})  # the backends read cfg.reward
     if cfg.reward.backend == "hf":
         import torch
 
@@ -77,16 +118,29 @@ def build_reward(cfg: RunConfig, policy, run_dir: Path) -> RewardBackend:
         device = "cuda" if cfg.card.device == "cuda" and torch.cuda.is_available() else "cpu"
         reward = HFReward(path, device=device, dtype=compute_dtype(cfg.quant, device),
                           batch_size=cfg.ppo.micro_batch_size, trust_remote_code=cfg.model.trust_remote_code)
-        _check_same_vocab(policy.tokenizer, reward.source_path)
+        _check_same_vocab(tokenizer, reward.source_path)
         return reward
     from homerlhf.workers.backends import llamacpp_reward
 
-    return llamacpp_reward(cfg, policy.tokenizer, run_dir)
+    return llamacpp_reward(cfg, tokenizer, run_dir)
+
+
+def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> RolloutEngine:
+    """The configured rollout engine (``rollout.engine``): the actor's own generate, or llama.cpp
+    on the KL-consistent export with the actor's LoRA swapped in before every rollout."""
+    if cfg.rollout.engine == "hf":
+        return HFEngine(policy)
+    from homerlhf.workers.rollout_engine import llamacpp_engine
+
+    return llamacpp_engine(cfg, policy, policy_model_path, run_dir)
 
 
 def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     """The configured reward model for scoring outside a PPO run (side-by-side answers): in process
-    for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model."""
+    for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model. Reward
+    functions see no dataset row here (``row`` is ``{}``)."""
+    if uses_weighted_reward(cfg):
+        return build_reward(cfg, tokenizer, run_dir=None)
     if cfg.reward.backend == "hf":
         from homerlhf.ppo.backends import HFReward
 
@@ -94,6 +148,24 @@ def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     from homerlhf.workers.backends import llamacpp_reward
 
     return llamacpp_reward(cfg, tokenizer, run_dir=None)
+
+
+@contextlib.contextmanager
+def trainer_threads(cfg: RunConfig):
+    """torch's CPU threads for a trainer on CPU: its share of the physical cores next to the local
+    workers (restored afterwards; a GPU trainer's are left alone)."""
+    import torch
+
+    from homerlhf.memory.threads import run_thread_shares
+
+    share = run_thread_shares(cfg).trainer
+    before = torch.get_num_threads()
+    if share:
+        torch.set_num_threads(share)
+    try:
+        yield share
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
@@ -131,18 +203,21 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
 
     model_path = resolve_model(cfg.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
-    prompts = load_prompt_ids(cfg, tokenizer)
+    prompts, rows = load_prompt_rows(cfg, tokenizer)
     check_reference_vocabulary(cfg, tokenizer, model_path)
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(trainer_threads(cfg))
         reference = build_reference(cfg, policy, model_path, run_dir)
         stack.callback(reference.close)
         if reward is None:
-            reward = build_reward(cfg, policy, run_dir)
+            reward = build_reward(cfg, policy.tokenizer, run_dir)
         stack.callback(reward.close)
+        engine = build_engine(cfg, policy, model_path, run_dir)
+        stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop)
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows)
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.

@@ -1,6 +1,6 @@
 """Check first: before any weight is read, each role's backend can serve its model's architecture.
 
-Only ``config.json`` files are read (a builtin name is known without building it; a hub id is
+Only ``config.json`` files are read, and a reward function's file imported (a builtin name is known without building it; a hub id is
 looked up in the local cache only, and skipped when absent: its download would fail later with
 its own message). Each refusal is one line naming the architecture, what is supported and the
 switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 BUILTIN = "builtin:"
 REF_SWITCH = "set ref.backend=adapter_off (the policy base with its adapters off is the reference)"
 REWARD_SWITCH = "set reward.backend=hf (the reward model runs in-process with transformers)"
+ENGINE_SWITCH = "set rollout.engine=hf (the actor samples with its own generate)"
+_SWITCHES = {"ref": REF_SWITCH, "reward": REWARD_SWITCH, "rollout": ENGINE_SWITCH}
+_SERVERS = {"ref": "ref worker", "reward": "reward worker", "rollout": "rollout engine"}
 
 
 def _hub_cached_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
@@ -58,13 +61,14 @@ def is_reward_export(name: str) -> bool:
 
 
 def check_exportable(config: dict, where: str, role: str, seq_len: int) -> None:
-    """The llama.cpp ``role`` worker can serve ``config``: a GGUF family exists and computes as HF does."""
+    """The llama.cpp ``role`` worker (or, role ``rollout``, the rollout engine) can serve ``config``: a
+    GGUF family exists and computes as HF does."""
     from homerlhf.workers.gguf.registry import FAMILIES, SUPPORTED_ARCHS, family_for
 
-    switch = REF_SWITCH if role == "ref" else REWARD_SWITCH
+    switch = _SWITCHES[role]
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
-        raise UserError(f"{where}: architecture {model_type!r} cannot be served by the llama.cpp {role} worker "
+        raise UserError(f"{where}: architecture {model_type!r} cannot be served by the llama.cpp {_SERVERS[role]} "
                         f"(GGUF export supports {', '.join(SUPPORTED_ARCHS)}); {switch}")
     try:
         family = family_for(config, where)
@@ -125,15 +129,23 @@ def _check_reference(cfg: "RunConfig", policy_config: Optional[dict], seq_len: i
         check_exportable(config, name, "ref", seq_len)
 
 
-def _check_reward(cfg: "RunConfig", seq_len: int) -> None:
+def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
+    """One reward of the run (``cfg.reward`` or a component): its function loads, or its model serves."""
     from homerlhf.models.support import check_loadable
 
-    name = cfg.reward.model or ""
+    if rc.backend == "function":
+        from homerlhf.ppo.reward_functions import load_reward_function
+
+        load_reward_function(rc.function, f"{key}.function")
+        return
+    if rc.url:
+        return
+    name = rc.model or ""
     config = model_config(name) if name else None
     if config is None:
         return
-    if cfg.reward.backend == "hf":
-        check_loadable(config, name, "sequence-classifier", cfg.model.trust_remote_code)
+    if rc.backend == "hf":
+        check_loadable(config, name, "sequence-classifier", trust_remote_code)
     elif not is_reward_export(name):
         check_exportable(config, name, "reward", seq_len)
 
@@ -144,8 +156,10 @@ def check_run(cfg: "RunConfig") -> None:
     policy_config = _check_policy(cfg)
     if cfg.ref.backend == "llamacpp" and not cfg.ref.url:
         _check_reference(cfg, policy_config, cfg.ref.ctx or seq_len)
-    if not cfg.reward.url:
-        _check_reward(cfg, cfg.reward.ctx or seq_len)
+    for key, rc in cfg.reward.all_rewards():
+        _check_reward(key, rc, rc.ctx or seq_len, cfg.model.trust_remote_code)
+    if cfg.rollout.engine == "llamacpp" and policy_config is not None:
+        check_exportable(policy_config, cfg.model.name_or_path, "rollout", seq_len)
 
 
 def check_reward_stage(cfg: "RunConfig", base: str) -> None:

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from homerlhf.errors import UserError
+from homerlhf.memory.threads import run_thread_shares
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend, TokenIds
 from homerlhf.workers.client import WorkerClient, WorkerError, sequences_body
 from homerlhf.workers.process import WorkerProcess
+from homerlhf.workers.tokens import client_token
 from homerlhf.workers.vocab import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -193,7 +195,8 @@ def cached_reward_dir(model: str, outtype: str) -> Path:
 def _process(role: str, model: Path, rc: "BackendConfig", cfg: "RunConfig", run_dir) -> WorkerProcess:
     ctx = rc.ctx or (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens)
     log = Path(run_dir) / "workers" / f"{role}.log" if run_dir else None
-    return WorkerProcess(role, model, threads=rc.threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
+    threads = rc.threads or run_thread_shares(cfg).worker  # never every core for each worker
+    return WorkerProcess(role, model, threads=threads, ctx=ctx, f32_kv_cache=rc.f32_kv_cache, log_path=log)
 
 
 def gguf_as_reference(path: Path, tokenizer, vocab_rows: int) -> Path:
@@ -219,7 +222,8 @@ def llamacpp_reference(cfg: "RunConfig", policy_model_path: str, tokenizer, run_
     fingerprint = tokenizer_fingerprint(tokenizer)
     temperature = cfg.rollout.temperature
     if rc.url:
-        return connect("ref", url=rc.url, token=rc.token, fingerprint=fingerprint, temperature=temperature)
+        return connect("ref", url=rc.url, token=client_token("ref", rc.token, rc.token_file), fingerprint=fingerprint,
+                       temperature=temperature)
     if rc.model and rc.model.endswith(".gguf"):
         gguf = gguf_as_reference(Path(rc.model).expanduser(), tokenizer, vocab_rows or len(tokenizer))
         return connect("ref", process=_process("ref", gguf, rc, cfg, run_dir), fingerprint=None, temperature=temperature)
@@ -233,7 +237,7 @@ def llamacpp_reward(cfg: "RunConfig", tokenizer, run_dir) -> LlamaCppReward:
     rc = cfg.reward
     fingerprint = tokenizer_fingerprint(tokenizer)
     if rc.url:
-        return connect("reward", url=rc.url, token=rc.token, fingerprint=fingerprint)
+        return connect("reward", url=rc.url, token=client_token("reward", rc.token, rc.token_file), fingerprint=fingerprint)
     if not rc.model:
         raise UserError("reward.model is required for the llamacpp reward backend (a reward run dir or HF dir), or set reward.url")
     export_dir = cached_reward_dir(rc.model, rc.outtype)

@@ -32,14 +32,14 @@ class WorkerClient:
         if (url is None) == (process is None):
             raise ValueError("pass exactly one of url (remote worker) and process (local worker)")
         self.url = url.rstrip("/") if url else None
-        self.token = token
+        self.token = process.token if process is not None else token  # a local worker's own, else the given one
         self.process = process
         self.max_restarts = max_restarts
         self.remote_retries = remote_retries
         self.restarts = 0
         self._generation = 0
         self._restart_lock = threading.Lock()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         self._closed = False
 
@@ -72,7 +72,8 @@ class WorkerClient:
                 self._recover(generation, exc, failures)
                 continue
             if response.status_code == 401:
-                raise UserError(f"the worker at {url} rejected the token (401); set the same token as its --token")
+                raise UserError(f"the worker at {url} rejected the token (401); give the token it was started with "
+                                "(HOMERLHF_REF_TOKEN / HOMERLHF_REWARD_TOKEN or <role>.token_file)")
             if response.status_code >= 400:
                 try:
                     detail = response.json().get("detail", response.text)

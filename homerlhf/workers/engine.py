@@ -5,7 +5,8 @@ llama.cpp runs in-process through llama-cpp-python's low-level API, so several s
 come in and go out; the engine never tokenizes text.
 
 - ref role, :meth:`Engine.logprobs`: per-token ``log p(response[t] | prompt, response[:t])`` at the
-  request's sampling temperature: log-softmax of ``logits / temperature``, in float64, done here.
+  request's sampling temperature: log-softmax of ``logits / temperature``, done here in float32
+  row chunks (:mod:`homerlhf.workers.logsoftmax`): no (n x vocab) copy of the logits.
 - reward role, :meth:`Engine.score`: ``score_head · h_last (+ bias)`` where ``h_last`` is the last
   token's post-norm hidden state (LAST pooling) of the sequence as sent, unpadded: the last
   position where the attention mask would be 1, the rule of :mod:`homerlhf.models.scores`.
@@ -26,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from homerlhf.errors import UserError
+from homerlhf.memory.threads import physical_cores
+from homerlhf.workers.logsoftmax import token_logprobs
 from homerlhf.workers.vocab import vocab_fingerprint
 
 ROLES = ("ref", "reward")
@@ -114,7 +117,7 @@ class Engine:
         self.fingerprint = self.info.fingerprint
         self.kv_size = max(self.ctx_len, batch_tokens or 1024)
         self.max_seqs = max(1, min(max_seqs, llama_cpp.llama_max_parallel_sequences()))
-        self.threads = threads or max(1, os.cpu_count() or 1)
+        self.threads = threads or physical_cores()
         self.f32_kv_cache = f32_kv_cache
 
         _quiet_llama_logs()
@@ -179,6 +182,7 @@ class Engine:
             "n_ctx": self.ctx_len,
             "vocab_fingerprint": self.fingerprint,
             "f32_kv_cache": self.f32_kv_cache,
+            "threads": self._llama.llama_n_threads(self._ctx.ctx),  # what the context really uses
             "pid": os.getpid(),
             "busy_s": self.busy_s,
             "sequences_served": self.sequences_served,
@@ -259,16 +263,14 @@ class Engine:
                 continue
             self._decode([full[i] for i in pack], flags)
             ptr = self._llama.llama_get_logits(self._ctx.ctx)
-            logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).astype(np.float64)  # (n_out, V)
-            logits /= temperature
-            peak = logits.max(axis=1, keepdims=True)
-            lse = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))  # (n_out,)
+            logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))  # (n_out, V) float32, llama.cpp's buffer
+            targets = [t for i in pack for t in sequences[i][1]]  # (n_out,): row order is pack order
+            logps = token_logprobs(logits, np.asarray(targets), temperature)  # float32 row chunks, no copy of the block
             row = 0
             for i in pack:
-                response = sequences[i][1]
-                rows = np.arange(row, row + len(response))
-                result[i] = (logits[rows, response] - lse[rows]).tolist()
-                row += len(response)
+                n = len(sequences[i][1])
+                result[i] = logps[row:row + n].tolist()
+                row += n
         self._account(sequences, started)
         return result
 

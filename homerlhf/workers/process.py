@@ -1,6 +1,8 @@
 """Lifecycle of a local worker process: spawn, wait until ready, stop, and never leave an orphan.
 
-A worker is ``python -m homerlhf.cli worker ... --parent-pid <ours>``. Three guards keep it from
+A worker is ``python -m homerlhf.cli worker ... --token-file <log>.token --parent-pid <ours>``: its
+bearer token (fresh and random per worker) is in a 0600 file beside its log while it runs (the app's
+monitor reads it from there too), never on its command line. Three guards keep it from
 outliving its owner: :meth:`WorkerProcess.stop` (called by the backend's ``close``), an ``atexit``
 hook for every worker still running at interpreter exit (normal exit, Ctrl-C, an uncaught error),
 and the worker's own parent watch, which covers ``kill -9`` of the owner where no Python code runs.
@@ -16,6 +18,7 @@ import atexit
 import importlib.metadata
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from typing import Optional
 
 from homerlhf.errors import UserError
 from homerlhf.workers.server import READY_PREFIX
+from homerlhf.workers.tokens import write_token_file
 
 _LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
@@ -108,8 +112,10 @@ class WorkerProcess:
 
     def __init__(self, role: str, model: str | Path, *, threads: int = 0, ctx: int = 2048,
                  f32_kv_cache: bool = False, log_path: Optional[str | Path] = None,
-                 startup_timeout: float = 180.0, batch_tokens: int = 0):
+                 startup_timeout: float = 180.0, batch_tokens: int = 0, token: Optional[str] = None):
         self.role = role
+        # In a 0600 file beside the log, never in argv: any user of the machine can read command lines.
+        self.token = token or secrets.token_urlsafe(24)
         self.model = Path(model)
         self.threads = threads
         self.ctx = ctx
@@ -126,12 +132,27 @@ class WorkerProcess:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "homerlhf.cli", "worker", "--role", self.role, "--model", str(self.model),
                "--port", "0", "--ctx", str(self.ctx), "--threads", str(self.threads),
-               "--parent-pid", str(os.getpid())]
+               "--token-file", str(self.token_path), "--parent-pid", str(os.getpid())]
         if self.f32_kv_cache:
             cmd.append("--f32-kv-cache")
         if self.batch_tokens:
             cmd += ["--batch-tokens", str(self.batch_tokens)]
         return cmd
+
+    def _log(self) -> Path:
+        """The worker's log file: the one given, else a temporary file made once."""
+        if self.log_path is None:
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix=f"homerlhf-{self.role}-worker-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        return self.log_path
+
+    @property
+    def token_path(self) -> Path:
+        """The 0600 file the worker reads its token from: ``<log>.token`` (removed by :meth:`stop`)."""
+        return self._log().with_name(self._log().name + ".token")
 
     @property
     def pid(self) -> Optional[int]:
@@ -159,16 +180,11 @@ class WorkerProcess:
     def start(self) -> str:
         """Spawns the worker, waits for its ready line; returns its URL. Raises UserError on failure."""
         self.stop()
-        if self.log_path is None:
-            import tempfile
-
-            fd, name = tempfile.mkstemp(prefix=f"homerlhf-{self.role}-worker-", suffix=".log")
-            os.close(fd)
-            self.log_path = Path(name)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log().parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log_file = open(self.log_path, "ab")
         self._exit_code = None
+        write_token_file(self.token_path, self.token)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # Own session: a Ctrl-C in the terminal reaches the trainer, which then stops us in order.
         self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._log_file,
@@ -224,4 +240,6 @@ class WorkerProcess:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self.log_path is not None:
+            self.token_path.unlink(missing_ok=True)
         self.url = None

@@ -61,7 +61,8 @@ def check_bind(host: str, token: Optional[str]) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise UserError(f"refusing to bind {host} without --token; pass --token SECRET (clients send it as a Bearer token) or bind 127.0.0.1")
+        raise UserError(f"refusing to bind {host} without a token; set HOMERLHF_WORKER_TOKEN or pass --token-file "
+                        "(a 0600 file; clients send it as a Bearer token), or bind 127.0.0.1")
 
 
 # --------------------------------------------------------------------------- HTTP

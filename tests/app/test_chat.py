@@ -40,3 +40,20 @@ def test_missing_checkpoint_or_config_is_a_user_error(run_dir, tmp_path):
         chat.load_models(run_dir, run_dir / "checkpoints" / "iter_999999")
     with pytest.raises(UserError, match="no run config"):
         chat.load_models(tmp_path, tmp_path)
+
+
+def test_a_weighted_reward_is_rebuilt_whole_not_one_worker(run_dir):
+    from transformers import AutoTokenizer
+
+    from homerlhf.config import load_config
+    from homerlhf.ppo.backends import HFReward
+    from homerlhf.ppo.reward_functions import FunctionReward, WeightedReward
+
+    cfg = load_config("cpu-tiny", None, [
+        "reward.backend=function", "reward.function=builtin:math",
+        f"reward.components=[{{backend: hf, model: '{run_dir / 'rm'}', weight: 0.5}}]"])
+    reward = chat.reward_backend(cfg, run_dir, tokenizer=AutoTokenizer.from_pretrained(run_dir / "rm"))
+    assert isinstance(reward, WeightedReward)
+    assert [(name, weight, type(part)) for name, weight, part in reward.parts] == [
+        ("math", 1.0, FunctionReward), ("rm", 0.5, HFReward)]
+    reward.close()

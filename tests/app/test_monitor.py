@@ -28,12 +28,15 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     assert panels["KL and kl_coef"] == ["kl_mean", "kl_coef"]
     assert panels["Policy and value loss"] == ["policy_loss", "value_loss"]
     assert panels["Entropy"] == ["entropy"]
+    assert panels["Groups (GRPO / RLOO)"] == ["group_zero_spread_fraction", "group_reward_std"]
     assert panels["Clip fraction"] == ["policy_clipfrac", "value_clipfrac"]
     assert set(panels["Tokens / s"]) == {"tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_update"}
     # The measured peaks and, beside them, the planner's prediction for the same phases.
     assert set(panels["Memory (GiB)"]) == {f"{kind}_mem_{phase}_gib" for kind in ("peak", "predicted")
                                            for phase in ("generation", "scoring", "update")}
     assert panels["Approx KL old→new policy"] == ["approx_kl"]
+    assert panels["Rollout engine vs trainer"] == ["is_weight_mean", "is_weight_max", "is_capped_fraction",
+                                                   "kl_behaviour_old"]
 
 
 def test_kl_coef_gets_its_own_axis():
@@ -109,3 +112,11 @@ def test_check_worker_up_and_down():
         server.server_close()
     up, latency, detail = monitor.check_worker(url, timeout=1.0)
     assert not up and latency is None and "Connect" in detail
+
+
+def test_group_panel_only_for_runs_that_log_groups():
+    ppo = [{"iteration": 1, "score_mean": 0.1}]
+    grpo = [{"iteration": 1, "score_mean": 0.1, "group_zero_spread_fraction": 0.25, "group_reward_std": 0.3}]
+    titles = lambda fig: {ax.get_title() for ax in fig.axes if ax.axison}  # noqa: E731
+    assert "Groups (GRPO / RLOO)" not in titles(monitor.metrics_figure(ppo))
+    assert "Groups (GRPO / RLOO)" in titles(monitor.metrics_figure(grpo))

@@ -26,6 +26,14 @@ def test_applying_the_suggestion_makes_the_plan_fit():
     assert plan_tab.verdict_markdown(fixed).startswith("**✅ fits")
 
 
+def test_a_tight_plan_is_flagged_unverified_with_the_suggestion_that_restores_the_margin():
+    cfg = plan_tab.resolved_config("4090", "", "model.name_or_path=Qwen2.5-7B", None)
+    plan = plan_tab.compute_plan(cfg, 14.5)  # peak 13.21 GiB: under the card, 8.9% free
+    text = plan_tab.verdict_markdown(plan)
+    assert plan.status == "tight" and text.startswith("**⚠️ tight (unverified)")
+    assert "**Suggestion** that restores the margin" in text and plan_tab.suggestion_overrides(plan)
+
+
 def test_table_rows_add_up_to_the_phase_totals():
     cfg = plan_tab.resolved_config("4090", "Qwen2.5-1.5B", "", "builtin:demo-sft")
     plan = plan_tab.compute_plan(cfg, None)
@@ -58,3 +66,16 @@ def test_saved_yaml_loads_back_as_the_same_config(tmp_path):
         plan_tab.save_yaml(cfg, str(tmp_path / "run.txt"))
     with pytest.raises(UserError, match="ppo.iterations"):
         plan_tab.resolved_config("cpu-tiny", "", "ppo.iterations=zero", None)
+
+
+def test_choosing_grpo_plans_without_the_critic():
+    overrides = plan_tab.on_algorithm("grpo", "ppo.iterations=3")
+    assert overrides.splitlines() == ["ppo.iterations=3", "algorithm=grpo", "ppo.group_size=4"]
+    assert plan_tab.on_algorithm("rloo", "ppo.group_size=8").splitlines() == ["ppo.group_size=8", "algorithm=rloo"]
+    ppo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", "", None), None)
+    grpo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", overrides, None), None)
+    headers, rows = plan_tab.plan_table(grpo)
+    names = [r[0] for r in rows]
+    assert "LoRA critic" not in names and "value head" not in names
+    assert not any(n.startswith("optimizer states critic") for n in names)
+    assert grpo.peak.total_bytes < ppo.peak.total_bytes

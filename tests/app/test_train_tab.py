@@ -48,13 +48,21 @@ def test_poll_reads_progress_plot_and_samples(tmp_path):
     assert train_tab.poll(str(tmp_path), last_n=2)[2] is None
 
 
-def test_worker_status_of_a_running_run(tmp_path, health_url):
+def test_worker_status_of_a_running_run(tmp_path, health_url, monkeypatch):
+    monkeypatch.delenv("HOMERLHF_REWARD_TOKEN", raising=False)
     cfg = load_config("cpu-tiny", None, ["reward.token=s3cret"])
-    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # the token is redacted there
     (tmp_path / "workers").mkdir()
     (tmp_path / "workers" / "reward.log").write_text(
         f"homerlhf worker ready role=reward port=1 url={health_url} pid=1\n")
     running = runs.RunStatus(tmp_path, "running", pid=1)
+    assert train_tab.worker_table(tmp_path, running)[1][1:4] == ["llamacpp", health_url, "down (HTTP 401)"]
+    monkeypatch.setenv("HOMERLHF_REWARD_TOKEN", "s3cret")  # a remote worker's token, given to the app
+    assert train_tab.worker_table(tmp_path, running)[1][3] == "up"
+    monkeypatch.delenv("HOMERLHF_REWARD_TOKEN")
+    token_file = tmp_path / "workers" / "reward.log.token"  # the run's own worker: its 0600 token file
+    token_file.write_text("s3cret")
+    token_file.chmod(0o600)
     table = {row[0]: row for row in train_tab.worker_table(tmp_path, running)}
     assert table["reward"][1:4] == ["llamacpp", health_url, "up"]
     assert table["reward"][4] >= 0

@@ -111,3 +111,25 @@ def test_sft_and_rm_share_one_description_per_field_and_keep_their_defaults():
     )
     with pytest.raises(UserError, match="rm.lr"):
         load_config("cpu-tiny", overrides=["rm.lr=0"])
+
+
+def test_reward_functions_and_components_are_named_for_their_metrics():
+    cfg = load_config("cpu-tiny", overrides=[
+        "reward.backend=function", "reward.function=rewards.py:exact_answer",
+        "reward.components=[{backend: llamacpp, model: 'builtin:demo-rm', weight: 0.5}, "
+        "{backend: function, function: 'builtin:math', name: check, weight: 2}]"])
+    assert [(key, r.metric_name, r.weight) for key, r in cfg.reward.all_rewards()] == [
+        ("reward", "exact_answer", 1.0), ("reward.components[0]", "rm", 0.5), ("reward.components[1]", "check", 2.0)]
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["reward.components=[{backend: llamacpp, model: m}]"], "two rewards are named 'rm' (metric reward_rm)"),
+    (["reward.name=mean"], "may not be named 'mean'"),
+    (["reward.components=[{backend: function}]"], "reward.components[0].backend 'function' needs reward.components[0].function"),
+    (["reward.components=[{backend: hf}]"], "reward.components[0].model is required"),
+    (["ref.backend=function"], "ref.backend 'function' is not available"),
+])
+def test_bad_reward_settings_name_the_reward(overrides, fragment):
+    with pytest.raises(UserError) as info:
+        load_config("cpu-tiny", overrides=overrides)
+    assert fragment in str(info.value)

@@ -64,3 +64,24 @@ def test_trainable_weights_are_counted_as_the_fp32_tensors_the_policy_holds(comp
     assert {p.dtype for p in policy.actor_parameters() + policy.critic_parameters()} == {torch.float32}
     assert planned["LoRA actor"] == held(policy.actor_parameters())
     assert planned["LoRA critic"] + planned["value head"] == held(policy.critic_parameters())
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_trainable_components_match_the_loaded_policy(tiny_llama_dir, algorithm):
+    """What the plan holds for adapters, value head and optimizers is what the real policy trains:
+    GRPO loads no critic LoRA, no value head and no critic optimizer."""
+    from homerlhf.config import load_config
+    from homerlhf.memory.components import Assumptions, persistent_components
+    from homerlhf.memory.shapes import resolve_shape
+    from homerlhf.models.policy import PolicyModel
+
+    cfg = load_config("cpu-tiny", overrides=[f"algorithm={algorithm}", "ppo.group_size=2", "ref.backend=adapter_off",
+                                             "reward.backend=hf"])
+    comps = {c.name: c.bytes for c in persistent_components(cfg, resolve_shape(str(tiny_llama_dir)), Assumptions())}
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    assert comps["LoRA actor"] == 4 * sum(p.numel() for p in policy.actor_parameters())
+    critic = sum(p.numel() for p in policy.critic_parameters())
+    planned_critic = comps.get("LoRA critic", 0) + comps.get("value head", 0)
+    assert planned_critic == 4 * critic
+    assert (critic == 0) == (algorithm == "grpo")
+    assert any(name.startswith("optimizer states critic") for name in comps) == (algorithm == "ppo")

@@ -43,10 +43,44 @@ def test_whitening_centres_the_advantages():
 
 def test_scores_pass_through_clip_or_normalise():
     scores = torch.tensor([1.0, 3.0])
-    assert normalized_scores(scores, PPOConfig(), RunningMoments()).tolist() == [1.0, 3.0]
-    assert normalized_scores(scores, PPOConfig(score_clip=2.0), RunningMoments()).tolist() == [1.0, 2.0]
+    assert normalized_scores(scores, PPOConfig(score_norm=False), RunningMoments()).tolist() == [1.0, 3.0]
+    assert normalized_scores(scores, PPOConfig(score_norm=False, score_clip=2.0), RunningMoments()).tolist() == [1.0, 2.0]
     moments = RunningMoments()
-    normed = normalized_scores(scores, PPOConfig(score_norm=True), moments)
+    normed = normalized_scores(scores, PPOConfig(), moments)  # normalising is the default
     # The moments now hold these two scores: mean 2, and the two lie symmetrically around it.
     assert moments.mean == pytest.approx(2.0)
     assert normed[0] == pytest.approx(-normed[1]) and float(normed[1]) > 0
+
+
+def test_default_score_normalisation_keeps_value_clipping_alive_on_a_reward_models_own_scale():
+    # A real RM scored -8 ... +49 on its first batch; clip_range_value 0.2 is in absolute units.
+    from homerlhf.ppo.math import value_loss
+
+    raw = torch.tensor([-8.0, -3.0, 0.0, 5.0, 12.0, 20.0, 33.0, 49.0])
+    n = raw.numel()
+    # One response token per row, values 0 (the zero-initialised head), no KL: each return is the
+    # score as it entered the rewards.
+    exp = Experience(
+        prompt_ids=torch.full((n, 1), 5), prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        response_ids=torch.full((n, 1), 2), response_mask=torch.ones(n, 1, dtype=torch.long),
+        logprobs=torch.full((n, 1), -1.0), ref_logprobs=torch.full((n, 1), -1.0),
+        values=torch.zeros(n, 1), scores=raw, truncated=torch.zeros(n, dtype=torch.bool),
+    )
+    # By hand: mean 108 / 8 = 13.5; deviations -21.5 -16.5 -13.5 -8.5 -1.5 6.5 19.5 35.5, squares
+    # sum 2674, unbiased var 2674 / 7 = 382, std 19.5448; z = (s - 13.5) / 19.5448.
+    z = torch.tensor([-1.100036, -0.844213, -0.690720, -0.434898, -0.076747, 0.332569, 0.997707, 1.816338])
+
+    def clipfrac(ppo: PPOConfig) -> float:
+        scores = normalized_scores(raw, ppo, RunningMoments())
+        returns = compute_advantages(exp, ppo, kl_coef=0.05, scores=scores).returns
+        # The critic's first step moves each value a tenth of the way to its return.
+        return float(value_loss(0.1 * returns, exp.values, returns, exp.response_mask, ppo.clip_range_value)[1])
+
+    ppo = PPOConfig()
+    assert ppo.score_norm and ppo.clip_range_value == 0.2
+    torch.testing.assert_close(normalized_scores(raw, ppo, RunningMoments()), z, atol=1e-5, rtol=0)
+    torch.testing.assert_close(compute_advantages(exp, ppo, 0.05, z).returns, z[:, None], atol=1e-6, rtol=0)
+    # Normalised: every step |0.1 z| <= 0.182 stays inside the clip. Raw: 7 of 8 steps (all but the
+    # score-0 row) exceed 0.2 and are clipped, so the critic barely moves: value clipping pinned.
+    assert clipfrac(ppo) == 0.0
+    assert clipfrac(PPOConfig(score_norm=False)) == 7 / 8

@@ -146,3 +146,15 @@ def test_resume_compatibility_names_the_key(cfg):
             C.check_resume_compatible(cfg, validate(new), "runs/x")
         assert "\n" not in str(info.value)
         assert C.config_fingerprint(cfg) != C.config_fingerprint(validate(new))
+
+
+def test_a_checkpoint_never_holds_a_worker_token(policy, cfg, tmp_path):
+    with_token = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"url": "http://cpu-box:8601",
+                                                                                "token": "s3cret-tok"})})
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    ckpt = _save(tmp_path, 1, policy, with_token, {"actor": opt})
+    for path in ckpt.rglob("*"):
+        if path.is_file():
+            assert b"s3cret-tok" not in path.read_bytes(), path.name
+    saved = R.saved_config(ckpt)
+    assert saved.reward.token == "<redacted>" and saved.reward.url == "http://cpu-box:8601"

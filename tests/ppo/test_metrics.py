@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import time
 
 import pytest
@@ -75,15 +77,24 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     update = {key: float(i) for i, key in enumerate(UPDATE_METRICS)}
     update["entropy"] = 99.0  # the update's own entropy is not the row's (that is the rollout's)
     entropy = torch.ones(2, 3)
-    row = iteration_metrics(4, _experience(), torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
+    exp = _experience()
+    # Sampled by an engine that is not the trainer: its log-probs differ by ln 3 on one token (capped at 2).
+    exp.behaviour_logprobs = exp.logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
+    exp.is_weights = torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
+    row = iteration_metrics(4, exp, torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
                             mini_batch_size=2, started=time.perf_counter() - 3.0)
+    # 5 tokens: weights 1, 2, 1, 1, 1; one capped; k3 of r = 3 is 2 - ln 3, over 5 tokens.
+    assert row["is_weight_mean"] == pytest.approx(6 / 5) and row["is_weight_max"] == 2.0
+    assert row["is_capped_fraction"] == pytest.approx(1 / 5)
+    assert row["kl_behaviour_old"] == pytest.approx((2 - math.log(3.0)) / 5, abs=1e-6)
     assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
     assert 3.0 <= row["time_iteration_s"] < 60.0
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
     # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only,
-    # loss_scale from an fp16 run's grad scaler.
+    # loss_scale from an fp16 run's grad scaler, the group figures from GRPO / RLOO runs.
     assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS if "_mem_" in key}
-                                                   | {"kl_ref_start", "loss_scale"})
+                                                   | {"kl_ref_start", "loss_scale", "group_zero_spread_fraction",
+                                                      "group_reward_std"})
     scaled = iteration_metrics(4, _experience(), torch.zeros(2), entropy, 0.1, {**update, "loss_scale": 1024.0},
                                StageTimes(update=1.0), mini_batch_size=2, started=time.perf_counter())
     assert scaled["loss_scale"] == 1024.0 and list(scaled) == [key for key in METRIC_DESCRIPTIONS if key in scaled]

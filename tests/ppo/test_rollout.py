@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from homerlhf.config import load_config
+from homerlhf.errors import UserError
 from homerlhf.ppo.rollout import (
     RolloutBatch,
     apply_truncation_penalty,
@@ -77,12 +78,12 @@ def policy(tiny_llama_dir):
 def test_generate_rollout_layout(policy):
     cfg = load_config("cpu-tiny", overrides=[
         "ref.backend=adapter_off", "reward.backend=hf", "rollout.max_new_tokens=6", "rollout.max_prompt_len=4"])
-    prompts = [[4, 300, 301, 302, 20, 1, 6], [4, 6]]
+    prompts = [[302, 20, 1, 6], [4, 6]]
     torch.manual_seed(0)
     batch = generate_rollout(policy, prompts, cfg.rollout)
     pad = policy.tokenizer.pad_token_id
-    # Prompts left-truncated to max_prompt_len and left-padded.
-    assert batch.prompt_lists() == [[302, 20, 1, 6], [4, 6]]
+    # Prompts kept whole and left-padded.
+    assert batch.prompt_lists() == prompts
     assert batch.prompt_ids[1, :2].tolist() == [pad, pad]
     assert batch.response_ids.shape[1] <= 6
     for row in range(2):
@@ -279,6 +280,13 @@ def test_scored_logprobs_are_those_generate_sampled_from(name, real_policies):
     at_one = PolicyModel(loaded.model, loaded.value_head, loaded.tokenizer, shared_adapter=False,
                          logprob_chunk_size=3)
     assert ((score_with_policy(at_one, batch)[0] - old) * mask).abs().max() > 1e-2
+
+
+def test_generate_rollout_refuses_a_prompt_longer_than_max_prompt_len(policy):
+    # Ids are never cut in the rollout (that drops BOS and the system turn); tokenize_prompts fits them.
+    cfg = load_config("cpu-tiny", overrides=["ref.backend=adapter_off", "reward.backend=hf", "rollout.max_prompt_len=4"])
+    with pytest.raises(UserError, match=r"prompt 1 has 5 tokens, more than rollout.max_prompt_len=4"):
+        generate_rollout(policy, [[4, 6], [4, 300, 301, 1, 6]], cfg.rollout)
 
 
 @pytest.mark.parametrize("name", REAL)

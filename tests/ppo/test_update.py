@@ -154,3 +154,42 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     assert not math.isfinite(stats["grad_norm_actor"]) and math.isfinite(stats["policy_loss"])
     assert stats["skipped"] == 1.0 and scaler.get_scale() == 2.0**39 and guard.in_row == 0
     assert all(torch.equal(a, s) for a, s in zip(after, start))
+
+
+def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly_one(tiny_llama_dir, ppo_cfg, prompt_ids):
+    from accelerate import Accelerator
+
+    cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=6",
+                  "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "actor.lora.dropout=0.5",
+                  "critic.lora.dropout=0.5", "training.gradient_checkpointing=true")
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    # Train the adapters off zero first: with LoRA B = 0 dropout on A's input would change nothing.
+    for p in policy.actor_parameters() + policy.critic_parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    exp, _ = collect_experience(policy, prompt_ids(policy.tokenizer, 4), cfg, AdapterOffReference(policy),
+                                CallableReward(lambda p, r: float(len(r))))
+    exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
+    input_ids, attention_mask = exp.sequences()
+    mask = exp.response_mask.bool()
+
+    # What peft's own training mode would do: dropout on, the ratio is off 1 before any step.
+    policy.model.train()
+    with_dropout, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
+    assert (with_dropout - exp.logprobs)[mask].abs().max() > 1e-3
+
+    policy.train()
+    layers = [m for m in policy.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    assert layers and all(m.training for m in layers)  # checkpointing runs only in training mode
+    dropouts = [m for n, m in policy.model.named_modules() if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)]
+    assert dropouts and not any(m.training for m in dropouts)
+    logprobs, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
+    values = policy.critic_values(input_ids, attention_mask, exp.response_len)
+    assert logprobs.requires_grad
+    assert torch.equal(torch.exp(logprobs - exp.logprobs)[mask], torch.ones(int(mask.sum())))
+    assert torch.equal(values[mask], exp.values[mask])
+    # And through the update stage itself: no clipping and zero approx KL on the first mini-batch.
+    actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.1)
+    critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.1)
+    stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(4))
+    assert (stats["approx_kl"], stats["policy_clipfrac"], stats["value_clipfrac"]) == (0.0, 0.0, 0.0)

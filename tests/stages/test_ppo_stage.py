@@ -90,3 +90,73 @@ def test_a_bad_model_path_leaves_no_run_behind(tiny_rm_dir, tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         run_ppo(_cfg(tmp_path / "no-such-model", tiny_rm_dir), out_dir=run_dir)
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_cpu_trainer_runs_on_its_share_of_the_cores_and_restores_torchs(monkeypatch):
+    import torch
+
+    from homerlhf.memory import threads
+    from homerlhf.stages.ppo import trainer_threads
+
+    monkeypatch.setattr(threads, "physical_cores", lambda: 7)
+    before = torch.get_num_threads()
+    with trainer_threads(load_config("cpu-tiny", None, [])) as share:
+        assert share == 3 and torch.get_num_threads() == 3  # 7 cores: workers 2 + 2, trainer 3
+    assert torch.get_num_threads() == before
+    with trainer_threads(load_config("cpu-tiny", None, ["card.device=cuda"])) as share:
+        assert share == 0 and torch.get_num_threads() == before  # a GPU trainer's torch is left alone
+
+
+REWARDS_PY = '''
+import json
+import pathlib
+
+LOG = pathlib.Path(__file__).with_name("seen.jsonl")
+CALLS = [0]
+
+
+def exact(prompt, response, row):
+    with LOG.open("a") as fh:
+        fh.write(json.dumps({"prompt": prompt, "row": row}) + "\\n")
+    return 1.0 if response.strip() == row["answer"] else 0.0
+
+
+def length(response_ids):
+    CALLS[0] += 1
+    if CALLS[0] > 4:  # the first sample of iteration 2 (4 samples per iteration)
+        raise ZeroDivisionError("boom")
+    return len(response_ids) / 10
+'''
+
+
+def test_function_rewards_see_the_rows_combine_and_a_raise_stops_after_a_checkpoint(tiny_llama_dir, tmp_path):
+    """Two functions from the user's file, weighted; the rows' ``answer`` reaches them; the second
+    raises in iteration 2: the run stops with one line naming it and the sample, iteration 1 saved."""
+    from homerlhf.ppo.reward_functions import RewardFunctionError
+
+    (tmp_path / "rewards.py").write_text(REWARDS_PY)
+    data = tmp_path / "problems.jsonl"
+    rows = [{"prompt": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1), "level": a % 3} for a in range(6)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg(tiny_llama_dir, "unused", "reward.backend=function", f"reward.function={tmp_path}/rewards.py:exact",
+               f"data.prompts={data}", "ppo.iterations=3", "checkpoint.every=100",
+               f"reward.components=[{{backend: function, function: '{tmp_path}/rewards.py:length', weight: 0.5}}]")
+    run_dir = tmp_path / "run"
+    with pytest.raises(RewardFunctionError) as info:
+        run_ppo(cfg, out_dir=run_dir)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("reward function rewards.py:length raised ZeroDivisionError: boom on the sample with prompt ")
+    assert message.endswith(f"stopped after iteration 1, checkpoint {run_dir}/checkpoints/iter_000001 "
+                            f"(fix it, then --resume {run_dir})")
+    assert (run_dir / "checkpoints" / "iter_000001" / "actor" / "adapter_model.safetensors").is_file()
+
+    (row,) = read_metrics(run_dir)
+    assert row["iteration"] == 1 and row["reward_exact_none"] == 0.0 and row["reward_length_none"] == 0.0
+    assert 0.1 <= row["reward_length"] <= 0.4  # 1..4 response tokens, / 10
+    assert row["score_mean"] == pytest.approx(1.0 * row["reward_exact"] + 0.5 * row["reward_length"], abs=1e-6)
+    seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
+    assert len(seen) == 4 + 4  # iteration 1, and both chunks of iteration 2 (exact runs before length)
+    for sample in seen:
+        assert sample["row"] in rows  # every column of the dataset row, as it was
+        assert sample["row"]["prompt"] in sample["prompt"]  # the row belongs to the prompt it came with

@@ -72,6 +72,15 @@ def test_an_architecture_the_ref_worker_cannot_serve_names_the_switch(dirs):
     check_run(cfg_with(**{"model.name_or_path": dirs["gpt2"], "ref.backend": "adapter_off"}))  # the switch works
 
 
+def test_a_policy_the_llamacpp_rollout_engine_cannot_run_names_the_switch(dirs):
+    adapter_off = {"model.name_or_path": dirs["gpt2"], "ref.backend": "adapter_off"}
+    message = refusal(lambda: check_run(cfg_with(**adapter_off, **{"rollout.engine": "llamacpp"})))
+    assert message.startswith(f"{dirs['gpt2']}: architecture 'gpt2' cannot be served by the llama.cpp rollout engine")
+    assert message.endswith("set rollout.engine=hf (the actor samples with its own generate)")
+    check_run(cfg_with(**adapter_off))  # the switch works (hf is the default)
+    check_run(cfg_with(**{"model.name_or_path": dirs["gemma3"], "rollout.engine": "llamacpp"}))
+
+
 def test_a_reward_model_the_worker_cannot_serve_names_the_switch(dirs):
     message = refusal(lambda: check_run(cfg_with(**{"reward.model": dirs["gpt2-rm"]})))
     assert "architecture 'gpt2' cannot be served by the llama.cpp reward worker" in message

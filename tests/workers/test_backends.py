@@ -19,9 +19,12 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples):
+def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tmp_path, samples, monkeypatch):
+    from homerlhf.memory import threads
     from homerlhf.paths import cache_dir
 
+    # On a 6-core machine cpu-tiny's ref worker shares with the reward worker and the CPU trainer.
+    monkeypatch.setattr(threads, "physical_cores", lambda: 6)
     cfg = load_config("cpu-tiny", None, ["ref.f32_kv_cache=true", "rollout.temperature=0.7"])
     assert cfg.ref.from_nf4 and cfg.ref.outtype == "f32"
     backend = llamacpp_reference(cfg, str(tiny_llama_dir), tokenizer, tmp_path / "run")
@@ -30,6 +33,7 @@ def test_reference_factory_exports_once_and_spawns(tiny_llama_dir, tokenizer, tm
         health = backend.health()
         assert health["role"] == "ref" and health["n_ctx"] == cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
         assert health["f32_kv_cache"] is True
+        assert health["threads"] == 2  # 6 cores // 3 sharers, read back from the llama.cpp context
         got = backend.submit_logprobs(*samples).result(timeout=60)
         assert [len(x) for x in got] == [len(r) for r in samples[1]]
         exports = sorted(cache_dir("gguf").glob("ref-*/ref.gguf"))
@@ -51,12 +55,14 @@ def test_reward_factory_uses_a_run_dirs_own_export_and_remote_url(llama_rm_dir, 
     try:
         assert local.client.process.model == run / "gguf"
         want = local.score(*samples)
-        remote_cfg = load_config("cpu-tiny", None, [f"reward.url={local.client.url}"])
+        remote_cfg = load_config("cpu-tiny", None, [f"reward.url={local.client.url}",
+                                                    f"reward.token={local.client.process.token}"])
         remote = llamacpp_reward(remote_cfg, tokenizer, tmp_path / "ppo")
         assert remote.client.process is None
         assert remote.score(*samples) == pytest.approx(want, abs=1e-6)
         remote.close()
-        wrong_role = load_config("cpu-tiny", None, [f"ref.url={local.client.url}", "ref.from_nf4=false"])
+        wrong_role = load_config("cpu-tiny", None, [f"ref.url={local.client.url}", "ref.from_nf4=false",
+                                                    f"ref.token={local.client.process.token}"])
         with pytest.raises(UserError, match="serves role 'reward'"):
             llamacpp_reference(wrong_role, "unused", tokenizer, tmp_path / "ppo")
     finally:
@@ -64,10 +70,8 @@ def test_reward_factory_uses_a_run_dirs_own_export_and_remote_url(llama_rm_dir, 
 
 
 def test_remote_worker_with_token(llama_f32_gguf, tokenizer, tmp_path):
-    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log")
-    command = proc.command
-    proc.command = lambda: command() + ["--token", "tok"]
-    owner = connect("ref", process=proc, token="tok")
+    proc = WorkerProcess("ref", llama_f32_gguf, ctx=64, log_path=tmp_path / "ref.log", token="tok")
+    owner = connect("ref", process=proc)
     try:
         with pytest.raises(UserError, match="rejected the token"):
             llamacpp_reference(load_config("cpu-tiny", None, [f"ref.url={proc.url}"]), "unused", tokenizer, tmp_path)

@@ -112,10 +112,8 @@ def test_qwen2_reward_via_cli_export_and_token_auth(qwen2_rm_dir, tmp_path, samp
     main(["export", "reward", "--model", str(qwen2_rm_dir), "--out", str(out), "--outtype", "f32"])
     assert {"backbone.gguf", "score_head.safetensors", "manifest.json"} <= {p.name for p in out.iterdir()}
 
-    proc = WorkerProcess("reward", out, ctx=64, f32_kv_cache=True, threads=2, log_path=tmp_path / "rm.log")
-    original = proc.command
-    proc.command = lambda: original() + ["--token", "s3cret"]
-    backend = connect("reward", process=proc, token="s3cret")
+    proc = WorkerProcess("reward", out, ctx=64, f32_kv_cache=True, threads=2, log_path=tmp_path / "rm.log", token="s3cret")
+    backend = connect("reward", process=proc)
     try:
         body = {"sequences": [{"prompt_ids": p, "response_ids": r} for p, r in zip(PROMPTS, RESPONSES)]}
         assert httpx.post(f"{proc.url}/score", json=body).status_code == 401
@@ -148,14 +146,15 @@ def test_qwen2_reward_via_cli_export_and_token_auth(qwen2_rm_dir, tmp_path, samp
 def test_bad_requests_are_4xx_and_worker_keeps_serving(llama_ref, path, body, status, words, samples):
     PROMPTS, RESPONSES = samples
     url = llama_ref.client.url
-    response = httpx.post(f"{url}{path}", json=body)
+    response = httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {llama_ref.client.token}"})
     assert response.status_code == status, response.text
     assert words in response.json()["detail"]
     assert len(llama_ref.logprobs(PROMPTS[:1], RESPONSES[:1])[0]) == len(RESPONSES[0])
 
 
 def test_not_json_is_422(llama_ref):
-    response = httpx.post(f"{llama_ref.client.url}/logprobs", content=b"not json", headers={"content-type": "application/json"})
+    response = httpx.post(f"{llama_ref.client.url}/logprobs", content=b"not json",
+                          headers={"content-type": "application/json", "Authorization": f"Bearer {llama_ref.client.token}"})
     assert response.status_code == 422
     assert llama_ref.health()["role"] == "ref"
 
@@ -168,7 +167,7 @@ def test_non_loopback_bind_refused_without_token(llama_f32_gguf, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["worker", "--role", "ref", "--model", str(llama_f32_gguf), "--host", "0.0.0.0"])
     assert exit_info.value.code == 2
-    assert "refusing to bind 0.0.0.0 without --token" in capsys.readouterr().err
+    assert "refusing to bind 0.0.0.0 without a token" in capsys.readouterr().err
     with pytest.raises(UserError):
         check_bind("192.168.1.5", None)
     check_bind("127.0.0.1", None)

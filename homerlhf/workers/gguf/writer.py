@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -26,6 +27,25 @@ def _load_tokenizer(model_dir: Path):
     except Exception as exc:
         raise UserError(f"{model_dir}: the tokenizer does not load ({type(exc).__name__}: {exc}); "
                         "the model dir must include it") from None
+
+
+@contextmanager
+def atomic_gguf_writer(out_path: Path, arch: str) -> Iterator:
+    """A ``gguf.GGUFWriter`` on a temporary file beside ``out_path``: moved into place when the block
+    ends, removed when it raises, so a reader never sees a half-written GGUF."""
+    import gguf
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        yield writer
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _stream(writer, mapped: dict[str, LazyTensor], outtype: str, label: str) -> None:
@@ -55,8 +75,6 @@ def write_gguf(
     skip: Callable[[str], bool] = lambda name: False,
 ) -> Path:
     """Writes ``tensors`` (HF names) of the model in ``model_dir`` as one GGUF, atomically."""
-    import gguf
-
     check_outtype(outtype)
     config = read_config(model_dir)
     family = family_for(config, str(model_dir))
@@ -67,10 +85,7 @@ def write_gguf(
     vocab_size = mapped["token_embd.weight"].shape[0]
 
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    writer = gguf.GGUFWriter(str(tmp), family.gguf_arch)
-    try:
+    with atomic_gguf_writer(out_path, family.gguf_arch) as writer:
         # llama.cpp keys tokenizer quirks off general.name (a "phi3" in it demands Phi-3's special
         # tokens); workers never tokenize text, so the name stays neutral and the source is kept aside.
         writer.add_name(f"homerlhf-{role}")
@@ -80,10 +95,4 @@ def write_gguf(
         mapped.update(family.add_hparams(writer, config, vocab_size, str(model_dir)))
         add_tokenizer(writer, tokenizer, vocab_size, family.tokenizer_pre)
         _stream(writer, mapped, outtype, out_path.name)
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     return out_path

@@ -1,0 +1,38 @@
+"""Host RAM of the local llama.cpp workers, against hand-derived byte counts."""
+
+from __future__ import annotations
+
+from homerlhf.config import load_config
+from homerlhf.memory.host import LOGSOFTMAX_CHUNK_BYTES, worker_components, workers_host_bytes
+from homerlhf.memory.planner import plan
+from homerlhf.memory.shapes import resolve_shape
+
+
+def _bytes(comps) -> dict[str, int]:
+    return {c.name: c.bytes for c in comps}
+
+
+def test_qwen25_7b_workers_of_the_4090_preset_by_hand():
+    cfg = load_config("4090", None, [])  # ref f16, reward q8_0; 512 + 256 tokens -> KV of 1024 cells
+    shape = resolve_shape("Qwen/Qwen2.5-7B")  # 28 layers, 4 KV heads x 128, vocab 152,064, hidden 3,584
+    ref = _bytes(worker_components(cfg, shape, "ref"))
+    assert ref["GGUF weights"] == shape.total_params * 2
+    assert ref["KV cache"] == 1024 * 28 * 2 * 4 * 128 * 2 == 58_720_256  # cells x layers x (k, v) x kv_dim x f16
+    assert ref["logits buffer"] == 1024 * 152_064 * 4 == 622_854_144  # min(1024, 64 x 256) output rows
+    assert ref["log-softmax chunk"] == LOGSOFTMAX_CHUNK_BYTES == 16 * 1024**2
+    reward = _bytes(worker_components(cfg, shape, "reward"))
+    # no LM head in a reward backbone; q8_0 = 34 bytes per 32 weights
+    assert reward["GGUF weights"] == int((shape.total_params - 152_064 * 3_584) * 34 / 32)
+    assert reward["embeddings buffer"] == 1024 * 3_584 * 4
+    assert "log-softmax chunk" not in reward
+
+
+def test_only_local_llamacpp_workers_are_counted_and_the_plan_carries_them():
+    shape = resolve_shape("Qwen/Qwen2.5-7B")
+    assert list(workers_host_bytes(load_config("4090", None, []), shape)) == ["ref", "reward"]
+    remote = load_config("4090", None, ["ref.backend=adapter_off", "reward.url=http://cpu-box:8601"])
+    assert workers_host_bytes(remote, shape) == {}
+    p = plan(load_config("4090", None, ["ref.f32_kv_cache=true"]), shape)
+    assert _bytes(p.workers["ref"])["KV cache"] == 2 * 58_720_256
+    total = sum(c.bytes for comps in p.workers.values() for c in comps)
+    assert p.to_dict()["workers_host_gib"] == round(total / 1024**3, 4)

@@ -1,0 +1,116 @@
+"""Rollout and scoring under out-of-memory errors: the chunk halves, the iteration finishes, and
+every sample is the one it would have been without the error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homerlhf.errors import UserError
+from homerlhf.models.policy import PolicyModel
+from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+from homerlhf.ppo.collect import RolloutState, collect_experience
+from homerlhf.ppo.rng import sample_seeds
+
+
+def _fail_first(obj, name: str, times: int):
+    """``obj.name`` raising ``torch.cuda.OutOfMemoryError`` on its first ``times`` calls; the sizes it saw."""
+    real, seen = getattr(obj, name), []
+
+    def wrapped(*args, **kwargs):
+        seen.append(args[0].shape[0])  # rows of the batch it was called with
+        if len(seen) <= times:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected, call {len(seen)})")
+        return real(*args, **kwargs)
+
+    setattr(obj, name, wrapped)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama_dir):
+    from homerlhf.config import load_config
+    from homerlhf.data.builtin import prompt_records
+
+    cfg = load_config("cpu-tiny", overrides=["ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false",
+                                             "rollout.batch_size=8", "rollout.chunk_size=4", "ppo.mini_batch_size=8",
+                                             "rollout.max_new_tokens=12", "quant.load_in_4bit=false"])
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    tok = policy.tokenizer
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)) for r in prompt_records()[:8]]
+    return cfg, policy, prompts
+
+
+def _collect(setup, state, seeds):
+    cfg, policy, prompts = setup
+    reward = CallableReward(lambda p, r: float(len(r)))
+    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy, batch_size=4), reward,
+                                seeds=seeds, state=state)
+    return exp
+
+
+def _responses(exp) -> list[list[int]]:
+    return [ids[mask.bool()].tolist() for ids, mask in zip(exp.response_ids, exp.response_mask)]
+
+
+def test_oom_in_generation_and_in_scoring_halves_the_chunk_and_keeps_every_sample(setup):
+    cfg, policy, prompts = setup
+    seeds = sample_seeds(cfg.seed, 1, len(prompts))
+    torch.manual_seed(0)
+    clean_state = RolloutState(4)
+    clean = _collect(setup, clean_state, seeds)
+    assert clean_state.chunk_size == 4 and clean_state.oom_retries_generation == clean_state.oom_retries_scoring == 0
+
+    generated = _fail_first(policy, "generate", times=1)
+    scored = _fail_first(policy, "actor_logprobs_and_values", times=1)
+    try:
+        torch.manual_seed(123)  # another global state: per-sample generators must make it irrelevant
+        state = RolloutState(4)
+        again = _collect(setup, state, seeds)
+    finally:
+        del policy.generate, policy.actor_logprobs_and_values  # the class's methods again
+    # generate 4: OOM -> 2; score those 2: OOM -> 1 each; the chunk stays 1 for the 6 prompts left.
+    assert generated == [4, 2] + [1] * 6
+    assert scored == [2, 1, 1] + [1] * 6
+    assert state.chunk_size == 1 and state.oom_retries_generation == 1 and state.oom_retries_scoring == 1
+    assert _responses(again) == _responses(clean)  # the same samples
+    assert len({tuple(r) for r in _responses(clean)}) > 1  # and they differ from one another
+    mask = clean.response_mask.bool()
+    width = mask.shape[1]
+    assert torch.allclose(again.logprobs[:, :width][mask], clean.logprobs[mask], atol=1e-5)
+    assert torch.allclose(again.values[:, :width][mask], clean.values[mask], atol=1e-5)
+    assert torch.equal(again.scores, clean.scores)
+
+
+def test_seeds_make_samples_independent_of_the_chunking(setup):
+    cfg, policy, prompts = setup
+    seeds = sample_seeds(cfg.seed, 3, len(prompts))
+    whole = _responses(_collect(setup, RolloutState(8), seeds))
+    torch.manual_seed(7)
+    assert _responses(_collect(setup, RolloutState(3), seeds)) == whole  # chunks of 3, 3, 2
+    assert _responses(_collect(setup, RolloutState(8), sample_seeds(cfg.seed, 4, len(prompts)))) != whole
+
+
+def test_oom_at_chunk_one_is_one_line(setup):
+    _, policy, _ = setup
+    _fail_first(policy, "generate", times=10)
+    try:
+        with pytest.raises(UserError, match=r"out of GPU memory in generation even with rollout.chunk_size=1"):
+            _collect(setup, RolloutState(2), None)
+    finally:
+        del policy.generate
+
+
+def test_other_errors_pass_through(setup):
+    _, policy, _ = setup
+
+    def broken(*args, **kwargs):
+        raise ValueError("not an OOM")
+
+    policy.actor_logprobs_and_values = broken
+    try:
+        with pytest.raises(ValueError, match="not an OOM"):
+            _collect(setup, RolloutState(4), None)
+    finally:
+        del policy.actor_logprobs_and_values
