@@ -92,32 +92,34 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path,
 
 
 def before_after(checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
-    """The SFT policy (adapter off) and the PPO actor on every held-out prompt with the same seeds,
-    with the response cap PPO trained with (the reward worker's context is sized for it). The
-    held-out split is the one the builtin SFT and reward models were trained without (split seed 0)."""
+    """The SFT policy (adapter off) and the PPO actor on every held-out prompt, in one batch per side,
+    prompt ``i`` sampled with seed ``seed * 1000 + i`` on both sides, with the response cap PPO
+    trained with (the reward worker's context is sized for it). The held-out split is the one the
+    builtin SFT and reward models were trained without (split seed 0)."""
     from homerlhf.data import builtin
     from homerlhf.models.side_by_side import EvalModels, Sampling
     from homerlhf.stages.ppo import scoring_reward
 
     _, held_out = builtin.split_examples()
     models = EvalModels(cfg, checkpoint, reward=scoring_reward)
-    cap = cfg.rollout.max_new_tokens
-    rows = []
     try:
-        for i, example in enumerate(held_out):
-            sampling = Sampling(max_new_tokens=cap, seed=cfg.seed * 1000 + i)
-            after, before = models.answer_both(example.prompt, sampling)
-            row: dict[str, Any] = {"prompt": example.prompt, "topic": example.topic}
-            for side, answer in (("before", before), ("after", after)):
-                row.update({
-                    side: answer.text, f"{side}_score": answer.score,
-                    f"{side}_good": builtin.score_reply(example.topic, answer.text) > 0,
-                    f"{side}_well_formed": builtin.well_formed(answer.text),
-                    f"{side}_truncated": models.tokenizer.eos_token_id not in answer.response_ids,
-                })
-            rows.append(row)
+        sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens)
+        answers = models.answer_many([ex.prompt for ex in held_out], sampling,
+                                     seeds=[cfg.seed * 1000 + i for i in range(len(held_out))])
+        eos = models.tokenizer.eos_token_id
     finally:
         models.close()
+    rows = []
+    for example, (after, before) in zip(held_out, answers):
+        row: dict[str, Any] = {"prompt": example.prompt, "topic": example.topic}
+        for side, answer in (("before", before), ("after", after)):
+            row.update({
+                side: answer.text, f"{side}_score": answer.score,
+                f"{side}_good": builtin.score_reply(example.topic, answer.text) > 0,
+                f"{side}_well_formed": builtin.well_formed(answer.text),
+                f"{side}_truncated": eos not in answer.response_ids,
+            })
+        rows.append(row)
     return rows
 
 
