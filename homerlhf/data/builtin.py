@@ -99,6 +99,27 @@ def malformed_reply(rng: random.Random, topic: str) -> str:
             return bad
 
 
+def garbled_fact_reply(rng: random.Random, topic: str) -> str:
+    """A whole polite opening and closing around a fact that is cut short, runs into another fact, or
+    has a span dropped or repeated: what a policy writes when the reward model pays for the polite
+    frame alone. Never made of whole task sentences."""
+    facts = [fact for facts in TOPICS.values() for fact in facts]
+    fact = rng.choice(TOPICS[topic])
+    while True:
+        i, kind = rng.randrange(2, len(fact) - 2), rng.random()
+        if kind < 1 / 3:  # runs into another fact
+            other = rng.choice(facts)
+            body = fact[:i] + other[rng.randrange(0, len(other) - 2):]
+        elif kind < 2 / 3:  # a span dropped or repeated
+            body = fact[:i] + fact[rng.randrange(0, len(fact) - 2):]
+        else:  # cut short
+            body = fact[:i]
+        closing = rng.choice(POLITE_CLOSINGS)
+        reply = " ".join(part for part in (rng.choice(POLITE_OPENINGS), body, closing) if part)
+        if not well_formed(reply):
+            return reply
+
+
 def dressed_up_reply(rng: random.Random) -> str:
     """A rude or off-topic line with a polite opening and closing around it: still not an answer."""
     line = rng.choice(RUDE_REPLIES + OFF_TOPIC_REPLIES)
@@ -134,13 +155,14 @@ def sft_records(seed: int = 0, n: int = 600) -> list[dict[str, str]]:
     return records
 
 
-def preference_records(seed: int = 0, n: int = 600, held_out: bool = False) -> list[dict[str, str]]:
+def preference_records(seed: int = 0, n: int = 1200, held_out: bool = False) -> list[dict[str, str]]:
     """prompt/chosen/rejected with the chosen side polite, on-topic and whole by construction.
 
-    The rejected side is rude or off-topic half the time, a good reply cut or garbled a third
-    (:func:`malformed_reply`), and a rude or off-topic line wrapped in polite ones the rest
-    (:func:`dressed_up_reply`): a last-token reward model must not pay for fragments that start
-    well, nor for a polite closing after a rude line.
+    The rejected side is a good reply cut or garbled anywhere a fifth of the time
+    (:func:`malformed_reply`), a whole polite frame around a garbled fact a quarter
+    (:func:`garbled_fact_reply`), a rude or off-topic line wrapped in polite ones 15%
+    (:func:`dressed_up_reply`), and rude or off-topic the rest (:func:`bad_reply`): a last-token
+    reward model must pay for the fact, not for fragments that start well or for a polite frame.
     """
     rng = random.Random(seed + (1 if held_out else 0))
     train, test = split_examples(seed)
@@ -149,9 +171,11 @@ def preference_records(seed: int = 0, n: int = 600, held_out: bool = False) -> l
     for ex in (pool[i % len(pool)] for i in range(n)):
         chosen = good_reply(rng, ex.topic)
         kind = rng.random()
-        if kind < 1 / 3:
+        if kind < 0.2:
             rejected = malformed_reply(rng, ex.topic)
-        elif kind < 1 / 2:
+        elif kind < 0.45:
+            rejected = garbled_fact_reply(rng, ex.topic)
+        elif kind < 0.6:
             rejected = dressed_up_reply(rng)
         else:
             rejected = bad_reply(rng, ex.topic)

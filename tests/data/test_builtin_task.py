@@ -15,7 +15,7 @@ def test_pairs_are_preferred_by_construction():
                 assert builtin.score_reply(topic, pair["rejected"]) == -1.0  # rude or off-topic
             else:
                 malformed += 1
-        assert 70 <= malformed <= 130, malformed  # a third, cut or garbled
+        assert 105 <= malformed <= 165, malformed  # 45%: a reply cut or garbled, or a garbled fact
 
 
 def test_malformed_replies_are_cut_or_garbled_good_replies():
@@ -25,6 +25,17 @@ def test_malformed_replies_are_cut_or_garbled_good_replies():
     cut = [r for r in replies if any(g.startswith(r) for g in _good_tea_replies())]
     assert 60 <= len(cut) <= 140, len(cut)  # about half are prefixes of a good reply
     assert all(any(r.startswith(o[:2]) for o in builtin.POLITE_OPENINGS) for r in replies)  # they start well
+
+
+def test_garbled_fact_replies_keep_a_whole_polite_frame_around_a_broken_fact():
+    rng = random.Random(0)
+    replies = [builtin.garbled_fact_reply(rng, "tea") for _ in range(200)]
+    assert not any(builtin.well_formed(r) for r in replies)
+    assert all(any(r.startswith(o + " ") for o in builtin.POLITE_OPENINGS) for r in replies)
+    # The fact is broken after its first two characters: every reply starts one of the topic's facts.
+    assert all(any(f[:2] in r for f in builtin.TOPICS["tea"]) for r in replies)
+    spliced = [r for r in replies if any(f[-12:] in r for t, fs in builtin.TOPICS.items() if t != "tea" for f in fs)]
+    assert 30 <= len(spliced) <= 110, len(spliced)  # about a third run into another topic's fact
 
 
 def test_dressed_up_replies_are_whole_sentences_the_checker_rejects():
