@@ -11,15 +11,16 @@ import torch
 def ppo_cfg():
     """``ppo_cfg(*overrides)``: the cpu-tiny config with the adapter-off reference and an HF reward.
 
-    The KL and truncation settings are pinned to a fixed ``kl_coef`` 0.02 and no truncation penalty
-    (what these tests' figures were measured with), not the demo recipe of the preset: the tests
-    cap responses at a few tokens, which the preset's penalty would score all alike."""
+    The KL, truncation and actor settings are pinned to a fixed ``kl_coef`` 0.02, no truncation
+    penalty and ``actor.lr`` 2e-3 (what these tests' figures were measured with), not the demo
+    recipe of the preset: the tests cap responses at a few tokens, which the preset's penalty would
+    score all alike."""
     from homerlhf.config import load_config
 
     def make(*extra):
         return load_config("cpu-tiny", overrides=[
             "ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false", "ppo.kl_coef=0.02",
-            "ppo.adaptive_kl=false", "rollout.truncation_penalty=null", *extra])
+            "ppo.adaptive_kl=false", "rollout.truncation_penalty=null", "actor.lr=2e-3", *extra])
 
     return make
 
