@@ -10,6 +10,8 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from homerlhf.config.distributed import DistributedConfig
+
 
 class _Section(BaseModel):
     # extra="forbid": an unknown key is an error, never silently ignored.
@@ -189,7 +191,7 @@ class RewardComponentConfig(BackendConfig):
     """One reward of a run: a reward model or a function, with its weight in the total score."""
 
     function: Optional[str] = Field(
-        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+        None, description="backend function: path/to/file.py:function_name (from that file only), or builtin:reverse."
     )
     weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
     name: Optional[str] = Field(
@@ -202,7 +204,7 @@ class RewardComponentConfig(BackendConfig):
         if self.name:
             return self.name
         if self.backend == "function" and self.function:
-            return self.function.rsplit(":", 1)[-1].lower()
+            return self.function.rsplit(":", 1)[-1].lower().replace("-", "_")
         return "rm"
 
 
@@ -335,19 +337,16 @@ class RunConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.ppo.mini_batch_size > self.rollout.batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
-                f"({self.rollout.batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                             f"({self.rollout.batch_size})")
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
-                f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
         if self.ref.backend in ("hf", "function"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")

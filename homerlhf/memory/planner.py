@@ -27,6 +27,7 @@ from homerlhf.config.schema import RunConfig
 from homerlhf.memory.components import GIB, Assumptions, Component, overhead_components, persistent_components
 from homerlhf.memory.host import workers_host_bytes
 from homerlhf.memory.phases import PHASE_BUILDERS, PHASES
+from homerlhf.memory.ranks import distributed_summary, gradient_sync_components, per_gpu_persistent
 from homerlhf.memory.shapes import ModelShape
 
 
@@ -99,6 +100,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     suggestion: Optional[Suggestion] = None
     workers: dict[str, list[Component]] = field(default_factory=dict)  # host RAM of each local llama.cpp worker
+    distributed: dict[str, Any] = field(default_factory=dict)  # GPUs, FSDP, global / per-GPU batch
 
     @property
     def workers_host_gib(self) -> float:
@@ -176,6 +178,7 @@ class Plan:
             "notes": self.notes,
             "workers_host": {role: [c.to_dict() for c in comps] for role, comps in self.workers.items()},
             "workers_host_gib": round(self.workers_host_gib, 4),
+            "distributed": self.distributed,
         }
 
 
@@ -214,6 +217,8 @@ def settings_of(cfg: RunConfig) -> dict[str, Any]:
         "quant.compute_dtype": cfg.quant.compute_dtype,
         "ref.backend": cfg.ref.backend,
         "reward.backend": cfg.reward.backend,
+        "distributed.gpus": cfg.distributed.gpus,
+        "distributed.fsdp": cfg.distributed.fsdp,
     }
 
 
@@ -247,10 +252,11 @@ def plan(
     that do (see :func:`homerlhf.memory.search.suggest`).
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
-    persistent = persistent_components(cfg, shape, assumptions)
+    persistent = per_gpu_persistent(cfg, shape, persistent_components(cfg, shape, assumptions))  # one GPU's
     phases = []
     for name in PHASES:
         moment, transient = PHASE_BUILDERS[name](cfg, shape, assumptions)
+        transient += gradient_sync_components(cfg, shape) if name == "update" else []
         comps = persistent + transient
         allocated = sum(x.bytes for x in comps if x.in_allocator)
         phases.append(PhasePlan(name, moment, comps + overhead_components(cfg, allocated, assumptions)))
@@ -272,6 +278,7 @@ def plan(
         assumptions=assumptions,
         notes=notes,
         workers=workers_host_bytes(cfg, shape),
+        distributed=distributed_summary(cfg),
     )
     if with_suggestion and result.fits is False:
         from homerlhf.memory.search import suggest  # the search plans candidates: it imports this module

@@ -34,6 +34,7 @@ from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
+from homerlhf.ppo.distributed import SINGLE, Ranks, check_data_parallel, gather_batch, global_mean
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
@@ -75,17 +76,21 @@ class PPOTrainer:
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
     ``engine``: what samples the rollouts (default: the actor's own ``generate``); it is synced with
     the actor before every rollout.
+    ``ranks``: data parallel over processes (:mod:`homerlhf.ppo.distributed`): this rank rolls out
+    and trains on its slice of each global batch; rank 0 alone writes metrics and checkpoints.
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
                  stop: Optional[StopRequested] = None, engine: Optional[RolloutEngine] = None,
-                 rows: Optional[Sequence[dict]] = None):
+                 rows: Optional[Sequence[dict]] = None, ranks: Ranks = SINGLE):
         from accelerate import Accelerator
 
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
         check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
+        check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+        self.ranks = ranks
         self.cfg = cfg
         self.policy = policy
         self.reference = reference
@@ -118,7 +123,8 @@ class PPOTrainer:
         self._iteration_start: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
         self._dropped_iteration = False
         self.history: list[dict[str, Any]] = []
-        self.writer = MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir else None
+        self.writer = (MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir and ranks.is_main
+                       else None)
         from homerlhf.memory.peaks import PhaseMeter
 
         self.meter = PhaseMeter(policy.device)
@@ -188,14 +194,16 @@ class PPOTrainer:
         self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
         times.generation += time.perf_counter() - started
         indices = self.next_indices()
+        seeds = sample_seeds(self.cfg.seed, self.iteration, len(indices))
+        lo, hi = self.ranks.shard(len(indices))  # this rank's slice of the global batch
+        indices, seeds = indices[lo:hi], seeds[lo:hi]
         rows = [self.rows[i] for i in indices] if self.rows is not None else None
         redos_before = (self.rollout_state.oom_retries_generation, self.rollout_state.oom_retries_scoring)
         exp, entropy = collect_experience(
             self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
-            rows=rows, meter=self.meter, times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(indices)),
-            state=self.rollout_state)
+            rows=rows, meter=self.meter, times=times, seeds=seeds, state=self.rollout_state)
         components = self.reward.take_component_scores()
-        if self.stop.requested:
+        if self._stop_agreed():
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
             self._drop_iteration()
@@ -205,7 +213,11 @@ class PPOTrainer:
         update = {**self.update(exp, times, kl_coef), "rollout_chunk_size": self.rollout_state.chunk_size,
                   "oom_retries_generation": self.rollout_state.oom_retries_generation - redos_before[0],
                   "oom_retries_scoring": self.rollout_state.oom_retries_scoring - redos_before[1]}
-        self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
+        kl_mean = global_mean(sequence_kl(exp), self._reduce) if self._reduce else float(sequence_kl(exp).mean())
+        self.kl_ctl.update(kl_mean, len(exp) * self.ranks.world)
+        # The metrics row and the samples are of the whole global batch (every rank's, in rank order).
+        exp, scores, entropy, components = gather_batch(self.ranks, exp, scores, entropy, components,
+                                                        self.policy.tokenizer.pad_token_id)
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started,
                                 group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
@@ -215,6 +227,17 @@ class PPOTrainer:
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
+
+    @property
+    def _reduce(self):
+        """Sum over the data-parallel ranks; None with one process (the one-process math as it was)."""
+        return self.ranks.sum if self.ranks.distributed else None
+
+    def _stop_agreed(self) -> bool:
+        """A stop request on any rank stops every rank at the same phase boundary."""
+        if self.ranks.distributed and self.ranks.any(self.stop.requested) and not self.stop.requested:
+            self.stop.request("stop requested on another rank")
+        return self.stop.requested
 
     @staticmethod
     def _kl_ref_start(exp: Experience) -> float:
@@ -229,9 +252,9 @@ class PPOTrainer:
     def advantages(self, exp: Experience, kl_coef: float, times: StageTimes) -> tuple[Experience, torch.Tensor]:
         """Scores as they enter the rewards (B,), then rewards, GAE and whitening on ``exp``."""
         t0 = time.perf_counter()
-        scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments)
+        scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments, self._reduce)
         if self.cfg.has_critic:
-            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores, self._reduce)
         else:
             exp = compute_group_advantages(exp, self.cfg, kl_coef, scores)
         times.advantages = time.perf_counter() - t0
@@ -245,7 +268,7 @@ class PPOTrainer:
         group = None if self.cfg.has_critic else GroupLoss.from_config(self.cfg, kl_coef)
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state, self.guard, self.scaler, group)
+                                self.generator, self.update_state, self.guard, self.scaler, group, self.ranks)
         times.update = time.perf_counter() - t0
         return {**update, "micro_batch_size": self.update_state.micro_batch_size,
                 "oom_retries": self.update_state.oom_retries - retries_before}
@@ -288,11 +311,15 @@ class PPOTrainer:
         if self.run_dir is None:
             return None
         rng_state = self._iteration_start[0] if self._dropped_iteration else None
-        path = save_checkpoint(
-            self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
-            trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
-            generators=self._generators(), keep=self.cfg.checkpoint.keep,
-        )
+        self.ranks.barrier()  # every rank has finished the iteration; their weights are the same
+        path = None
+        if self.ranks.is_main:
+            path = save_checkpoint(
+                self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
+                trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
+                generators=self._generators(), keep=self.cfg.checkpoint.keep,
+            )
+        path = self.ranks.broadcast(path)  # and a barrier: no rank goes on before the checkpoint is whole
         self.last_checkpoint = self.guard.last_checkpoint = path
         return path
 
@@ -312,7 +339,7 @@ class PPOTrainer:
             for group in (optimizer.param_groups if optimizer is not None else []):
                 group["lr"] = section.lr
                 group["weight_decay"] = self.cfg.training.weight_decay
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.ranks.is_main:
             truncate_logs(self.run_dir, state["logs"])
         self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
         return self.iteration
@@ -344,9 +371,9 @@ class PPOTrainer:
 
         total = iterations if iterations is not None else self.cfg.ppo.iterations
         bar = tqdm(total=total, initial=self.iteration, desc="PPO", unit="it",
-                   disable=not self.cfg.logging.progress, dynamic_ncols=True)
+                   disable=not (self.cfg.logging.progress and self.ranks.is_main), dynamic_ncols=True)
         try:
-            while self.iteration < total and not self.stop.requested:
+            while self.iteration < total and not self._stop_agreed():
                 try:
                     row = self.step()
                 except RewardFunctionError as exc:

@@ -8,6 +8,7 @@ whatever happens in between.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -151,14 +152,16 @@ def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
 
 
 @contextlib.contextmanager
-def trainer_threads(cfg: RunConfig):
+def trainer_threads(cfg: RunConfig, processes_here: int = 1):
     """torch's CPU threads for a trainer on CPU: its share of the physical cores next to the local
-    workers (restored afterwards; a GPU trainer's are left alone)."""
+    workers, split over the ``processes_here`` trainer processes on this host (restored afterwards; a
+    GPU trainer's are left alone)."""
     import torch
 
     from homerlhf.memory.threads import run_thread_shares
 
     share = run_thread_shares(cfg).trainer
+    share = max(1, share // processes_here) if share else share
     before = torch.get_num_threads()
     if share:
         torch.set_num_threads(share)
@@ -166,6 +169,24 @@ def trainer_threads(cfg: RunConfig):
         yield share
     finally:
         torch.set_num_threads(before)
+
+
+def _claim_run(cfg: RunConfig, out_dir, resume, overwrite: bool, ranks) -> tuple[Path, Optional[Path]]:
+    """The run dir and the checkpoint to resume from (None for a new run). A new run's dir is claimed
+    by process 0 alone; the others learn its path."""
+    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+
+    if resume is None:
+        return ranks.broadcast(prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite) if ranks.is_main
+                               else None), None
+    if overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
+    if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+        raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
+    ckpt = find_resume_checkpoint(Path(resume))
+    check_resume_compatible(saved_config(ckpt), cfg, Path(resume))
+    return Path(resume), ckpt
 
 
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
@@ -178,26 +199,24 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     ``stop``: a ``StopRequested``; by default SIGINT/SIGTERM set one while the trainer runs.
 
     ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
+
+    Under ``accelerate launch`` (several processes) each process runs this with the same arguments:
+    see :mod:`homerlhf.stages.data_parallel` for what process 0 does alone.
     """
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.checkpoint import check_resume_compatible
-    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+    from homerlhf.models.sharding import check_trainable_sharded
+    from homerlhf.ppo.distributed import check_data_parallel, current_ranks
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.stages.data_parallel import build_scorers, watch_launcher
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # before any weight is read or run dir is written
-    ckpt = None
-    if resume is not None:
-        if overwrite:
-            raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
-        if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
-            raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
-        run_dir = Path(resume)
-        ckpt = find_resume_checkpoint(run_dir)
-        check_resume_compatible(saved_config(ckpt), cfg, run_dir)
-    else:
-        run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
+    check_trainable_sharded(cfg)
+    ranks = current_ranks()
+    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+    watch_launcher(ranks)
+    run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
     seed_everything(cfg.seed)
 
@@ -208,22 +227,21 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(trainer_threads(cfg))
-        reference = build_reference(cfg, policy, model_path, run_dir)
-        stack.callback(reference.close)
-        if reward is None:
-            reward = build_reward(cfg, policy.tokenizer, run_dir)
-        stack.callback(reward.close)
+        stack.enter_context(trainer_threads(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        reference, reward = build_scorers(cfg, policy, model_path, run_dir, ranks, stack, reward)
         engine = build_engine(cfg, policy, model_path, run_dir)
         stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows)
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
+                             ranks=ranks)
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.
-        (run_dir / "config.yaml.tmp").write_text(to_yaml(cfg))
-        (run_dir / "config.yaml.tmp").replace(run_dir / "config.yaml")
+        if ranks.is_main:
+            (run_dir / "config.yaml.tmp").write_text(to_yaml(cfg))
+            (run_dir / "config.yaml.tmp").replace(run_dir / "config.yaml")
         with stop:  # SIGINT/SIGTERM: finish the phase, checkpoint; the ExitStack then stops the workers
             metrics = trainer.train()
+        ranks.barrier()  # the workers' owner stops them only once no rank needs them
     return {"run_dir": run_dir, "metrics": metrics, "checkpoint": trainer.last_checkpoint,
             "stopped": trainer.stopped, "iteration": trainer.iteration}
