@@ -163,8 +163,9 @@ def plan(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Output directory."),
-    fast: bool = typer.Option(False, "--fast", help="A couple of minutes instead of about ten (for CI)."),
+    fast: bool = typer.Option(False, "--fast", help="Fewer RL iterations, for CI: 8 instead of 12 (40 instead of 80 with --algorithm)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the RL run and of the held-out samples."),
     algorithm: Optional[str] = typer.Option(
         None, "--algorithm",
         help="grpo, rloo or ppo: RL on the builtin digit-reversal task with its checker as the reward "
@@ -174,11 +175,11 @@ def demo(
     if algorithm is not None:
         from homerlhf.stages.demo_verifiable import run_verifiable_demo
 
-        run_verifiable_demo(out, algorithm, fast=fast, overwrite=overwrite)
+        run_verifiable_demo(out, algorithm, fast=fast, overwrite=overwrite, seed=seed)
         return
     from homerlhf.stages.demo import run_demo
 
-    run_demo(out, fast=fast, overwrite=overwrite)
+    run_demo(out, fast=fast, overwrite=overwrite, seed=seed)
 
 
 @app.command()

@@ -39,6 +39,8 @@ PROMPT_TEMPLATES = [
     "I have a question about {topic}.",
     "Please teach me something about {topic}.",
     "Share a fact about {topic}.",
+    "Give me one fact about {topic}.",
+    "What is worth knowing about {topic}?",
 ]
 
 POLITE_OPENINGS = [
@@ -83,6 +85,48 @@ def bad_reply(rng: random.Random, topic: str) -> str:
     return _polite(rng, rng.choice(OFF_TOPIC_REPLIES))
 
 
+def malformed_reply(rng: random.Random, topic: str) -> str:
+    """A good reply cut mid-sentence or garbled (a span deleted or repeated): what a policy that
+    games a reward model reading cut-off text writes. Never made of whole task sentences."""
+    reply = good_reply(rng, topic)
+    while True:
+        if rng.random() < 0.5:  # cut, as by a response length cap
+            bad = reply[: rng.randrange(len(reply) // 3, len(reply) - 2)]
+        else:  # garbled: jump back (a repeat) or ahead (a gap) from one point of the reply to another
+            i, j = rng.randrange(2, len(reply) - 2), rng.randrange(0, len(reply) - 2)
+            bad = reply[:i] + reply[j:] if abs(i - j) >= 3 else reply
+        if not well_formed(bad):
+            return bad
+
+
+def garbled_fact_reply(rng: random.Random, topic: str) -> str:
+    """A whole polite opening and closing around a fact that is cut short, runs into another fact, or
+    has a span dropped or repeated: what a policy writes when the reward model pays for the polite
+    frame alone. Never made of whole task sentences."""
+    facts = [fact for facts in TOPICS.values() for fact in facts]
+    fact = rng.choice(TOPICS[topic])
+    while True:
+        i, kind = rng.randrange(2, len(fact) - 2), rng.random()
+        if kind < 1 / 3:  # runs into another fact
+            other = rng.choice(facts)
+            body = fact[:i] + other[rng.randrange(0, len(other) - 2):]
+        elif kind < 2 / 3:  # a span dropped or repeated
+            body = fact[:i] + fact[rng.randrange(0, len(fact) - 2):]
+        else:  # cut short
+            body = fact[:i]
+        closing = rng.choice(POLITE_CLOSINGS)
+        reply = " ".join(part for part in (rng.choice(POLITE_OPENINGS), body, closing) if part)
+        if not well_formed(reply):
+            return reply
+
+
+def dressed_up_reply(rng: random.Random) -> str:
+    """A rude or off-topic line with a polite opening and closing around it: still not an answer."""
+    line = rng.choice(RUDE_REPLIES + OFF_TOPIC_REPLIES)
+    closing = rng.choice([c for c in POLITE_CLOSINGS if c])
+    return f"{line} {closing}" if rng.random() < 0.5 else f"{rng.choice(POLITE_OPENINGS)} {line} {closing}"
+
+
 def all_examples() -> list[Example]:
     return [
         Example(topic, template.format(topic=topic))
@@ -111,20 +155,39 @@ def sft_records(seed: int = 0, n: int = 600) -> list[dict[str, str]]:
     return records
 
 
-def preference_records(seed: int = 0, n: int = 600, held_out: bool = False) -> list[dict[str, str]]:
-    """prompt/chosen/rejected with the chosen side polite and on-topic by construction."""
+def preference_records(seed: int = 0, n: int = 1200, held_out: bool = False) -> list[dict[str, str]]:
+    """prompt/chosen/rejected with the chosen side polite, on-topic and whole by construction.
+
+    The rejected side is a good reply cut or garbled anywhere a fifth of the time
+    (:func:`malformed_reply`), a whole polite frame around a garbled fact a quarter
+    (:func:`garbled_fact_reply`), a rude or off-topic line wrapped in polite ones 15%
+    (:func:`dressed_up_reply`), and rude or off-topic the rest (:func:`bad_reply`): a last-token
+    reward model must pay for the fact, not for fragments that start well or for a polite frame.
+    """
     rng = random.Random(seed + (1 if held_out else 0))
     train, test = split_examples(seed)
     pool = test if held_out else train
-    return [
-        {"prompt": ex.prompt, "chosen": good_reply(rng, ex.topic), "rejected": bad_reply(rng, ex.topic)}
-        for ex in (pool[i % len(pool)] for i in range(n))
-    ]
+    records = []
+    for ex in (pool[i % len(pool)] for i in range(n)):
+        chosen = good_reply(rng, ex.topic)
+        kind = rng.random()
+        if kind < 0.2:
+            rejected = malformed_reply(rng, ex.topic)
+        elif kind < 0.45:
+            rejected = garbled_fact_reply(rng, ex.topic)
+        elif kind < 0.6:
+            rejected = dressed_up_reply(rng)
+        else:
+            rejected = bad_reply(rng, ex.topic)
+        records.append({"prompt": ex.prompt, "chosen": chosen, "rejected": rejected})
+    return records
 
 
 def prompt_records(seed: int = 0) -> list[dict[str, str]]:
-    """Prompts for PPO: every (topic, template) pair, train and held-out alike."""
-    return [{"prompt": ex.prompt} for ex in all_examples()]
+    """Prompts for PPO: the training split, so the demo's held-out evaluation is on prompts that
+    neither SFT, the reward model nor PPO saw."""
+    train, _ = split_examples(seed)
+    return [{"prompt": ex.prompt} for ex in train]
 
 
 def corpus() -> list[str]:
@@ -146,3 +209,30 @@ def score_reply(topic: str, reply: str) -> float:
     rude = any(reply.startswith(r.split()[0]) for r in RUDE_REPLIES)
     on_topic = any(fact[:20] in reply for fact in TOPICS[topic])
     return 1.0 if on_topic and not rude else -1.0
+
+
+def topic_of(prompt: str) -> str | None:
+    """The topic a builtin prompt asks about (the longest topic name in it), or None."""
+    found = [topic for topic in TOPICS if topic in prompt]
+    return max(found, key=len) if found else None
+
+
+def _sentences() -> list[str]:
+    facts = [fact for facts in TOPICS.values() for fact in facts]
+    pieces = POLITE_OPENINGS + facts + [c for c in POLITE_CLOSINGS if c] + RUDE_REPLIES + OFF_TOPIC_REPLIES
+    return sorted(pieces, key=len, reverse=True)
+
+
+def well_formed(reply: str) -> bool:
+    """True when the reply is exactly a sequence of the task's sentences (openings, facts, closings,
+    rude or off-topic lines), separated by spaces: whole sentences, nothing cut or garbled."""
+    rest = reply.strip()
+    if not rest:
+        return False
+    pieces = _sentences()
+    while rest:
+        piece = next((p for p in pieces if rest.startswith(p)), None)
+        if piece is None:
+            return False
+        rest = rest[len(piece):].lstrip()
+    return True

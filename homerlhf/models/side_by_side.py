@@ -128,6 +128,62 @@ class EvalModels:
                 answer.score = float(score)
         return answers[0], answers[1]
 
+    def _generate_many(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int],
+                       adapter_on: bool) -> list[list[int]]:
+        """Response ids per prompt, each up to and including its first stop token, from one batched
+        generate in which row ``i`` samples with its own generator seeded ``seeds[i]``."""
+        import contextlib
+
+        import torch
+
+        from homerlhf.models.generation import build_generation_config, checkpoint_defaults_off
+        from homerlhf.models.sampling import PerSampleSampler
+
+        width = max(len(p) for p in prompts)  # left padding: generation continues from the last column
+        ids = torch.tensor([[self.tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts],
+                           dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        config = build_generation_config(max_new_tokens=int(sampling.max_new_tokens),
+                                         temperature=float(sampling.temperature), stop_ids=self.stop_ids,
+                                         pad_id=self.tokenizer.pad_token_id)
+        sampler = PerSampleSampler(seeds, sampling.temperature, self.device)
+        ctx = contextlib.nullcontext() if adapter_on else self.model.disable_adapter()
+        with torch.no_grad(), ctx, checkpoint_defaults_off(self.model.get_base_model(), config):
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                      logits_processor=[sampler])
+        responses = []
+        for row in out[:, width:].tolist():
+            ends = [i for i, token in enumerate(row) if token in self.stop_ids]
+            responses.append(row[: ends[0] + 1] if ends else row)
+        return responses
+
+    def answer_many(self, texts: list[str], sampling: Sampling,
+                    seeds: list[int]) -> list[tuple[Answer, Answer]]:
+        """(actor answer, reference answer) to each message, from one batched generate per side.
+
+        Row ``i`` of both sides samples from a generator seeded ``seeds[i]``
+        (:class:`homerlhf.models.sampling.PerSampleSampler`), so an answer depends on its own message
+        and seed only, not on the other messages, and the two sides differ by the weights alone.
+        Full-distribution sampling only: ``top_p`` 1 and ``top_k`` 0.
+        """
+        if len(seeds) != len(texts):
+            raise ValueError(f"{len(texts)} messages but {len(seeds)} seeds")
+        if sampling.top_p < 1.0 or sampling.top_k > 0:
+            raise ValueError("answer_many samples the full distribution: top_p must be 1 and top_k 0")
+        prompts = [self.prompt_ids(text) for text in texts]
+        with self.lock:
+            sides = [self._generate_many(prompts, sampling, seeds, adapter_on=on) for on in (True, False)]
+        pairs = [tuple(Answer(self.tokenizer.decode(r, skip_special_tokens=True).strip(), p, r) for r in rs)
+                 for p, rs in zip(prompts, zip(*sides))]
+        if self.reward is not None:
+            for start in range(0, len(pairs), 16):  # a reward call per 32 sequences, as a PPO chunk
+                chunk = pairs[start:start + 16]
+                scores = self.reward.score([a.prompt_ids for pair in chunk for a in pair],
+                                           [a.response_ids for pair in chunk for a in pair])
+                for answer, score in zip([a for pair in chunk for a in pair], scores):
+                    answer.score = float(score)
+        return pairs
+
     def close(self) -> None:
         if self.reward is not None:
             self.reward.close()

@@ -21,14 +21,17 @@ FAST_OVERRIDES = [
     "ppo.iterations=8",
     "rollout.batch_size=32",
     "rollout.chunk_size=16",
-    "rollout.max_new_tokens=20",
     "checkpoint.every=8",
 ]
-N_SAMPLES = 6
+N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
+PROBE_SAMPLES = 16  # rollout samples per iteration whose replies the task's checker scores
+KL_BUDGET = 4.0  # nats per response: the KL under which the demo calls an improvement alignment
+ALIGN_MARGIN = 0.25  # held-out checker accuracy gain (absolute) that counts as improved
 
 
-def demo_config(out: Path, fast: bool) -> RunConfig:
-    overrides = [f"output_dir={out}", *(FAST_OVERRIDES if fast else [])]
+def demo_config(out: Path, fast: bool, seed: int = 0) -> RunConfig:
+    overrides = [f"output_dir={out}", f"seed={seed}", f"logging.samples_per_iteration={PROBE_SAMPLES}",
+                 *(FAST_OVERRIDES if fast else [])]
     return load_config("cpu-tiny", overrides=overrides)
 
 
@@ -36,8 +39,26 @@ def _log(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path) -> Path:
-    """Score (mean ± std) and KL per iteration, side by side."""
+def _read_samples(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "samples.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+def probe_accuracy(samples: list[dict[str, Any]]) -> dict[int, float]:
+    """Per iteration, the fraction of the logged rollout replies the task's checker calls good."""
+    from homerlhf.data import builtin
+
+    hits: dict[int, list[bool]] = {}
+    for row in samples:
+        topic = builtin.topic_of(row["prompt"])
+        if topic is not None:
+            hits.setdefault(row["iteration"], []).append(builtin.score_reply(topic, row["response"]) > 0)
+    return {it: sum(h) / len(h) for it, h in sorted(hits.items())}
+
+
+def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path,
+                      accuracy: dict[int, float] | None = None) -> Path:
+    """Score (mean ± std), the checker's accuracy on the rollout probe and KL per iteration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,16 +67,22 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path) -> Path:
     its = [row["iteration"] for row in metrics]
     mean = [row["score_mean"] for row in metrics]
     std = [row.get("score_std") or 0.0 for row in metrics]
-    fig, (ax_score, ax_kl) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax_score, ax_acc, ax_kl) = plt.subplots(1, 3, figsize=(14, 3.6))
     ax_score.plot(its, mean, marker="o", color="tab:green", label="score mean")
     ax_score.fill_between(its, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                           color="tab:green", alpha=0.15, label="± std")
     ax_score.set(title="Reward-model score", xlabel="PPO iteration", ylabel="score")
     ax_score.legend(loc="lower right")
+    accuracy = accuracy or {}
+    ax_acc.plot(list(accuracy), list(accuracy.values()), marker="o", color="tab:blue",
+                label=f"checker accuracy ({PROBE_SAMPLES} rollout replies)")
+    ax_acc.set(title="Task checker: polite + on-topic", xlabel="PPO iteration", ylabel="fraction", ylim=(-0.05, 1.05))
+    ax_acc.legend(loc="lower right")
     ax_kl.plot(its, [row["kl_mean"] for row in metrics], marker="o", color="tab:purple", label="KL (nats/seq)")
+    ax_kl.axhline(KL_BUDGET, color="tab:red", linestyle="--", label="KL budget")
     ax_kl.set(title="KL(actor || reference)", xlabel="PPO iteration", ylabel="nats per response")
     ax_kl.legend(loc="upper left")
-    for ax in (ax_score, ax_kl):
+    for ax in (ax_score, ax_acc, ax_kl):
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
@@ -65,36 +92,72 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path) -> Path:
 
 
 def before_after(checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
-    """The SFT policy (adapter off) and the PPO actor on the same held-out prompts and seeds,
-    with the response cap PPO trained with (the reward worker's context is sized for it)."""
+    """The SFT policy (adapter off) and the PPO actor on every held-out prompt, in one batch per side,
+    prompt ``i`` sampled with seed ``seed * 1000 + i`` on both sides, with the response cap PPO
+    trained with (the reward worker's context is sized for it). The held-out split is the one the
+    builtin SFT and reward models were trained without (split seed 0)."""
     from homerlhf.data import builtin
     from homerlhf.models.side_by_side import EvalModels, Sampling
     from homerlhf.stages.ppo import scoring_reward
 
-    seed = cfg.seed
-    _, held_out = builtin.split_examples(seed)
+    _, held_out = builtin.split_examples()
     models = EvalModels(cfg, checkpoint, reward=scoring_reward)
-    rows = []
     try:
-        for i, example in enumerate(held_out[:N_SAMPLES]):
-            after, before = models.answer_both(example.prompt, Sampling(max_new_tokens=cfg.rollout.max_new_tokens, seed=seed + i))
-            rows.append({
-                "prompt": example.prompt,
-                "before": before.text, "before_score": before.score,
-                "before_good": builtin.score_reply(example.topic, before.text) > 0,
-                "after": after.text, "after_score": after.score,
-                "after_good": builtin.score_reply(example.topic, after.text) > 0,
-            })
+        sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens)
+        answers = models.answer_many([ex.prompt for ex in held_out], sampling,
+                                     seeds=[cfg.seed * 1000 + i for i in range(len(held_out))])
+        eos = models.tokenizer.eos_token_id
     finally:
         models.close()
+    rows = []
+    for example, (after, before) in zip(held_out, answers):
+        row: dict[str, Any] = {"prompt": example.prompt, "topic": example.topic}
+        for side, answer in (("before", before), ("after", after)):
+            row.update({
+                side: answer.text, f"{side}_score": answer.score,
+                f"{side}_good": builtin.score_reply(example.topic, answer.text) > 0,
+                f"{side}_well_formed": builtin.well_formed(answer.text),
+                f"{side}_truncated": eos not in answer.response_ids,
+            })
+        rows.append(row)
     return rows
 
 
-def write_samples_markdown(rows: list[dict[str, Any]], path: Path) -> Path:
+def held_out_figures(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """(before, after) means over the held-out rows: checker accuracy, RM score, fluency, truncation."""
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in rows) / len(rows)
+
+    return {
+        "checker accuracy (polite + on-topic)": (mean("before_good"), mean("after_good")),
+        "reward-model score": (mean("before_score"), mean("after_score")),
+        "well formed (whole task sentences)": (mean("before_well_formed"), mean("after_well_formed")),
+        "truncated (no stop token)": (mean("before_truncated"), mean("after_truncated")),
+    }
+
+
+def verdict(figures: dict[str, tuple[float, float]], final_kl: float, margin: float = ALIGN_MARGIN,
+            kl_budget: float = KL_BUDGET) -> tuple[bool, str]:
+    """Whether alignment improved: checker accuracy up by ``margin`` with the final KL within budget."""
+    before, after = figures["checker accuracy (polite + on-topic)"]
+    gained, within = after - before >= margin, final_kl <= kl_budget
+    if gained and within:
+        return True, (f"alignment improved: checker accuracy {before:.2f} -> {after:.2f} (>= +{margin:.2f}) "
+                      f"with final KL {final_kl:.2f} <= budget {kl_budget:.1f} nats/response")
+    reasons = [] if gained else [f"checker accuracy {before:.2f} -> {after:.2f} is not up by {margin:.2f}"]
+    reasons += [] if within else [f"final KL {final_kl:.2f} is over the budget {kl_budget:.1f} nats/response"]
+    return False, "alignment did NOT improve: " + "; ".join(reasons)
+
+
+def write_samples_markdown(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]],
+                           verdict_line: str, path: Path) -> Path:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ") or "(empty)"
 
-    lines = ["| prompt | before PPO (SFT) | score | after PPO | score |", "|---|---|---|---|---|"]
+    lines = [f"# Before / after PPO on {len(rows)} held-out prompts", "", f"**{verdict_line}**", "",
+             "| figure | before PPO (SFT) | after PPO |", "|---|---|---|"]
+    lines += [f"| {name} | {b:.3f} | {a:.3f} |" for name, (b, a) in figures.items()]
+    lines += ["", "| prompt | before PPO (SFT) | score | after PPO | score |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {cell(r['prompt'])} | {cell(r['before'])} | {r['before_score']:+.2f} "
                      f"| {cell(r['after'])} | {r['after_score']:+.2f} |")
@@ -102,16 +165,18 @@ def write_samples_markdown(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def print_summary(rows: list[dict[str, Any]], metrics: list[dict[str, Any]], times: dict[str, float],
-                  rm_accuracy: float | None, out: Path) -> None:
+def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]], verdict_line: str,
+                  metrics: list[dict[str, Any]], times: dict[str, float], rm_accuracy: float | None,
+                  out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    samples = Table(title="Before / after PPO (held-out prompts, same seed)", show_lines=True)
+    samples = Table(title=f"Before / after PPO (first {N_SAMPLES} of {len(rows)} held-out prompts, same seed)",
+                    show_lines=True)
     for col in ("prompt", "before (SFT)", "score", "after (PPO)", "score"):
         samples.add_column(col, overflow="fold")
-    for r in rows:
+    for r in rows[:N_SAMPLES]:
         samples.add_row(r["prompt"], r["before"], f"{r['before_score']:+.2f}", r["after"], f"{r['after_score']:+.2f}")
     console.print(samples)
 
@@ -127,15 +192,16 @@ def print_summary(rows: list[dict[str, Any]], metrics: list[dict[str, Any]], tim
         summary.add_row("reward model held-out pairwise accuracy", f"{rm_accuracy:.3f}")
     summary.add_row(f"PPO score, first {k} iterations", f"{first:+.3f}")
     summary.add_row(f"PPO score, last {k} iterations", f"{last:+.3f}")
-    summary.add_row("KL at the last iteration (nats/response)", f"{metrics[-1]['kl_mean']:.3f}")
-    good_before = sum(r["before_good"] for r in rows)
-    good_after = sum(r["after_good"] for r in rows)
-    summary.add_row("polite + on-topic samples before -> after", f"{good_before}/{len(rows)} -> {good_after}/{len(rows)}")
+    summary.add_row("KL at the last iteration (nats/response)", f"{metrics[-1]['kl_mean']:.3f} (budget {KL_BUDGET:.1f})")
+    for name, (before, after) in figures.items():
+        summary.add_row(f"held-out ({len(rows)}) {name}: before -> after", f"{before:.3f} -> {after:.3f}")
     summary.add_row("outputs", str(out))
     console.print(summary)
+    console.print(verdict_line, markup=False)
 
 
-def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool = False,
+             seed: int = 0) -> dict[str, Any]:
     """Run the demo into ``out``; returns the PPO metrics, before/after rows and artifact paths."""
     from homerlhf.models.registry import resolve_model
     from homerlhf.ppo.metrics import read_metrics
@@ -143,7 +209,7 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
 
     out = Path(out)
     prepare_run_dir(out, overwrite)  # refuse an earlier run before spending minutes on models
-    cfg = demo_config(out, fast)
+    cfg = demo_config(out, fast, seed)
     times: dict[str, float] = {}
 
     _log("1/4 tokenizer + tiny Llama + SFT on the builtin polite/on-topic task")
@@ -169,13 +235,15 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
     if not metrics:
         raise UserError(f"PPO wrote no metrics to {out}/metrics.jsonl; see the messages above")
 
-    _log("4/4 reward curve and before/after samples")
+    _log("4/4 reward curve and the held-out evaluation before/after PPO")
     t0 = time.perf_counter()
-    curve = plot_reward_curve(metrics, out / "reward_curve.png")
+    curve = plot_reward_curve(metrics, out / "reward_curve.png", probe_accuracy(_read_samples(out)))
     rows = before_after(result["checkpoint"], cfg)
-    samples_md = write_samples_markdown(rows, out / "before_after.md")
+    figures = held_out_figures(rows)
+    improved, verdict_line = verdict(figures, metrics[-1]["kl_mean"])
+    samples_md = write_samples_markdown(rows, figures, verdict_line, out / "before_after.md")
     (out / "before_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    times["samples + plot"] = time.perf_counter() - t0
-    print_summary(rows, metrics, times, rm_accuracy, out)
-    return {"metrics": metrics, "before_after": rows, "reward_curve": curve, "samples": samples_md,
-            "rm_accuracy": rm_accuracy, "run_dir": out}
+    times["held-out evaluation + plot"] = time.perf_counter() - t0
+    print_summary(rows, figures, verdict_line, metrics, times, rm_accuracy, out)
+    return {"metrics": metrics, "before_after": rows, "figures": figures, "improved": improved,
+            "reward_curve": curve, "samples": samples_md, "rm_accuracy": rm_accuracy, "run_dir": out}

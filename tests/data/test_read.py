@@ -18,10 +18,12 @@ def write_jsonl(path, rows):
 
 def test_builtin_sources():
     prompts, report = load_prompts("builtin:demo")
-    assert report.n_bad == 0 and len(prompts) == 120
+    assert report.n_bad == 0 and len(prompts) == 120  # 20 topics x 8 templates, less the 40 held out
     pairs, _ = load_preferences("builtin:demo-pairs")
     held, _ = load_preferences("builtin:demo-pairs-heldout")
-    assert not {p["prompt"][0]["content"] for p in pairs} & {p["prompt"][0]["content"] for p in held}
+    held_prompts = {p["prompt"][0]["content"] for p in held}
+    assert not {p["prompt"][0]["content"] for p in pairs} & held_prompts
+    assert not {p["prompt"][0]["content"] for p in prompts} & held_prompts
     sft, _ = load_sft("builtin:demo-sft")
     assert len(sft) == 600 and sft[0]["completion"][0]["role"] == "assistant"
     with pytest.raises(UserError, match="unknown builtin dataset 'builtin:nope'"):

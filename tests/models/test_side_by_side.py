@@ -146,3 +146,30 @@ def test_answers_end_at_the_stop_set_and_are_scored_on_the_reward_models_sequenc
     want = score_sequences(rm.model, [sequence], pad_id=rm.pad_id).item()
     assert actor.score == pytest.approx(want, abs=1e-5) and ref.score == pytest.approx(want, abs=1e-5)
     models.close()
+
+
+@pytest.mark.slow  # ~15 s idle
+def test_answer_many_matches_one_at_a_time_per_seed(run_dir):
+    """A batched answer depends on its own message and seed only: the same as that message alone
+    in a batch of one, whatever else is in the batch; both sides are scored by the run's RM."""
+    from homerlhf.config import from_yaml_file
+    from homerlhf.ppo.backends import HFReward
+    from homerlhf.stages.ppo import scoring_reward
+
+    cfg = from_yaml_file(run_dir / "config.yaml")
+    models = EvalModels(cfg, run_dir / "checkpoints" / "iter_000001", reward=scoring_reward)
+    sampling = Sampling(max_new_tokens=8, seed=0)
+    texts = ["Tell me about tea.", "Hi", "Can you explain the moon to me?"]
+    many = models.answer_many(texts, sampling, seeds=[11, 12, 13])
+    alone = models.answer_many([texts[2]], sampling, seeds=[13])[0]
+    assert [a.response_ids for a in many[2]] == [a.response_ids for a in alone]
+    assert any(actor.response_ids != ref.response_ids for actor, ref in many)  # the adapter matters
+    assert all(0 < len(a.response_ids) <= 8 for pair in many for a in pair)
+
+    rm = HFReward(str(run_dir / "rm"))
+    flat = [a for pair in many for a in pair]
+    expected = rm.score([a.prompt_ids for a in flat], [a.response_ids for a in flat])
+    assert [a.score for a in flat] == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ValueError, match="seeds"):
+        models.answer_many(texts, sampling, seeds=[1])
+    models.close()

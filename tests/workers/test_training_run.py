@@ -49,7 +49,7 @@ def test_kill_9_reward_worker_during_training(tiny_llama_dir, llama_rm_dir, llam
         f"model.name_or_path={tiny_llama_dir}", f"reward.model={llama_rm_export}",
         "ppo.iterations=1", "ppo.epochs=1", "rollout.batch_size=6", "rollout.chunk_size=2",
         "ppo.mini_batch_size=6", "ppo.micro_batch_size=6", "rollout.max_new_tokens=6",
-        "logging.progress=false", "logging.samples_per_iteration=0", "checkpoint.every=5",
+        "rollout.truncation_penalty=null", "logging.progress=false", "logging.samples_per_iteration=0", "checkpoint.every=5",
     ])
     from transformers import AutoTokenizer
 
@@ -74,6 +74,6 @@ def test_kill_9_reward_worker_during_training(tiny_llama_dir, llama_rm_dir, llam
         again = [hf(torch.tensor([p + r])).logits[0, 0].item() for prompts, responses, _ in calls
                  for p, r in zip(prompts, responses)]
     assert max(abs(a - b) for a, b in zip(scores, again)) < 1e-3
-    # ...and the trainer used exactly these scores, once each (no truncation penalty is configured).
+    # ...and the trainer used exactly these scores, once each (the truncation penalty is off).
     assert cfg.rollout.truncation_penalty is None
     assert result["metrics"][0]["score_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
