@@ -99,6 +99,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     suggestion: Optional[Suggestion] = None
     workers: dict[str, list[Component]] = field(default_factory=dict)  # host RAM of each local llama.cpp worker
+    timing: Optional[Any] = None  # a homerlhf.memory.timing.Recommendation, when attached (attach_timing)
 
     @property
     def workers_host_gib(self) -> float:
@@ -176,6 +177,7 @@ class Plan:
             "notes": self.notes,
             "workers_host": {role: [c.to_dict() for c in comps] for role, comps in self.workers.items()},
             "workers_host_gib": round(self.workers_host_gib, 4),
+            "time": None if self.timing is None else self.timing.to_dict(),
         }
 
 
