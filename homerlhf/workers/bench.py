@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.memory.shapes import ModelShape
-from homerlhf.memory.threads import physical_cores, split_threads
+from homerlhf.memory.threads import physical_cores, run_thread_shares, split_threads
 from homerlhf.memory.timing import RATES, Throughputs
 
 QUICK_PROMPT, QUICK_NEW, QUICK_SEQS = 24, 12, 4
@@ -165,10 +165,15 @@ def _timed(fn: Callable[[], Any], repeat: int = 2) -> float:
     return best
 
 
-def thread_plan(cfg: RunConfig, cores: int) -> tuple[list[int], list[int]]:
+def thread_plan(cfg: RunConfig, cores: int, quick: bool = False) -> tuple[list[int], list[int]]:
     """(worker threads, trainer threads) to measure: what 1 or 2 local workers, with the trainer on
-    the CPU or not, would each get (explicit ``threads`` settings included); trainer [0] on a GPU."""
+    the CPU or not, would each get (explicit ``threads`` settings included); trainer [0] on a GPU.
+    ``quick``: only what the config's own placement gives (the time model scales the others)."""
     on_cpu = cfg.card.device == "cpu"
+    if quick:
+        shares = run_thread_shares(cfg, cores)
+        worker = shares.worker or split_threads(cores, 1, on_cpu).worker
+        return sorted({cfg.ref.threads or worker, cfg.reward.threads or worker}), [shares.trainer] if on_cpu else [0]
     workers = {split_threads(cores, k, on_cpu).worker for k in (1, 2)}
     workers |= {t for t in (cfg.ref.threads, cfg.reward.threads) if t}
     trainer = sorted({split_threads(cores, k, True).trainer for k in (0, 1, 2)}) if on_cpu else [0]
@@ -226,8 +231,9 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
     """Measure (or, unless ``force``, read from the cache) this machine's throughputs for ``cfg``'s
     model. Returns (the figures, the cache file, whether they were measured now).
 
-    ``quick``: QUICK_SEQS sequences of QUICK_PROMPT + QUICK_NEW tokens (tiny counts: under a minute
-    on 2 cores for the tiny models); else a rollout chunk at the run's lengths."""
+    ``quick``: QUICK_SEQS sequences of QUICK_PROMPT + QUICK_NEW tokens at the config's own thread
+    shares (tiny counts: under a minute on 2 cores for the tiny models); else a rollout chunk at the
+    run's lengths, at every thread share a placement could give."""
     from tqdm.auto import tqdm
 
     if not force and (cached := cached_throughputs(cfg, shape)) is not None:
@@ -237,7 +243,7 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
     p_len, r_len = (min(ro.max_prompt_len, QUICK_PROMPT), min(ro.max_new_tokens, QUICK_NEW)) if quick \
         else (ro.max_prompt_len, ro.max_new_tokens)
     cores = physical_cores()
-    worker_threads, trainer_threads = thread_plan(cfg, cores)
+    worker_threads, trainer_threads = thread_plan(cfg, cores, quick)
     prompts, responses = _ids(n, p_len, min(shape.vocab_size, 512), 0), _ids(n, r_len, min(shape.vocab_size, 512), 1)
     rates: dict[str, dict[int, float]] = {k: {} for k in RATES}
     steps = ["prepare models"] + [f"{role} worker, {t} threads" for role in ("ref", "reward") for t in worker_threads] \

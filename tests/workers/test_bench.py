@@ -31,7 +31,7 @@ def test_quick_bench_measures_every_rate_caches_them_and_the_plan_uses_them():
     cfg = load_config("cpu-tiny", None, ["model.name_or_path=builtin:tiny-llama"])
     rates = cached_throughputs(cfg, shape_for(cfg))
     assert rates is not None and rates.source.startswith("measured")
-    workers, trainer = thread_plan(cfg, physical_cores())
+    workers, trainer = thread_plan(cfg, physical_cores(), quick=True)
     for kind in RATES:
         table = getattr(rates, kind)
         assert table and all(v > 0 for v in table.values()), kind
