@@ -3,7 +3,8 @@
 For the run's model (or, when its weights are not on this machine, a random-init stand-in built
 from its shape: throughput depends on the shape, not on the weights' values):
 
-- a llama.cpp ref worker and reward worker scoring prompt + response tokens, at each thread count
+- a llama.cpp ref worker and reward worker (each its own process, over HTTP, as in a run) scoring
+  prompt + response tokens, at each thread count
   a placement would give them (:func:`homerlhf.memory.threads.split_threads`);
 - the llamacpp rollout engine generating (its threads: ``rollout.engine_threads`` or all cores);
 - the policy (NF4 base + LoRA, as the trainer loads it) generating with HF ``generate``, one
@@ -181,16 +182,19 @@ def thread_plan(cfg: RunConfig, cores: int, quick: bool = False) -> tuple[list[i
 
 
 def worker_rate(role: str, model: Path, threads: int, prompts, responses, f32_kv: bool) -> float:
-    """Tokens/s of a llama.cpp ``role`` engine (the worker's own, without HTTP) scoring the pairs."""
-    from homerlhf.workers.engine import Engine
+    """Tokens/s of a llama.cpp ``role`` worker (its own process, over HTTP, as a run uses it)
+    scoring the pairs: prompt + response tokens per second of request."""
+    from homerlhf.workers.backends import connect
+    from homerlhf.workers.process import WorkerProcess
 
     ctx = len(prompts[0]) + len(responses[0])
-    engine = Engine(role, model, threads=threads, ctx=ctx, f32_kv_cache=f32_kv)
-    pairs = list(zip(prompts, responses))
-    call = (lambda: engine.logprobs(pairs)) if role == "ref" else (lambda: engine.score(pairs))
-    seconds = _timed(call)
-    del engine  # frees the llama.cpp context and model
-    return len(pairs) * ctx / seconds
+    backend = connect(role, process=WorkerProcess(role, model, threads=threads, ctx=ctx, f32_kv_cache=f32_kv))
+    try:
+        call = backend.logprobs if role == "ref" else backend.score
+        seconds = _timed(lambda: call(prompts, responses))
+    finally:
+        backend.close()
+    return len(prompts) * ctx / seconds
 
 
 def trainer_rates(policy, cfg: RunConfig, prompts, responses) -> dict[str, float]:
@@ -278,7 +282,8 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
         bar.update(1)
     finally:
         bar.close()
-    source = f"measured {time.strftime('%Y-%m-%d')} on {cpu_name()} ({cores} cores)" + ("" if kind == "model" else ", stand-in")
+    source = (f"measured {time.strftime('%Y-%m-%d')} on {cpu_name()} ({cores} cores)" + ("" if kind == "model" else ", stand-in")
+              + (", quick" if quick else ""))
     result = Throughputs(**rates, source=source)
     details = {"model_dir": str(model_dir), "kind": kind, "sequences": n, "prompt_len": p_len, "new_tokens": r_len,
                "quick": quick, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
