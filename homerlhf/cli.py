@@ -124,7 +124,7 @@ def plan(
 
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
-    from homerlhf.memory.timing import attach_timing
+    from homerlhf.memory.placement import attach_timing
     from homerlhf.workers.bench import cached_throughputs
 
     cfg = _load(preset, config, set_)

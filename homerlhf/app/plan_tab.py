@@ -95,7 +95,7 @@ def compute_plan(cfg, gpu_gib: Optional[float]):
     ``gpu_gib`` 0 or None plans for the preset's card."""
     from homerlhf.memory.planner import plan
     from homerlhf.memory.render import shape_for
-    from homerlhf.memory.timing import attach_timing
+    from homerlhf.memory.placement import attach_timing
     from homerlhf.workers.bench import cached_throughputs
 
     budget = float(gpu_gib) if gpu_gib else None
@@ -106,7 +106,8 @@ def compute_plan(cfg, gpu_gib: Optional[float]):
 def time_markdown(plan) -> str:
     """The plan's time section: seconds per phase, the critical path, the recommendation, and the
     placements compared (from `homerlhf bench` figures, or the defaults, marked as such)."""
-    from homerlhf.memory.timing import phase_rows, summary_lines
+    from homerlhf.memory.placement import summary_lines
+    from homerlhf.memory.timing import phase_rows
 
     rec = plan.timing
     if rec is None:

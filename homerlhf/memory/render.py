@@ -100,12 +100,13 @@ def _print_workers(plan: Plan, console) -> None:
 
 
 def print_time(rec, console=None) -> None:
-    """Seconds per iteration (a :class:`homerlhf.memory.timing.Recommendation`): per phase, the
+    """Seconds per iteration (a :class:`homerlhf.memory.placement.Recommendation`): per phase, the
     critical path, and the placements compared."""
     from rich.console import Console
     from rich.table import Table
 
-    from homerlhf.memory.timing import phase_rows, summary_lines
+    from homerlhf.memory.placement import summary_lines
+    from homerlhf.memory.timing import phase_rows
 
     console = console or Console(width=110)
     it = rec.current.time
