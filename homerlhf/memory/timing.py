@@ -83,10 +83,12 @@ class Throughputs:
 # ---- defaults -----------------------------------------------------------------------------------------
 # Effective FLOP/s of each kind of work, used when nothing is measured (a token through a model
 # costs 2 x its matmul parameters in FLOPs; forward + backward 3x that). CPU figures: per physical
-# core, from `homerlhf bench` on our 2-core Xeon VM (AVX-512, portable llama.cpp build), rounded
-# down. GPU figures: NOT measured (no GPU run has calibrated them); orders of magnitude for a
-# 24 GB consumer card with a bitsandbytes NF4 base.
-CPU_FLOPS_PER_CORE = {"worker": 40e9, "llama_gen": 10e9, "forward": 15e9, "train": 10e9, "gen": 2e9}
+# core, from `homerlhf bench` of a 250 M Qwen3-shaped stand-in at 1 thread on our shared 2-core EPYC
+# VM (2026-11-30, load average 11-20; docs/time.md), rounded; "gen" is per sequence (a chunk of c
+# generates c times as fast), "llama_gen" per engine. GPU figures: NOT measured (no GPU run has
+# calibrated them); orders of magnitude for a 24 GB consumer card with a bitsandbytes NF4 base.
+CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 0.25e9, "forward": 28e9, "train": 33e9,
+                      "gen": 0.35e9}
 GPU_FLOPS = {"forward": 40e12, "train": 25e12}
 GPU_GEN_TOKENS_PER_S_7B = 20.0  # one sequence; a batch of c runs c times as many until compute-bound
 
@@ -119,7 +121,7 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
         }
     return Throughputs(
         worker_ref={t: t * per_core["worker"] / flops for t in threads},
-        worker_reward={t: t * per_core["worker"] / backbone for t in threads},
+        worker_reward={t: t * per_core["reward_worker"] / backbone for t in threads},
         llama_gen={t: t * per_core["llama_gen"] / flops for t in threads},
         **trainer,
     )
