@@ -170,14 +170,14 @@ def demo(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier demo in --out."),
     algorithm: Optional[str] = typer.Option(
         None, "--algorithm",
-        help="grpo, rloo or ppo: RL on the builtin addition task with its checker as the reward (held-out "
-        "accuracy before/after) instead of the default PPO demo with a reward model."),
+        help="grpo, rloo or ppo: RL on the builtin digit-reversal task with its checker as the reward "
+        "(held-out accuracy before/after) instead of the default PPO demo with a reward model."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers."""
     if algorithm is not None:
-        from homerlhf.stages.demo_math import run_math_demo
+        from homerlhf.stages.demo_verifiable import run_verifiable_demo
 
-        run_math_demo(out, algorithm, fast=fast, overwrite=overwrite)
+        run_verifiable_demo(out, algorithm, fast=fast, overwrite=overwrite)
         return
     from homerlhf.stages.demo import run_demo
 

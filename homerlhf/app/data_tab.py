@@ -127,8 +127,19 @@ def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional
     return load_records(source, kind, cfg)
 
 
-def build(overrides_box) -> None:
-    """Lay out the tab inside the current ``gr.Blocks``; ``overrides_box`` is the Plan tab's."""
+def reward_check(spec: str, source: str, split: str = "train"):
+    """The reward function on the chosen dataset's first raw rows (:func:`homerlhf.app.rewards.check_table`)."""
+    from homerlhf.app.rewards import N_CHECKED, check_table
+    from homerlhf.data.read import read_rows
+
+    if not source:
+        raise UserError("load a dataset first (Load and inspect)")
+    return check_table(spec, read_rows(source, split or "train", max_rows=N_CHECKED))
+
+
+def build(overrides_box, reward_function=None) -> None:
+    """Lay out the tab inside the current ``gr.Blocks``; ``overrides_box`` and ``reward_function`` are
+    the Plan tab's."""
     import gradio as gr
 
     gr.Markdown("### Dataset\nPick a builtin dataset, type a hub id, or upload a file. "
@@ -180,4 +191,18 @@ def build(overrides_box) -> None:
         return f"Set `{key}={source}` in the Plan tab's overrides.", set_override(overrides, key, source)
 
     use_btn.click(on_use, [chosen_source, kind_label, overrides_box], [message, overrides_box])
+    if reward_function is not None:
+        _reward_check_section(reward_function, chosen_source, split, message)
+
+
+def _reward_check_section(reward_function, chosen_source, split, message) -> None:
+    import gradio as gr
+
+    gr.Markdown("#### Reward function on these rows\nThe Plan tab's reward function scores each row's own "
+                "`answer` (when the dataset has one) and an empty reply: a right answer should score high.")
+    check_btn = gr.Button("Check reward function", elem_id="data-reward-check")
+    checked = gr.Dataframe(headers=["prompt", "answer", "reward(answer)", "reward(empty)"], wrap=True,
+                           interactive=False, elem_id="data-reward-table")
+    check_btn.click(guarded(2, error_index=0)(lambda spec, source, split: ("", reward_check(spec, source, split))),
+                    [reward_function, chosen_source, split], [message, checked])
 

@@ -20,6 +20,9 @@ from typing import Iterable, Optional, Sequence
 # lands in the right panel instead of silently vanishing.
 PANELS: list[tuple[str, list[str]]] = [
     ("Score / reward", [r"^(env/)?(score|scores|reward|rewards)([/_.](mean|avg))?$", r"^(score|reward)s?[/_.]?mean"]),
+    # One line per reward of a weighted reward (reward.components): reward_<name>; their *_none
+    # fractions (samples a function gave no reward) stay out, on another scale.
+    ("Reward components", [r"^reward_(?!mean$)(?!.*_none$)[a-z0-9_]+$"]),
     ("KL and kl_coef", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$", r"kl_coef"]),
     ("Policy and value loss", [r"^(loss/)?(policy|pg|actor)[/_.]?loss", r"^(loss/)?(value|vf|critic)[/_.]?loss"]),
     ("Entropy", [r"entropy"]),
@@ -31,8 +34,8 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$"]),
     ("Groups (GRPO / RLOO)", [r"^group_"]),
 ]
-# Drawn only when a run logs their metrics (a PPO run has no groups).
-OPTIONAL_PANELS = {"Groups (GRPO / RLOO)"}
+# Drawn only when a run logs their metrics (a PPO run has no groups, a lone reward no components).
+OPTIONAL_PANELS = {"Groups (GRPO / RLOO)", "Reward components"}
 # Drawn on a second y axis of their panel: a coefficient is on another scale than the KL itself.
 SECONDARY = re.compile(r"coef", re.IGNORECASE)
 

@@ -27,6 +27,8 @@ class Settings:
     gpu_gib: Any
     preset_model: Any  # gr.State: the preset's own model, to tell a user's choice from the default
     algorithm: Any = None  # ppo / grpo / rloo, written into the overrides
+    reward_function: Any = None  # the run's reward as a function (empty: the preset's), into the overrides
+    reward_components: Any = None  # more rewards, one "WEIGHT SPEC" per line, into the overrides
 
 
 def preset_model_of(preset: str) -> str:
@@ -53,6 +55,11 @@ def settings_components(default_preset: str) -> Settings:
         preset_model=gr.State(model),
         algorithm=gr.Radio(["ppo", "grpo", "rloo"], value="ppo", label="Algorithm", render=False,
                            info="grpo / rloo: no critic, ppo.group_size samples per prompt", elem_id="plan-algorithm"),
+        reward_function=gr.Textbox("", label="Reward function (empty: the preset's reward model)", render=False,
+                                   placeholder="builtin:reverse or path/to/rewards.py:fn", elem_id="plan-reward-function"),
+        reward_components=gr.Textbox("", lines=2, label="More rewards, one 'WEIGHT SPEC' per line", render=False,
+                                     placeholder="0.5 builtin:reverse-positions\n0.2 rm:builtin:demo-rm",
+                                     elem_id="plan-reward-components"),
     )
 
 
@@ -214,6 +221,10 @@ def _layout(settings: Settings) -> PlanPanel:
         settings.gpu_gib.render()
         if settings.algorithm is not None:
             settings.algorithm.render()
+    if settings.reward_function is not None:
+        with gr.Row():
+            settings.reward_function.render()
+            settings.reward_components.render()
     card = gr.Markdown(elem_id="plan-card")
     settings.overrides.render()
     with gr.Row():
@@ -239,6 +250,13 @@ def on_algorithm(algorithm: str, overrides: str) -> str:
     if algorithm != "ppo" and not has_group:
         overrides = set_override(overrides, "ppo.group_size", "4")
     return overrides
+
+
+def on_rewards(overrides: str, function: str, components: str) -> tuple[str, str]:
+    """The reward boxes written into the overrides (replacing earlier reward settings)."""
+    from homerlhf.app.rewards import apply_rewards
+
+    return "", apply_rewards(overrides, function, components)
 
 
 def on_preset(preset, model, preset_model):
@@ -276,6 +294,11 @@ def build(settings: Settings):
     s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [panel.card, s.model, s.preset_model])
     if s.algorithm is not None:
         s.algorithm.change(on_algorithm, [s.algorithm, s.overrides], s.overrides)
+    if s.reward_function is not None:
+        reward_inputs = [s.overrides, s.reward_function, s.reward_components]
+        for box in (s.reward_function, s.reward_components):
+            box.submit(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
+            box.blur(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
 
     @guarded(7, error_index=0)
     def on_plan(preset, model, overrides, preset_model, gpu_gib):

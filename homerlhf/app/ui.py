@@ -40,7 +40,7 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
         run_dir_shared = gr.State("")
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Data", id="data", elem_id="tab-data"):
-                data_tab.build(settings.overrides)
+                data_tab.build(settings.overrides, settings.reward_function)
             with gr.Tab("Plan", id="plan", elem_id="tab-plan"):
                 on_load = plan_tab.build(settings)
             with gr.Tab("Train", id="train", elem_id="tab-train"):

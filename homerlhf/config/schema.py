@@ -189,7 +189,7 @@ class RewardComponentConfig(BackendConfig):
     """One reward of a run: a reward model or a function, with its weight in the total score."""
 
     function: Optional[str] = Field(
-        None, description="backend function: path/to/file.py:function_name (imported from that file only), or builtin:math."
+        None, description="backend function: path/to/file.py:function_name (from that file only), or builtin:reverse."
     )
     weight: float = Field(1.0, description="Weight of this reward in the total score (total = sum of weight * reward).")
     name: Optional[str] = Field(
@@ -202,7 +202,7 @@ class RewardComponentConfig(BackendConfig):
         if self.name:
             return self.name
         if self.backend == "function" and self.function:
-            return self.function.rsplit(":", 1)[-1].lower()
+            return self.function.rsplit(":", 1)[-1].lower().replace("-", "_")
         return "rm"
 
 

@@ -7,8 +7,8 @@ Local ``.jsonl/.json/.csv/.parquet`` files and hub ids are read with the ``datas
 - ``builtin:demo-sft``    its prompt/completion records (for SFT);
 - ``builtin:demo-pairs``  its preference pairs on training prompts (for the reward model);
 - ``builtin:demo-pairs-heldout``  pairs on held-out prompts never seen in training;
-- ``builtin:math``, ``builtin:math-heldout``, ``builtin:math-sft``: the verifiable addition task of
-  :mod:`homerlhf.data.builtin_math` (prompts with their ``answer``; SFT records).
+- ``builtin:reverse``, ``builtin:reverse-heldout``, ``builtin:reverse-sft``: the verifiable
+  digit-reversal task of :mod:`homerlhf.data.builtin_reverse` (prompts with their ``answer``; SFT records).
 
 A JSON file whose bad rows Arrow cannot type is read row by row instead: those rows come back as
 ``{"__bad__": reason}`` for the loader to count.
@@ -24,7 +24,7 @@ from homerlhf.errors import UserError
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 BUILTIN = ("builtin:demo", "builtin:demo-sft", "builtin:demo-pairs", "builtin:demo-pairs-heldout",
-           "builtin:math", "builtin:math-heldout", "builtin:math-sft")
+           "builtin:reverse", "builtin:reverse-heldout", "builtin:reverse-sft")
 
 
 def read_rows(source: str, split: str = "train", max_rows: Optional[int] = None) -> list[dict[str, Any]]:
@@ -51,13 +51,14 @@ def _builtin_rows(source: str) -> list[dict[str, Any]]:
         return builtin.preference_records()
     if source == "builtin:demo-pairs-heldout":
         return builtin.preference_records(n=200, held_out=True)
-    if source.startswith("builtin:math"):
-        from homerlhf.data import builtin_math
+    if source.startswith("builtin:reverse"):
+        from homerlhf.data import builtin_reverse
 
-        math_sets = {"builtin:math": builtin_math.prompt_records, "builtin:math-sft": builtin_math.sft_records,
-                     "builtin:math-heldout": lambda: builtin_math.prompt_records(held_out=True)}
-        if source in math_sets:
-            return math_sets[source]()
+        reverse_sets = {"builtin:reverse": builtin_reverse.prompt_records,
+                        "builtin:reverse-sft": builtin_reverse.sft_records,
+                        "builtin:reverse-heldout": lambda: builtin_reverse.prompt_records(held_out=True)}
+        if source in reverse_sets:
+            return reverse_sets[source]()
     raise UserError(f"unknown builtin dataset '{source}'; choose one of: {', '.join(BUILTIN)}")
 
 

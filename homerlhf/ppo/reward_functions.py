@@ -33,7 +33,10 @@ from homerlhf.errors import UserError
 from homerlhf.ppo.backends import RewardBackend, TokenIds
 
 SAMPLE_ARGS = ("prompt", "response", "prompt_ids", "response_ids", "row")
-BUILTIN_FUNCTIONS = {"builtin:math": ("builtin_math.py", "reward")}  # file in homerlhf/data, function
+BUILTIN_FUNCTIONS = {  # name -> (file in homerlhf/data, function)
+    "builtin:reverse": ("builtin_reverse.py", "reward"),
+    "builtin:reverse-positions": ("builtin_reverse.py", "position_reward"),
+}
 
 
 class RewardFunctionError(UserError):

@@ -5,8 +5,9 @@
 - ``builtin:demo-rm``: reward model trained on the builtin preference pairs, initialised from
   demo-sft; resolves to the reward *run* directory (``model/``, ``adapter/`` when LoRA, ``gguf/``
   for the llama.cpp worker, ``reward_run.json``);
-- ``builtin:math-sft``: tiny Llama after a short full SFT on the builtin addition task
-  (:mod:`homerlhf.data.builtin_math`), right on a few percent of problems: room for RL to raise it.
+- ``builtin:reverse-sft``: tiny Llama after a short full SFT on the builtin digit-reversal task
+  (:mod:`homerlhf.data.builtin_reverse`), right on about a third of sampled answers: room and a
+  signal for RL.
 
 Importing ``homerlhf.stages`` registers them in :mod:`homerlhf.models.registry`, which builds each
 once into the cache (keyed by the hash of the files below) and resolves every other model name.
@@ -58,15 +59,15 @@ def _build_demo_rm(out: Path) -> None:
     run_reward(cfg, out, data="builtin:demo-pairs", base=f"{PREFIX}demo-sft")
 
 
-# Short on purpose: the model learns the answer format and a few sums, so sampled answers vary
-# within a group and RL has something to raise.
-MATH_SFT = {"sft.epochs": 3, "sft.max_len": 32}
+# Short on purpose: the model learns the answer format and part of the task, so sampled answers
+# vary within a group and RL has something to raise.
+REVERSE_SFT = {"sft.epochs": 3, "sft.max_len": 32}
 
 
-def _build_math_sft(out: Path) -> None:
+def _build_reverse_sft(out: Path) -> None:
     from homerlhf.stages.sft import run_sft
 
-    run_sft(demo_config(**MATH_SFT), out, data="builtin:math-sft", base=f"{PREFIX}tiny-llama")
+    run_sft(demo_config(**REVERSE_SFT), out, data="builtin:reverse-sft", base=f"{PREFIX}tiny-llama")
 
 
 def _ensure_rm_gguf(run_dir: Path) -> Path:
@@ -80,4 +81,4 @@ def _ensure_rm_gguf(run_dir: Path) -> Path:
 
 register_builtin("demo-sft", _build_demo_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")
 register_builtin("demo-rm", _build_demo_rm, lambda: _recipe_files(rm=True), finish=_ensure_rm_gguf)
-register_builtin("math-sft", _build_math_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")
+register_builtin("reverse-sft", _build_reverse_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")

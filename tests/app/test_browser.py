@@ -188,3 +188,23 @@ def test_workflow_in_chromium(page, app_url, reward_dir):
     assert record["chosen_source"] == "actor" and record["rejected_source"] == "reference"
     assert f"{record['chosen_score']:+.4f}" in left and f"{record['rejected_score']:+.4f}" in right
     assert os.path.basename(record["checkpoint"]) == "iter_000002"
+
+
+def test_reward_boxes_write_the_overrides_and_the_data_tab_checks_the_function(page, app_url):
+    open_tab(page, "Plan")
+    fill(page, "plan-reward-function", "builtin:reverse")
+    fill(page, "plan-reward-components", "0.5 builtin:reverse-positions")
+    overrides = page.locator("#plan-overrides textarea").first
+    deadline = time.monotonic() + 30
+    while "reverse-positions" not in overrides.input_value() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    items = overrides.input_value().splitlines()
+    assert "reward.backend=function" in items and "reward.function=builtin:reverse" in items
+    assert "reward.components=[{backend: function, function: 'builtin:reverse-positions', weight: 0.5}]" in items
+
+    # The Data tab scores the loaded rows with it: builtin:demo rows have no answer, so None.
+    open_tab(page, "Data")
+    page.locator("#data-load").click()
+    wait_text(page, "data-report", r"usable:\s*120")
+    page.locator("#data-reward-check").click()
+    wait_text(page, "data-reward-table", r"None")

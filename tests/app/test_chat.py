@@ -50,10 +50,10 @@ def test_a_weighted_reward_is_rebuilt_whole_not_one_worker(run_dir):
     from homerlhf.ppo.reward_functions import FunctionReward, WeightedReward
 
     cfg = load_config("cpu-tiny", None, [
-        "reward.backend=function", "reward.function=builtin:math",
+        "reward.backend=function", "reward.function=builtin:reverse",
         f"reward.components=[{{backend: hf, model: '{run_dir / 'rm'}', weight: 0.5}}]"])
     reward = chat.reward_backend(cfg, run_dir, tokenizer=AutoTokenizer.from_pretrained(run_dir / "rm"))
     assert isinstance(reward, WeightedReward)
     assert [(name, weight, type(part)) for name, weight, part in reward.parts] == [
-        ("math", 1.0, FunctionReward), ("rm", 0.5, HFReward)]
+        ("reverse", 1.0, FunctionReward), ("rm", 0.5, HFReward)]
     reward.close()

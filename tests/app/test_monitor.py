@@ -114,6 +114,19 @@ def test_check_worker_up_and_down():
     assert not up and latency is None and "Connect" in detail
 
 
+def test_each_reward_component_is_drawn_in_its_own_panel_without_its_none_fraction():
+    rows = [{"iteration": i, "score_mean": 0.1 * i, "reward_mean": 0.1 * i, "reward_reverse": 0.2 * i,
+             "reward_reverse_none": 0.0, "reward_reverse_positions": 0.5} for i in (1, 2)]
+    panels = dict(monitor.panel_keys(monitor.numeric_keys(rows)))
+    assert panels["Score / reward"] == ["score_mean", "reward_mean"]
+    assert panels["Reward components"] == ["reward_reverse", "reward_reverse_positions"]
+    fig = monitor.metrics_figure(rows)
+    ax = next(a for a in fig.axes if a.get_title() == "Reward components")
+    assert [line.get_ydata().tolist() for line in ax.get_lines()] == [[0.2, 0.4], [0.5, 0.5]]
+    lone = monitor.metrics_figure([{"iteration": 1, "score_mean": 0.1}])
+    assert "Reward components" not in {a.get_title() for a in lone.axes if a.axison}
+
+
 def test_group_panel_only_for_runs_that_log_groups():
     ppo = [{"iteration": 1, "score_mean": 0.1}]
     grpo = [{"iteration": 1, "score_mean": 0.1, "group_zero_spread_fraction": 0.25, "group_reward_std": 0.3}]

@@ -117,9 +117,11 @@ def test_reward_functions_and_components_are_named_for_their_metrics():
     cfg = load_config("cpu-tiny", overrides=[
         "reward.backend=function", "reward.function=rewards.py:exact_answer",
         "reward.components=[{backend: llamacpp, model: 'builtin:demo-rm', weight: 0.5}, "
-        "{backend: function, function: 'builtin:math', name: check, weight: 2}]"])
+        "{backend: function, function: 'builtin:reverse', name: check, weight: 2}, "
+        "{backend: function, function: 'builtin:reverse-positions', weight: 0.25}]"])
     assert [(key, r.metric_name, r.weight) for key, r in cfg.reward.all_rewards()] == [
-        ("reward", "exact_answer", 1.0), ("reward.components[0]", "rm", 0.5), ("reward.components[1]", "check", 2.0)]
+        ("reward", "exact_answer", 1.0), ("reward.components[0]", "rm", 0.5), ("reward.components[1]", "check", 2.0),
+        ("reward.components[2]", "reverse_positions", 0.25)]
 
 
 @pytest.mark.parametrize("overrides, fragment", [

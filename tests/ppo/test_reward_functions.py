@@ -143,7 +143,7 @@ def test_a_failing_function_names_itself_and_the_sample(user_file, tokenizer, na
     ("{file}:NOT_A_FUNCTION", "my_rewards.py:NOT_A_FUNCTION is not a function (it is int)"),
     ("{file}:wants_x", "my_rewards.py:wants_x takes parameter 'x'; a reward function takes some of prompt, response"),
     ("{file}", "must look like path/to/file.py:function_name"),
-    ("builtin:nope", "reward.function 'builtin:nope' is not a builtin reward function; choose one of: builtin:math"),
+    ("builtin:nope", "reward.function 'builtin:nope' is not a builtin reward function; choose one of: builtin:reverse, builtin:reverse-positions"),
     ("{dir}/broken.py:score", "importing {dir}/broken.py raised NameError: name 'undefined_name' is not defined"),
 ])
 def test_loading_refuses_with_one_line(user_file, spec, fragment):
@@ -154,6 +154,7 @@ def test_loading_refuses_with_one_line(user_file, spec, fragment):
     assert fragment.format(**fill) in str(info.value)
 
 
-def test_builtin_math_reward_loads_from_the_package():
-    fn = load_reward_function("builtin:math")
-    assert fn.where == "builtin_math.py:reward" and set(fn.args) <= {"response", "row"}
+def test_builtin_reverse_rewards_load_from_the_package():
+    exact, positions = load_reward_function("builtin:reverse"), load_reward_function("builtin:reverse-positions")
+    assert exact.where == "builtin_reverse.py:reward" and set(exact.args) <= {"response", "row"}
+    assert positions.where == "builtin_reverse.py:position_reward" and set(positions.args) <= {"response", "row"}

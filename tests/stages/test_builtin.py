@@ -10,7 +10,7 @@ from homerlhf.models.registry import builtin_names, resolve_model
 
 def test_importing_the_stages_registers_the_demo_models_after_the_tiny_ones():
     assert builtin_names() == ["builtin:tiny-llama", "builtin:tiny-qwen2", "builtin:demo-sft", "builtin:demo-rm",
-                               "builtin:math-sft"]
+                               "builtin:reverse-sft"]
 
 
 @pytest.mark.slow
@@ -39,15 +39,15 @@ def test_demo_sft_replies_like_the_builtin_task():
 
 
 @pytest.mark.slow
-def test_math_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
-    """builtin:math-sft answers with numbers, right on a few held-out problems but far from all, and
-    its sampled answers to one training problem are sometimes right, sometimes wrong (what GRPO needs)."""
+def test_reverse_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
+    """builtin:reverse-sft answers with digits, right on part of the held-out strings but far from all,
+    and its sampled answers to one training string are sometimes right, sometimes wrong (what GRPO needs)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from homerlhf.data import builtin_math
+    from homerlhf.data import builtin_reverse
 
-    path = resolve_model("builtin:math-sft")
+    path = resolve_model("builtin:reverse-sft")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
 
@@ -56,17 +56,18 @@ def test_math_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
                                          add_generation_prompt=True) for r in rows]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=6, do_sample=sample, temperature=1.0, top_k=0, top_p=1.0,
+            out = model.generate(**enc, max_new_tokens=12, do_sample=sample, temperature=1.0, top_k=0, top_p=1.0,
                                  num_return_sequences=n, pad_token_id=tok.pad_token_id)
         replies = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return [replies[i * n:(i + 1) * n] for i in range(len(rows))]
 
-    held = builtin_math.prompt_records(held_out=True)
-    greedy = [builtin_math.check(a[0], r["answer"]) for a, r in zip(answers(held, sample=False), held)]
-    assert 0 < sum(greedy) < 0.5 * len(held), sum(greedy)
-    assert all(builtin_math.extract_answer(a[0]) is not None for a in answers(held[:20], sample=False))
+    held = builtin_reverse.prompt_records(held_out=True)
+    greedy = [a[0] for a in answers(held, sample=False)]
+    right = [builtin_reverse.check(a, r["answer"]) for a, r in zip(greedy, held)]
+    assert 0.1 * len(held) < sum(right) < 0.9 * len(held), sum(right)
+    assert sum(a.replace(" ", "").strip().isdigit() for a in greedy) >= 0.9 * len(held)
 
     torch.manual_seed(0)
-    train = builtin_math.prompt_records()[:32]
-    groups = [[builtin_math.check(a, r["answer"]) for a in group] for group, r in zip(answers(train, True, 8), train)]
-    assert any(0 < sum(g) < len(g) for g in groups), groups
+    train = builtin_reverse.prompt_records()[:32]
+    groups = [[builtin_reverse.check(a, r["answer"]) for a in group] for group, r in zip(answers(train, True, 8), train)]
+    assert sum(0 < sum(g) < len(g) for g in groups) >= 8, groups
