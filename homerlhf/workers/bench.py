@@ -254,10 +254,7 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
     steps = ["prepare models"] + [f"{role} worker, {t} threads" for role in ("ref", "reward") for t in worker_threads] \
         + [f"policy on {cfg.card.device}" + (f", {t} threads" if t else "") for t in trainer_threads] + ["llamacpp engine"]
     bar = tqdm(total=len(steps), desc="bench", unit="step")
-
-    def step(label: str) -> None:
-        bar.set_postfix_str(label)
-
+    step = bar.set_postfix_str
     step(steps[0])
     model_dir, kind = policy_dir(cfg, shape, standin)
     ref_gguf = _ref_gguf(cfg, model_dir)
