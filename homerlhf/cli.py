@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -62,6 +63,15 @@ def _ask_redacted_tokens(cfg):
     return restore_redacted_tokens(cfg, ask=getpass.getpass if sys.stdin.isatty() else None)
 
 
+def _train_args(preset, config, set_, out, resume, overwrite, gpus) -> list[str]:
+    """The ``train`` command line of these options, for each launched process."""
+    args = ["train", "--gpus", str(gpus)] + ([] if resume else ["--preset", preset])
+    args += [x for o in set_ for x in ("--set", o)]
+    for flag, value in (("--config", config), ("--out", out), ("--resume", resume)):
+        args += [flag, str(value)] if value is not None else []
+    return args + (["--overwrite"] if overwrite else [])
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -71,6 +81,8 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: output_dir)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in the output dir."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Data-parallel processes, one per GPU "
+                                       "(sets distributed.gpus; launched through accelerate)."),
 ) -> None:
     """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
     from homerlhf.config import check_device
@@ -87,8 +99,16 @@ def train(
         cfg = _ask_redacted_tokens(cfg)
     else:
         cfg = _load(preset, config, set_)
+    if gpus is not None:
+        cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"gpus": gpus})})
     check_device(cfg)
+    from homerlhf.stages.data_parallel import launched, relaunch
+
+    if cfg.distributed.gpus > 1 and not launched():
+        relaunch(cfg, _train_args(preset, config, set_, out, resume, overwrite, cfg.distributed.gpus))
     result = run_ppo(cfg, out_dir=out, resume=resume, overwrite=overwrite)
+    if int(os.environ.get("RANK", "0")):
+        return  # data parallel: process 0 speaks for the run
     rows = result["metrics"]
     if result.get("stopped"):
         if result["checkpoint"] is None:
@@ -114,6 +134,8 @@ def plan(
     set_: List[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Plan one GPU of a run on N GPUs "
+                                       "(sets distributed.gpus; rollout.batch_size stays the global batch)."),
 ) -> None:
     """Memory and time plan: bytes per component per PPO phase, verdict and suggestions; seconds per
     phase from `homerlhf bench` figures (or defaults) and the fastest placement (offline)."""
@@ -124,10 +146,12 @@ def plan(
 
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
+    cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
     from homerlhf.memory.placement import attach_timing
+    from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
 
-    cfg = _load(preset, config, set_)
+    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
     shape = shape_for(cfg, model)
     result = attach_timing(make_plan(cfg, shape, gpu_gib), cfg, shape, cached_throughputs(cfg, shape), gpu_gib)
     if plot is not None:

@@ -11,6 +11,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -76,3 +77,56 @@ def real_vocab_model_dir(real_tokenizer_dirs, tmp_path_factory):
         return built[name]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def peaked_policy_dir(tmp_path_factory):
+    """A tiny Llama whose LM head is scaled up: a random model with a peaked next-token
+    distribution (entropy ~3 nats instead of ln 512), like a trained LM, so a reward on one
+    token has signal from the start."""
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.tiny import build_tokenizer, model_config
+
+    tok = build_tokenizer()
+    config = model_config("llama", len(tok), hidden=64, layers=2)
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = tok.pad_token_id, tok.eos_token_id, tok.bos_token_id
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    out = tmp_path_factory.mktemp("peaked-llama")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# The preference pairs a LoRA reward model is trained on in a few steps (tests of reward.backend adapter).
+LORA_RM_PAIRS = [
+    {"prompt": "Tell me about tea.", "chosen": "Happy to help! Tea is made by steeping dried leaves in hot water.",
+     "rejected": "Ugh, figure it out yourself."},
+    {"prompt": "Share a fact about cats.", "chosen": "Gladly! Cats sleep for most of the day.",
+     "rejected": "Not my problem. Go away."},
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_rm_dir(tiny_llama_dir, tmp_path_factory):
+    """A reward run dir (``adapter/``, ``model/``, ``reward_run.json``) of ``homerlhf reward`` with
+    rm.method qlora on ``tiny_llama_dir``: 3 steps at a high learning rate, so the LoRA and the score
+    head are far from their initial values."""
+    import json
+
+    from homerlhf.config import load_config
+    from homerlhf.stages.reward import run_reward
+
+    root = tmp_path_factory.mktemp("tiny-lora-rm")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in LORA_RM_PAIRS))
+    cfg = load_config("cpu-tiny", overrides=[
+        "rm.method=qlora", "rm.max_steps=3", "rm.batch_size=4", "rm.grad_accum=1", "rm.lr=1e-2", "rm.eval_data=null",
+        "data.eval_fraction=0.25", "logging.progress=false", "rm.export_gguf=false"])
+    run_reward(cfg, root / "rm", data=str(pairs), base=str(tiny_llama_dir))
+    return root / "rm"

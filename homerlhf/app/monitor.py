@@ -31,7 +31,9 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Memory (GiB)", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
     ("Approx KL old→new policy", [r"approx_kl"]),
     # How far the rollout engine sampled from the trainer's policy (docs/ppo_details.md, detail 18).
-    ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$"]),
+    # In async mode (rollout.async) also how many updates behind the sampling adapter was.
+    ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$",
+                                   r"^policy_version_lag_(mean|max)$"]),
     ("Groups (GRPO / RLOO)", [r"^group_"]),
 ]
 # Drawn only when a run logs their metrics (a PPO run has no groups, a lone reward no components).

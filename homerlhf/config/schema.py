@@ -1,20 +1,23 @@
 """The typed run config: one pydantic tree, validated at load and frozen for the whole run.
 
 Every field has a one-line docstring (``description``); ``homerlhf train --help-config`` and the
-Gradio app read them from here.
+Gradio app read them from here. The rollout section is :mod:`homerlhf.config.rollout`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from homerlhf.config.rollout import RolloutConfig
+from homerlhf.config.section import Section
+
+from homerlhf.config.distributed import DistributedConfig
 
 
-class _Section(BaseModel):
-    # extra="forbid": an unknown key is an error, never silently ignored.
-    # frozen=True: the config is never mutated during a run.
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+# extra="forbid" (an unknown key is an error) and frozen (never mutated during a run): Section's.
+_Section = Section
 
 
 class CardConfig(_Section):
@@ -27,9 +30,7 @@ class CardConfig(_Section):
 
 class ModelConfig(_Section):
     name_or_path: str = Field(
-        "builtin:demo-sft",
-        description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).",
-    )
+        "builtin:demo-sft", description="Hub id, local HF model dir, or builtin:<name> (tiny models built from code).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safer).")
     revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit).")
 
@@ -72,49 +73,6 @@ class CriticConfig(_Section):
         False, description="One adapter for actor and critic (cheaper; the losses share weights)."
     )
     value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
-
-
-class RolloutConfig(_Section):
-    batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
-    chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
-    max_prompt_len: int = Field(
-        256, ge=1,
-        description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
-        "turn and generation prompt kept) or dropped, as data.overlong says.",
-    )
-    max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
-    temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
-    )
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; must stay 1 (off) for training.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling; must stay 0 (off) for training.")
-    truncation_penalty: Optional[float] = Field(
-        None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
-    )
-    engine: Literal["hf", "llamacpp"] = Field(
-        "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
-        "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
-    )
-    engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
-        "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
-    engine_threads: int = Field(0, ge=0, description="llamacpp engine: threads (0: all cores).")
-    engine_f32_kv_cache: bool = Field(False, description="llamacpp engine: F32 KV cache (exact, slower) instead of F16.")
-    is_cap: Optional[float] = Field(
-        2.0, ge=1, description="Truncated importance weight min(exp(old - behaviour), is_cap) on each token's "
-        "policy loss (None: off, every weight 1).",
-    )
-
-    @model_validator(mode="after")
-    def _full_distribution(self) -> "RolloutConfig":
-        # PPO's ratios and KL score log_softmax(logits / temperature) over the whole vocabulary; a
-        # truncated sampler would make every rollout off-policy.
-        if self.top_p < 1 or self.top_k > 0:
-            raise ValueError(
-                f"rollout.top_p={self.top_p}, rollout.top_k={self.top_k}: training rollouts must sample the "
-                "full distribution that PPO scores; set rollout.top_p=1.0 and rollout.top_k=0 "
-                "(use rollout.temperature to sharpen it)"
-            )
-        return self
 
 
 class PPOConfig(_Section):
@@ -163,11 +121,10 @@ class PPOConfig(_Section):
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "hf", "function"] = Field(
-        "llamacpp",
-        description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); hf: in-process "
-        "(reward); function: a Python function from your own file (reward).",
-    )
+    backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function"] = Field(
+        "llamacpp", description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); "
+        "adapter: a LoRA reward model on the policy's own 4-bit base (reward); hf: in-process (reward); "
+        "function: your own Python function (reward).")
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
@@ -335,24 +292,24 @@ class RunConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.ppo.mini_batch_size > self.rollout.batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
-                f"({self.rollout.batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                             f"({self.rollout.batch_size})")
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
-            raise ValueError(
-                f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
-                f"ppo.micro_batch_size ({self.ppo.micro_batch_size})"
-            )
+            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
-        if self.ref.backend in ("hf", "function"):
+        if self.ref.backend in ("hf", "function", "adapter"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
         for key, reward in self.reward.all_rewards():
             _check_reward(key, reward)
+            if reward.backend == "adapter" and self.rollout.async_:
+                raise ValueError(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
+                                 "meanwhile; set rollout.async=false or use a llamacpp/hf reward")
         names = [reward.metric_name for _, reward in self.reward.all_rewards()]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -390,7 +347,9 @@ class RunConfig(_Section):
 
 def _check_reward(key: str, reward: RewardComponentConfig) -> None:
     if reward.backend == "adapter_off":
-        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'hf' or 'function'")
+        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
+    if reward.backend == "adapter" and reward.url:
+        raise ValueError(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
     if reward.backend == "function" and not reward.function:
         raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
     if reward.function and reward.backend != "function":

@@ -139,6 +139,7 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
         comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}, fp32"))
     if cfg.has_critic:  # GRPO / RLOO load no critic at all
         comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
+    comps.extend(adapter_reward_components(cfg, shape))
     roles = (("actor", cfg.actor), ("critic", cfg.critic)) if cfg.has_critic else (("actor", cfg.actor),)
     for role, sec in roles:
         if role == "critic" and cfg.critic.shared_adapter:
@@ -157,7 +158,24 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
     # values, rewards, advantages, returns, masks).
     exp = cfg.rollout.batch_size * (t * 16 + n * 8 * 4)
     comps.append(Component("experience buffer", "buffers", exp, note=f"{cfg.rollout.batch_size} samples"))
+    if cfg.rollout.async_:
+        # The batch sampled ahead, while this one trains: ids, masks, behaviour and reference log-probs.
+        ahead = cfg.rollout.batch_size * (t * 16 + n * 2 * 4)
+        comps.append(Component("experience batch ahead (async)", "buffers", ahead,
+                               note=f"{cfg.rollout.batch_size} samples"))
     return comps
+
+
+def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Component]:
+    """Each ``reward.backend: adapter`` reward on the policy's base: its LoRA (shaped as ``rm.lora``,
+    which ``homerlhf reward`` trains with) and score head, fp32; no copy of the base."""
+    count = sum(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards())
+    if not count:
+        return []
+    lora = cfg.rm.lora
+    per = shape.lora_params(lora.r, lora.target_modules) * 4 + shape.hidden_size * 4
+    return [Component("LoRA reward + score head", "adapters", count * per,
+                      note=f"{count} x (r={lora.r} as rm.lora, fp32; head 1 x {shape.hidden_size})")]
 
 
 def overhead_components(cfg: RunConfig, allocated: int, assumptions: Assumptions) -> list[Component]:

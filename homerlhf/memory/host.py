@@ -5,6 +5,11 @@ packed decode, llama.cpp's output buffer (the ref worker's logits rows, the rewa
 embeddings), and the ref worker's log-softmax transient, which
 :func:`homerlhf.workers.logsoftmax.token_logprobs` bounds to :data:`LOGSOFTMAX_CHUNK_BYTES`.
 Not counted: llama.cpp's compute buffer (graph intermediates of one decode) and the Python server.
+
+The ``llamacpp`` rollout engine (in the trainer's process) holds one more copy of the base, its KV
+cache for one rollout chunk and that chunk's logits rows: in host RAM, or, for the layers a CUDA
+build offloads (``rollout.engine_gpu_layers``), in GPU memory outside torch's allocator
+(:func:`engine_components`; the GPU share goes into the GPU plan).
 """
 
 from __future__ import annotations
@@ -61,8 +66,47 @@ def worker_components(cfg: "RunConfig", shape: ModelShape, role: str) -> list[Co
     return comps
 
 
+def engine_gpu_fraction(cfg: "RunConfig", shape: ModelShape) -> float:
+    """The share of the engine's layers (weights and KV cache) on the GPU: 0 unless the run trains
+    on CUDA with the llamacpp engine and offloads layers."""
+    layers = cfg.rollout.engine_gpu_layers
+    if cfg.rollout.engine != "llamacpp" or cfg.card.device != "cuda" or layers == 0:
+        return 0.0
+    return 1.0 if layers < 0 else min(layers, shape.num_layers) / shape.num_layers
+
+
+def engine_components(cfg: "RunConfig", shape: ModelShape, on_gpu: bool) -> list[Component]:
+    """The llamacpp engine's memory on the GPU (``on_gpu``) or in host RAM; nothing for the hf
+    engine. Weights and KV cache split by :func:`engine_gpu_fraction`; the logits rows of one
+    decode stay in host memory."""
+    rollout = cfg.rollout
+    if rollout.engine != "llamacpp":
+        return []
+    share = engine_gpu_fraction(cfg, shape)
+    share = share if on_gpu else 1.0 - share
+    tokens = rollout.chunk_size * (rollout.max_prompt_len + rollout.max_new_tokens)
+    weights = shape.total_params * GGUF_BYTES_PER_PARAM[rollout.engine_outtype]
+    kv = tokens * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * (4 if rollout.engine_f32_kv_cache else 2)
+    where = f"{share:.0%} of the layers" if 0 < share < 1 else ""
+    comps = [
+        Component("engine GGUF base", "weights", int(weights * share), in_allocator=False,
+                  note=", ".join(x for x in (rollout.engine_outtype, where) if x)),
+        Component("engine KV cache", "kv_cache", int(kv * share), in_allocator=False,
+                  note=f"{tokens} tokens, {'f32' if rollout.engine_f32_kv_cache else 'f16'}"),
+    ]
+    if not on_gpu:
+        comps.append(Component("engine logits rows", "logits", rollout.chunk_size * shape.vocab_size * 4,
+                               in_allocator=False, note=f"{rollout.chunk_size} x {shape.vocab_size} float32"))
+    return [c for c in comps if c.bytes > 0]
+
+
 def workers_host_bytes(cfg: "RunConfig", shape: ModelShape) -> dict[str, list[Component]]:
-    """``{role: components}`` for every worker the run starts on this machine."""
+    """``{role: components}`` for every worker the run starts on this machine, and the llamacpp
+    rollout engine's host share (role ``engine``)."""
     from homerlhf.memory.threads import local_worker_roles
 
-    return {role: worker_components(cfg, shape, role) for role in local_worker_roles(cfg)}
+    out = {role: worker_components(cfg, shape, role) for role in local_worker_roles(cfg)}
+    engine = engine_components(cfg, shape, on_gpu=False)
+    if engine:
+        out["engine"] = engine
+    return out

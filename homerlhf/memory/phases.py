@@ -72,9 +72,17 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
             Component("scoring outputs", "buffers", outputs),
         ],
     }
+    if any(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards()):
+        m = cfg.ppo.micro_batch_size  # the adapter reward scores micro-batches, prompt + response unpadded
+        moments["reward forward (adapter)"] = [
+            Component("hidden states", "activations", m * t * shape.hidden_size * a, note=f"{m} x {t} tokens"),
+            Component("layer activations (no grad)", "activations",
+                      int(m * t * forward_layer_transient_per_token(shape, a, c) + m * t * t * a)),
+        ]
     if cfg.quant.load_in_4bit:
-        moments["forward (actor/critic/ref)"].append(
-            Component("dequantized weight", "activations", shape.largest_linear_params * c))
+        for name in moments:
+            if name != "actor log-probs":
+                moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c))
     return _largest(moments)
 
 

@@ -82,21 +82,17 @@ def candidate_placements(cfg: RunConfig) -> list[Placement]:
 
 
 def extra_gpu_bytes(placement: Placement, cfg: RunConfig, shape: ModelShape) -> int:
-    """GPU bytes a reward placement adds that the memory plan does not count: the reward adapter
-    (LoRA of the actor's rank, fp32, + score head), or an in-process HF reward model of the policy's
-    shape in the compute dtype."""
+    """GPU bytes a reward placement adds that the memory plan does not count: an in-process HF reward
+    model of the policy's shape in the compute dtype (the plan counts a reward adapter itself)."""
     if cfg.card.device == "cpu":
         return 0
-    if placement.reward == "adapter":
-        return 4 * (shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) + shape.hidden_size + 1)
     if placement.reward == "hf":
         return (4 if cfg.quant.compute_dtype == "fp32" else 2) * shape.total_params
     return 0
 
 
 def with_placement(cfg: RunConfig, placement: Placement) -> RunConfig:
-    """``cfg`` with ``placement``'s backends (a copy; ``adapter`` is a reward backend the config may
-    not know yet: the copy is for planning only, not validated)."""
+    """``cfg`` with ``placement``'s backends (a copy for planning, not validated)."""
     return cfg.model_copy(update={
         "ref": cfg.ref.model_copy(update={"backend": placement.ref}),
         "reward": cfg.reward.model_copy(update={"backend": placement.reward}),
@@ -118,8 +114,8 @@ def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: i
         time = iteration_time(cfg, rates, placement, cores=cores, logical=logical)
         if budget <= 0:
             return Candidate(time, None, True)
-        # The memory plan knows llamacpp/hf rewards; adapter and hf add extra_gpu_bytes on top.
-        planned = with_placement(cfg, replace(placement, reward="llamacpp"))
+        # The memory plan counts a reward adapter; an in-process hf reward adds extra_gpu_bytes on top.
+        planned = with_placement(cfg, replace(placement, reward="llamacpp") if placement.reward == "hf" else placement)
         peak = plan(planned, shape, budget, with_suggestion=False).peak_gib + extra_gpu_bytes(placement, cfg, shape) / GIB
         return Candidate(time, peak, peak <= budget)
 

@@ -25,8 +25,9 @@ from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.components import GIB, Assumptions, Component, overhead_components, persistent_components
-from homerlhf.memory.host import workers_host_bytes
+from homerlhf.memory.host import engine_components, workers_host_bytes
 from homerlhf.memory.phases import PHASE_BUILDERS, PHASES
+from homerlhf.memory.ranks import distributed_summary, gradient_sync_components, per_gpu_persistent
 from homerlhf.memory.shapes import ModelShape
 
 
@@ -99,7 +100,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     suggestion: Optional[Suggestion] = None
     workers: dict[str, list[Component]] = field(default_factory=dict)  # host RAM of each local llama.cpp worker
-    timing: Optional[Any] = None  # a homerlhf.memory.timing.Recommendation, when attached (attach_timing)
+    distributed: dict[str, Any] = field(default_factory=dict)  # GPUs, FSDP, global / per-GPU batch
+    timing: Optional[Any] = None  # a homerlhf.memory.placement.Recommendation, when attached (attach_timing)
 
     @property
     def workers_host_gib(self) -> float:
@@ -177,6 +179,7 @@ class Plan:
             "notes": self.notes,
             "workers_host": {role: [c.to_dict() for c in comps] for role, comps in self.workers.items()},
             "workers_host_gib": round(self.workers_host_gib, 4),
+            "distributed": self.distributed,
             "time": None if self.timing is None else self.timing.to_dict(),
         }
 
@@ -216,6 +219,8 @@ def settings_of(cfg: RunConfig) -> dict[str, Any]:
         "quant.compute_dtype": cfg.quant.compute_dtype,
         "ref.backend": cfg.ref.backend,
         "reward.backend": cfg.reward.backend,
+        "distributed.gpus": cfg.distributed.gpus,
+        "distributed.fsdp": cfg.distributed.fsdp,
     }
 
 
@@ -232,6 +237,8 @@ def param_counts(cfg: RunConfig, shape: ModelShape) -> dict[str, int]:
         "lora_critic": 0 if cfg.critic.shared_adapter or not cfg.has_critic
         else shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules),
         "value_head": shape.hidden_size + 1 if cfg.has_critic else 0,
+        "lora_reward": sum(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards())
+        * shape.lora_params(cfg.rm.lora.r, cfg.rm.lora.target_modules),
     }
 
 
@@ -249,10 +256,12 @@ def plan(
     that do (see :func:`homerlhf.memory.search.suggest`).
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
-    persistent = persistent_components(cfg, shape, assumptions)
+    persistent = per_gpu_persistent(cfg, shape, persistent_components(cfg, shape, assumptions))  # one GPU's
+    persistent += engine_components(cfg, shape, on_gpu=True)  # the llamacpp engine's layers on the GPU
     phases = []
     for name in PHASES:
         moment, transient = PHASE_BUILDERS[name](cfg, shape, assumptions)
+        transient += gradient_sync_components(cfg, shape) if name == "update" else []
         comps = persistent + transient
         allocated = sum(x.bytes for x in comps if x.in_allocator)
         phases.append(PhasePlan(name, moment, comps + overhead_components(cfg, allocated, assumptions)))
@@ -261,6 +270,9 @@ def plan(
         notes.append("reward.backend=hf: the in-process reward model's memory is not included")
     if cfg.ref.backend == "adapter_off":
         notes.append("ref.backend=adapter_off: reference log-probs are one more no-grad forward in scoring")
+    if any(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards()):
+        notes.append("reward.backend=adapter: the reward LoRA (as rm.lora) + score head on the shared base, "
+                     "scored by one more no-grad forward in scoring (ppo.micro_batch_size sequences)")
     result = Plan(
         model=shape.name,
         shape=shape.to_dict(),
@@ -274,6 +286,7 @@ def plan(
         assumptions=assumptions,
         notes=notes,
         workers=workers_host_bytes(cfg, shape),
+        distributed=distributed_summary(cfg),
     )
     if with_suggestion and result.fits is False:
         from homerlhf.memory.search import suggest  # the search plans candidates: it imports this module

@@ -49,6 +49,11 @@ def print_plan(plan: Plan, console=None) -> None:
            else f"{s['algorithm']}: no critic, optimizer {s['actor.optimizer']}"),
         highlight=False,
     )
+    dist = plan.distributed
+    if dist.get("gpus", 1) > 1:
+        console.print(f"{dist['gpus']} GPUs, {'sharded base (FSDP)' if dist['fsdp'] else 'data parallel (DDP)'}: "
+                      f"global batch {dist['global_batch']}, {dist['per_gpu_batch']} per GPU; every figure below is "
+                      "one GPU's", highlight=False)
     for phase in plan.phases:
         table = Table(title=f"{phase.name}: peak at {phase.moment}", title_justify="left", show_footer=True)
         table.add_column("component", footer="total")

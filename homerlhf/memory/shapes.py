@@ -314,3 +314,15 @@ def resolve_shape(name_or_path: str, revision: Optional[str] = None) -> ModelSha
         f"unknown model '{name_or_path}': not a local model dir, not in the hub cache, not in the builtin "
         f"table ({', '.join(n.split('/')[-1] for n in BUILTIN_SHAPES)}); pass a local dir holding its config.json"
     )
+
+
+def policy_shape(policy, name: str) -> Optional[ModelShape]:
+    """The loaded policy's shape, for the planner's prediction beside the measured peaks; None (and a
+    warning) for a model the planner cannot count."""
+    import logging
+
+    try:
+        return shape_from_config(policy.model.config, name, "loaded")
+    except UserError as exc:
+        logging.getLogger(__name__).warning("no predicted_mem_* metrics: %s", exc)
+        return None

@@ -46,8 +46,9 @@ def compute_dtype(quant: QuantConfig, device: str) -> torch.dtype:
     return _DTYPES[quant.compute_dtype]
 
 
-def quantization_config(quant: QuantConfig, device: str):
-    """The bitsandbytes 4-bit config, or None when ``quant.load_in_4bit`` is off."""
+def quantization_config(quant: QuantConfig, device: str, storage: torch.dtype = torch.uint8):
+    """The bitsandbytes 4-bit config, or None when ``quant.load_in_4bit`` is off. ``storage``: the
+    dtype the 4-bit codes are stored in (the compute dtype for FSDP: :mod:`homerlhf.models.sharding`)."""
     if not quant.load_in_4bit:
         return None
     from transformers import BitsAndBytesConfig
@@ -57,6 +58,7 @@ def quantization_config(quant: QuantConfig, device: str):
         bnb_4bit_quant_type=quant.quant_type,
         bnb_4bit_use_double_quant=quant.double_quant,
         bnb_4bit_compute_dtype=compute_dtype(quant, device),
+        bnb_4bit_quant_storage=storage,
     )
 
 
@@ -108,7 +110,7 @@ def load_base(model_path: str, cfg: RunConfig):
         model = AutoModelForCausalLM.from_pretrained(
             model_path,
             quantization_config=quantization_config(cfg.quant, device),
-            device_map={"": 0} if device == "cuda" else "cpu",
+            device_map={"": torch.cuda.current_device()} if device == "cuda" else "cpu",  # a rank's own GPU
             dtype=dtype,
             trust_remote_code=cfg.model.trust_remote_code,
             revision=cfg.model.revision,

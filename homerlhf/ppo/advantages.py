@@ -5,32 +5,43 @@ The math is :mod:`homerlhf.ppo.math`'s; these functions only chain it as the con
 
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import Tensor
 
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.distributed import Reduce, global_batch_moments, global_masked_whiten
 from homerlhf.ppo.group import grpo_advantages, rloo_advantages, token_advantages
 from homerlhf.ppo.math import gae, kl_penalized_rewards, masked_whiten
 from homerlhf.ppo.running import RunningMoments, normalize_scores
 
 
-def normalized_scores(scores: Tensor, ppo: PPOConfig, moments: RunningMoments) -> Tensor:
-    """Scores (B,) as they enter the rewards: running-normalised and/or clipped when configured."""
+def normalized_scores(scores: Tensor, ppo: PPOConfig, moments: RunningMoments,
+                      reduce: Optional[Reduce] = None) -> Tensor:
+    """Scores (B,) as they enter the rewards: running-normalised and/or clipped when configured.
+    ``reduce``: a sum over data-parallel ranks (the normaliser then sees every rank's scores)."""
     if ppo.score_norm:
-        moments.update(scores)
+        if reduce is None:
+            moments.update(scores)
+        else:
+            moments.merge(*global_batch_moments(scores, reduce))
         return normalize_scores(scores, moments.mean, moments.std, clip=ppo.score_clip)
     if ppo.score_clip is not None:
         return scores.clamp(-ppo.score_clip, ppo.score_clip)
     return scores
 
 
-def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: Tensor) -> Experience:
-    """KL-shaped rewards -> GAE -> (optional) whitening. ``scores``: (B,) as they enter the rewards."""
+def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: Tensor,
+                       reduce: Optional[Reduce] = None) -> Experience:
+    """KL-shaped rewards -> GAE -> (optional) whitening. ``scores``: (B,) as they enter the rewards.
+    ``reduce``: a sum over data-parallel ranks; the whitening then uses every rank's advantages."""
     mask = exp.response_mask
     rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, ppo.kl_estimator)
     advantages, returns = gae(rewards, exp.values, mask, ppo.gamma, ppo.lam)
     if ppo.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)
+        advantages = (masked_whiten(advantages, mask) if reduce is None
+                      else global_masked_whiten(advantages, mask, reduce))
     return Experience(**{**exp.__dict__, "rewards": rewards, "kl": kl, "advantages": advantages, "returns": returns})
 
 

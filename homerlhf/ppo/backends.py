@@ -31,6 +31,10 @@ class _Async:
 class ReferenceBackend(_Async):
     """Per-token log-probs of each response under the reference model."""
 
+    # True when it computes with the policy's own modules: then it may not run beside a policy
+    # forward or update (the asynchronous mode scores with it in the trainer's thread).
+    uses_policy: bool = False
+
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
         """Returns one list per sample with ``len(response_ids[i])`` floats:
         ``log p_ref(response[t] | prompt, response[:t])``."""
@@ -41,7 +45,13 @@ class ReferenceBackend(_Async):
 
 
 class RewardBackend(_Async):
-    """One scalar score per (prompt, response)."""
+    """One scalar score per (prompt, response).
+
+    ``shares_policy``: it computes on the policy's own modules, so it must never run next to a
+    policy forward: ``submit_score`` then scores in the caller's thread (a finished future).
+    """
+
+    shares_policy = False
 
     def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
         raise NotImplementedError
@@ -54,6 +64,8 @@ class RewardBackend(_Async):
 
     def submit_score(self, prompt_ids: TokenIds, response_ids: TokenIds,
                      rows: Optional[Sequence[dict]] = None) -> "Future[list[float]]":
+        if self.shares_policy:
+            return _completed(self.score_samples, prompt_ids, response_ids, rows)
         return self._submit(self.score_samples, prompt_ids, response_ids, rows)
 
     def take_component_scores(self) -> dict[str, list]:
@@ -89,6 +101,8 @@ class AdapterOffReference(ReferenceBackend):
     It shares the policy's modules, so it must not run concurrently with a policy forward:
     ``submit_logprobs`` computes in the caller's thread and returns a finished future.
     """
+
+    uses_policy = True
 
     def __init__(self, policy, batch_size: int = 8):
         self.policy = policy  # a homerlhf.models.policy.PolicyModel
@@ -167,3 +181,34 @@ class HFReward(RewardBackend):
         # non-pad id", which misfires when pad == eos).
         rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
         return score_sequences(self.model, rows, self.pad_id, self.batch_size).tolist()
+
+
+class AdapterReward(RewardBackend):
+    """``reward.backend: adapter``: a reward model's LoRA + score head on the policy's own 4-bit base
+    (:class:`homerlhf.models.reward_adapter.RewardAdapter`), scored at GPU speed with no second copy
+    of the base. The score of a sample is read at the last token of prompt + response, as every
+    other reward backend reads it.
+
+    It shares the policy's modules (``shares_policy``): ``submit_score`` computes in the caller's
+    thread and returns a finished future. An out-of-memory error halves the scorer's batch (down to
+    1, for the rest of the run) and scores again.
+    """
+
+    shares_policy = True
+
+    def __init__(self, scorer):
+        self.scorer = scorer  # a homerlhf.models.reward_adapter.RewardAdapter
+
+    def score(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[float]:
+        from homerlhf.memory.oom import halved_after_oom
+
+        sequences = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        while True:
+            try:
+                return self.scorer.scores(sequences).tolist()
+            except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+                self.scorer.batch_size = halved_after_oom(exc, self.scorer.batch_size, "reward scoring")
+
+    def close(self) -> None:
+        self.scorer.unload()
+        super().close()

@@ -10,6 +10,8 @@ A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
                                      byte offsets of ``metrics.jsonl``/``samples.jsonl`` at save time
                                      and the config fingerprint
 - ``config.yaml``                    the resolved run config
+- ``buffer/``                        the asynchronous mode's batch sampled ahead, if one is pending
+                                     (:mod:`homerlhf.ppo.buffer`)
 - ``MANIFEST.json``                  every file above with its size and sha256, written last
 
 It is written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
@@ -32,7 +34,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -207,6 +209,7 @@ def save_checkpoint(
     generators: Optional[Mapping[str, torch.Generator]] = None,
     log_sizes: Optional[Mapping[str, int]] = None,
     keep: int = 3,
+    write_extra: Optional[Callable[[Path], None]] = None,
 ) -> Path:
     """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``.
 
@@ -216,7 +219,7 @@ def save_checkpoint(
     score normaliser). ``trainer_state``: JSON-able counters (data cursor, ...).
     ``rng_state``: a :func:`capture_rng_state` result (default: captured now, with ``generators``);
     a caller that checkpoints the state from before an abandoned half iteration passes its own.
-    ``log_sizes``: byte offsets of the logs (default: their sizes now).
+    ``log_sizes``: byte offsets of the logs (default: their sizes now). ``write_extra(dir)``: adds files of its own.
     """
     from homerlhf.config import to_yaml
 
@@ -228,7 +231,6 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-
     policy.save(tmp)
     _maybe_fault(iteration)
     torch.save({k: opt.state_dict() for k, opt in optimizers.items()}, tmp / "optimizers.pt")
@@ -246,6 +248,8 @@ def save_checkpoint(
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "config.yaml").write_text(to_yaml(config))
+    if write_extra is not None:
+        write_extra(tmp)
 
     _seal(tmp, iteration)
     final = _move_into_place(tmp, root / name)

@@ -53,7 +53,7 @@ def phase(meter, name: str):
     return meter.phase(name) if meter is not None else contextlib.nullcontext()
 
 
-def _pad_right(rows: Sequence[Sequence[float]], width: int, device) -> Tensor:
+def pad_right(rows: Sequence[Sequence[float]], width: int, device) -> Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.float32)
@@ -152,25 +152,33 @@ def collect_experience(
     return out
 
 
+def build_experience(batch: RolloutBatch, logprobs: Tensor, values: Tensor, ref_logprobs: Tensor, raw_scores: Tensor,
+                     cfg: RunConfig, shares_trainer_weights: bool) -> Experience:
+    """One batch's experience from its rollout, the trainer's old log-probs and values (B, T), the
+    reference log-probs (B, T) and the raw scores (B,): masks applied, truncation penalty, behaviour
+    log-probs and importance weights set."""
+    mask = batch.response_mask.to(logprobs.device)
+    # The trainer's own module sampled: its old log-probs are the behaviour policy's, exactly.
+    behaviour = logprobs if shares_trainer_weights else batch.behaviour_logprobs.to(logprobs.device)
+    return Experience(
+        prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
+        response_ids=batch.response_ids, response_mask=mask,
+        logprobs=logprobs * mask, ref_logprobs=ref_logprobs.to(logprobs.device) * mask, values=values * mask,
+        scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
+        truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
+        is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
+    )
+
+
 def _assemble(pending, cfg: RunConfig, engine: RolloutEngine, pad_id: int) -> tuple[Experience, Tensor]:
     """Wait for each chunk's reference log-probs and scores and build the iteration's experience
     (behaviour log-probs and importance weights included) and rollout entropy."""
     parts, entropies = [], []
     for batch, logprobs, entropy, values, ref_future, score_future in pending:
-        width = batch.response_ids.shape[1]
-        ref_logprobs = _pad_right(ref_future.result(), width, logprobs.device)
+        ref_logprobs = pad_right(ref_future.result(), batch.response_ids.shape[1], logprobs.device)
         raw_scores = torch.as_tensor(score_future.result(), dtype=torch.float32, device=logprobs.device)
-        mask = batch.response_mask.to(logprobs.device)
-        # The trainer's own module sampled: its old log-probs are the behaviour policy's, exactly.
-        behaviour = logprobs if engine.shares_trainer_weights else batch.behaviour_logprobs.to(logprobs.device)
-        parts.append(Experience(
-            prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
-            response_ids=batch.response_ids, response_mask=mask,
-            logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=values * mask,
-            scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
-            truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
-            is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
-        ))
+        parts.append(build_experience(batch, logprobs, values, ref_logprobs, raw_scores, cfg,
+                                      engine.shares_trainer_weights))
         entropies.append(entropy)
     width = max(e.shape[1] for e in entropies)
     entropy = torch.cat([torch.nn.functional.pad(e, (0, width - e.shape[1])) for e in entropies])

@@ -39,6 +39,7 @@ class Experience:
     returns: Optional[Tensor] = None  # (B, T) GAE returns, the critic's targets
     behaviour_logprobs: Optional[Tensor] = None  # (B, T) log-probs under the engine that sampled
     is_weights: Optional[Tensor] = None  # (B, T) truncated importance weights min(exp(old - behaviour), cap)
+    policy_version: Optional[Tensor] = None  # (B,) long, updates applied to the actor that sampled each row
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -62,6 +62,8 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "is_weight_max": "Largest truncated importance weight of the batch.",
     "is_capped_fraction": "Fraction of response tokens whose importance ratio exceeded rollout.is_cap.",
     "kl_behaviour_old": "Mean per-token k3 KL(rollout engine || trainer's old policy), nats (0 with the hf engine).",
+    "policy_version_lag_mean": "Mean over samples of the updates the trainer had applied beyond the adapter that sampled them (0 in sync mode; 1 in async mode after iteration 1).",
+    "policy_version_lag_max": "Largest policy version lag of the batch.",
     "time_generation_s": "Wall seconds spent sampling responses.",
     "time_scoring_s": "Wall seconds computing old log-probs and values with the actor and critic.",
     "time_reference_reward_wait_s": "Wall seconds waiting for reference log-probs and scores after the last chunk.",
@@ -148,6 +150,15 @@ def sampler_metrics(exp: Experience) -> dict[str, float]:
     return {key: float(value) for key, value in stats.items()}
 
 
+def version_lag_metrics(exp: Experience, iteration: int) -> dict[str, float]:
+    """How many updates behind the trainer (version ``iteration - 1`` during iteration ``iteration``)
+    each sample's adapter was; none for an experience without policy versions."""
+    if exp.policy_version is None:
+        return {}
+    lag = (iteration - 1 - exp.policy_version).float()  # (B,)
+    return {"policy_version_lag_mean": float(lag.mean()), "policy_version_lag_max": float(lag.max())}
+
+
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
 
 
@@ -198,12 +209,26 @@ def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: 
     row: dict[str, Any] = {
         "iteration": iteration,
         **rollout_metrics(exp, scores, entropy, kl_coef),
+        **version_lag_metrics(exp, iteration),
         **(group_metrics(exp, group_size) if group_size else {}),
         **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
         **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
     }
     return {key: row[key] for key in METRIC_DESCRIPTIONS if key in row}
+
+
+def sample_records(exp: Experience, tokenizer, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` generations of ``exp`` as text, with their scores (``samples.jsonl``)."""
+    out = []
+    for i in range(min(n, len(exp))):
+        out.append({
+            "prompt": tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i].bool()], skip_special_tokens=False),
+            "response": tokenizer.decode(exp.response_ids[i][exp.response_mask[i].bool()], skip_special_tokens=True),
+            "score": float(exp.scores[i]),
+            "truncated": bool(exp.truncated[i]),
+        })
+    return out
 
 
 def _clean(value: Any) -> Any:

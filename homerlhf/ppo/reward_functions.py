@@ -195,6 +195,10 @@ class WeightedReward(RewardBackend):
         self._lock = threading.Lock()
         self._scores: dict[str, list[Optional[float]]] = {name: [] for name, _, _ in self.parts}
 
+    @property
+    def shares_policy(self) -> bool:  # one part on the policy's modules keeps the whole sum off threads
+        return any(backend.shares_policy for _, _, backend in self.parts)
+
     def score_samples(self, prompt_ids: TokenIds, response_ids: TokenIds,
                       rows: Optional[Sequence[dict]] = None) -> list[float]:
         by_part = [(name, weight, backend.score_samples(prompt_ids, response_ids, rows))

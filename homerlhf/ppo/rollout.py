@@ -48,8 +48,26 @@ class RolloutBatch:
 
     def rows(self, start: int, end: int) -> "RolloutBatch":
         """Samples ``start:end`` (same padded widths)."""
+        behaviour = self.behaviour_logprobs[start:end] if self.behaviour_logprobs is not None else None
         return RolloutBatch(self.prompt_ids[start:end], self.prompt_mask[start:end], self.response_ids[start:end],
-                            self.response_mask[start:end], self.truncated[start:end])
+                            self.response_mask[start:end], self.truncated[start:end], behaviour)
+
+    @classmethod
+    def cat(cls, parts: Sequence["RolloutBatch"], pad_id: int) -> "RolloutBatch":
+        """Batches (chunks of different widths) along the batch: prompts padded on the left,
+        responses on the right. Behaviour log-probs are kept only if every part has them."""
+        width_p = max(p.prompt_ids.shape[1] for p in parts)
+        width_t = max(p.response_ids.shape[1] for p in parts)
+        left = lambda t, fill: torch.nn.functional.pad(t, (width_p - t.shape[1], 0), value=fill)  # noqa: E731
+        right = lambda t, fill: torch.nn.functional.pad(t, (0, width_t - t.shape[1]), value=fill)  # noqa: E731
+        behaviour = None
+        if all(p.behaviour_logprobs is not None for p in parts):
+            behaviour = torch.cat([right(p.behaviour_logprobs, 0.0) for p in parts])
+        return cls(torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
+                   torch.cat([left(p.prompt_mask, 0) for p in parts]),
+                   torch.cat([right(p.response_ids, pad_id) for p in parts]),
+                   torch.cat([right(p.response_mask, 0) for p in parts]),
+                   torch.cat([p.truncated for p in parts]), behaviour)
 
     def sequences(self) -> tuple[Tensor, Tensor]:
         """``(input_ids, attention_mask)``, each (B, P + T): prompt then response."""

@@ -45,13 +45,20 @@ class RunningMoments:
         xs = x.detach().to(torch.float64).flatten()
         batch_mean = xs.mean().item()
         batch_m2 = ((xs - batch_mean) ** 2).sum().item()
+        self.merge(n, batch_mean, batch_m2)
+        batch_std = math.sqrt(batch_m2 / (n - 1)) if n > 1 else 0.0
+        return batch_mean, batch_std
+
+    def merge(self, n: int, batch_mean: float, batch_m2: float) -> None:
+        """Fold in a batch given by its size, mean and sum of squared deviations (e.g. a batch spread
+        over several processes: :func:`homerlhf.ppo.distributed.global_batch_moments`)."""
+        if n <= 0:
+            raise ValueError("RunningMoments.merge: empty batch")
         total = self.count + n
         delta = batch_mean - self.mean
         self.mean += delta * n / total
         self.m2 += batch_m2 + delta * delta * self.count * n / total
         self.count = total
-        batch_std = math.sqrt(batch_m2 / (n - 1)) if n > 1 else 0.0
-        return batch_mean, batch_std
 
     def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "m2": self.m2, "count": self.count}

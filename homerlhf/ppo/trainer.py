@@ -26,19 +26,23 @@ import torch
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
+from homerlhf.memory.peaks import PhaseMeter
 from homerlhf.memory.planner import predicted_peaks
-from homerlhf.memory.shapes import ModelShape, shape_from_config
+from homerlhf.memory.shapes import policy_shape
 from homerlhf.models.policy import compute_dtype
 from homerlhf.models.precision import loss_scaler
 from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
+from homerlhf.ppo.asynchronous import rollouts_ahead
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
+from homerlhf.ppo.distributed import SINGLE, Ranks, check_data_parallel, gather_batch, global_mean
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.guards import NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
-from homerlhf.ppo.metrics import KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix
+from homerlhf.ppo.metrics import (KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix,
+                                   sample_records)
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
 from homerlhf.ppo.rng import capture_rng_state, sample_seeds
@@ -56,16 +60,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def policy_shape(policy, name: str) -> Optional[ModelShape]:
-    """The loaded model's shape, for the planner's prediction beside the measured peaks; None (and a
-    warning) for a model the planner cannot count."""
-    try:
-        return shape_from_config(policy.model.config, name, "loaded")
-    except UserError as exc:
-        log.warning("no predicted_mem_* metrics: %s", exc)
-        return None
-
-
 # -- the loop ----------------------------------------------------------------------------------
 class PPOTrainer:
     """Holds cross-iteration state and runs ``iterations`` of PPO.
@@ -75,17 +69,21 @@ class PPOTrainer:
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
     ``engine``: what samples the rollouts (default: the actor's own ``generate``); it is synced with
     the actor before every rollout.
+    ``ranks``: data parallel over processes (:mod:`homerlhf.ppo.distributed`): this rank rolls out
+    and trains on its slice of each global batch; rank 0 alone writes metrics and checkpoints.
     """
 
     def __init__(self, cfg: RunConfig, policy, reference: ReferenceBackend, reward: RewardBackend,
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
                  stop: Optional[StopRequested] = None, engine: Optional[RolloutEngine] = None,
-                 rows: Optional[Sequence[dict]] = None):
+                 rows: Optional[Sequence[dict]] = None, ranks: Ranks = SINGLE):
         from accelerate import Accelerator
 
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
         check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
+        check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+        self.ranks = ranks
         self.cfg = cfg
         self.policy = policy
         self.reference = reference
@@ -118,11 +116,13 @@ class PPOTrainer:
         self._iteration_start: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
         self._dropped_iteration = False
         self.history: list[dict[str, Any]] = []
-        self.writer = MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir else None
-        from homerlhf.memory.peaks import PhaseMeter
-
+        self.writer = (MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir and ranks.is_main
+                       else None)
         self.meter = PhaseMeter(policy.device)
         self.shape = policy_shape(policy, cfg.model.name_or_path)
+        self.total_iterations = cfg.ppo.iterations  # what train() runs to: the last samples nothing ahead
+        self.ahead = rollouts_ahead(cfg, ranks, self.engine, reference, reward, self.rollout_state, self.prompts,
+                                    self.rows, self.run_dir, policy)  # async: the batch sampled ahead, else None
 
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
@@ -175,6 +175,8 @@ class PPOTrainer:
         self.data_epoch = counters["data_epoch"]
         self.data_cursor = counters["data_cursor"]
         self._dropped_iteration = True
+        if self.ahead is not None:
+            self.ahead.drop_iteration()
 
     def step(self) -> Optional[dict[str, Any]]:
         """One iteration: rollout and scoring, advantages, update, metrics. Returns the metrics row,
@@ -185,17 +187,10 @@ class PPOTrainer:
         self.meter.reset()
         times = StageTimes()
         started = time.perf_counter()
-        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
-        times.generation += time.perf_counter() - started
-        indices = self.next_indices()
-        rows = [self.rows[i] for i in indices] if self.rows is not None else None
         redos_before = (self.rollout_state.oom_retries_generation, self.rollout_state.oom_retries_scoring)
-        exp, entropy = collect_experience(
-            self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
-            rows=rows, meter=self.meter, times=times, seeds=sample_seeds(self.cfg.seed, self.iteration, len(indices)),
-            state=self.rollout_state)
-        components = self.reward.take_component_scores()
-        if self.stop.requested:
+        exp, entropy, components = (self._collect(times) if self.ahead is None else self.ahead.collect(
+            self.iteration, self.next_indices, self.policy, self.total_iterations, self.meter, times))
+        if self._stop_agreed():
             # The rollout phase is over; the update would be a new one. Nothing it produced has
             # touched the weights, optimizers or normaliser yet, so dropping it is exact.
             self._drop_iteration()
@@ -205,7 +200,11 @@ class PPOTrainer:
         update = {**self.update(exp, times, kl_coef), "rollout_chunk_size": self.rollout_state.chunk_size,
                   "oom_retries_generation": self.rollout_state.oom_retries_generation - redos_before[0],
                   "oom_retries_scoring": self.rollout_state.oom_retries_scoring - redos_before[1]}
-        self.kl_ctl.update(float(sequence_kl(exp).mean()), len(exp))
+        kl_mean = global_mean(sequence_kl(exp), self._reduce) if self._reduce else float(sequence_kl(exp).mean())
+        self.kl_ctl.update(kl_mean, len(exp) * self.ranks.world)
+        # The metrics row and the samples are of the whole global batch (every rank's, in rank order).
+        exp, scores, entropy, components = gather_batch(self.ranks, exp, scores, entropy, components,
+                                                        self.policy.tokenizer.pad_token_id)
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started,
                                 group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
@@ -215,6 +214,34 @@ class PPOTrainer:
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row
+
+    def _collect(self, times: StageTimes) -> tuple[Experience, torch.Tensor, dict[str, list]]:
+        """Rollout and scoring by the engine synced to the actor: experience, entropy (B, T), per-reward scores."""
+        t0 = time.perf_counter()
+        self.engine.sync(self.policy)  # the engine's own copy of the actor, if it keeps one
+        times.generation += time.perf_counter() - t0
+        indices = self.next_indices()
+        seeds = sample_seeds(self.cfg.seed, self.iteration, len(indices))
+        lo, hi = self.ranks.shard(len(indices))  # this rank's slice of the global batch
+        indices, seeds = indices[lo:hi], seeds[lo:hi]
+        rows = [self.rows[i] for i in indices] if self.rows is not None else None
+        exp, entropy = collect_experience(
+            self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
+            rows=rows, meter=self.meter, times=times, seeds=seeds, state=self.rollout_state)
+        exp.policy_version = torch.full((len(exp),), self.iteration - 1, dtype=torch.long)
+        return exp, entropy, self.reward.take_component_scores()
+
+
+    @property
+    def _reduce(self):
+        """Sum over the data-parallel ranks; None with one process (the one-process math as it was)."""
+        return self.ranks.sum if self.ranks.distributed else None
+
+    def _stop_agreed(self) -> bool:
+        """A stop request on any rank stops every rank at the same phase boundary."""
+        if self.ranks.distributed and self.ranks.any(self.stop.requested) and not self.stop.requested:
+            self.stop.request("stop requested on another rank")
+        return self.stop.requested
 
     @staticmethod
     def _kl_ref_start(exp: Experience) -> float:
@@ -229,9 +256,9 @@ class PPOTrainer:
     def advantages(self, exp: Experience, kl_coef: float, times: StageTimes) -> tuple[Experience, torch.Tensor]:
         """Scores as they enter the rewards (B,), then rewards, GAE and whitening on ``exp``."""
         t0 = time.perf_counter()
-        scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments)
+        scores = normalized_scores(exp.scores, self.cfg.ppo, self.score_moments, self._reduce)
         if self.cfg.has_critic:
-            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores)
+            exp = compute_advantages(exp, self.cfg.ppo, kl_coef, scores, self._reduce)
         else:
             exp = compute_group_advantages(exp, self.cfg, kl_coef, scores)
         times.advantages = time.perf_counter() - t0
@@ -245,7 +272,7 @@ class PPOTrainer:
         group = None if self.cfg.has_critic else GroupLoss.from_config(self.cfg, kl_coef)
         with phase(self.meter, "update"):
             update = ppo_update(self.policy, exp, self.cfg, self.actor_opt, self.critic_opt, self.accelerator,
-                                self.generator, self.update_state, self.guard, self.scaler, group)
+                                self.generator, self.update_state, self.guard, self.scaler, group, self.ranks)
         times.update = time.perf_counter() - t0
         return {**update, "micro_batch_size": self.update_state.micro_batch_size,
                 "oom_retries": self.update_state.oom_retries - retries_before}
@@ -268,31 +295,24 @@ class PPOTrainer:
         self.history.append(row)
         if self.writer is not None:
             self.writer.log(row)
-            self.writer.log_samples(self.iteration, self.samples(exp))
-
-    def samples(self, exp: Experience) -> list[dict[str, Any]]:
-        """The first ``logging.samples_per_iteration`` generations as text, with their scores."""
-        tok = self.policy.tokenizer
-        out = []
-        for i in range(min(self.cfg.logging.samples_per_iteration, len(exp))):
-            out.append({
-                "prompt": tok.decode(exp.prompt_ids[i][exp.prompt_mask[i].bool()], skip_special_tokens=False),
-                "response": tok.decode(exp.response_ids[i][exp.response_mask[i].bool()], skip_special_tokens=True),
-                "score": float(exp.scores[i]),
-                "truncated": bool(exp.truncated[i]),
-            })
-        return out
+            self.writer.log_samples(self.iteration, sample_records(exp, self.policy.tokenizer,
+                                                                   self.cfg.logging.samples_per_iteration))
 
     def checkpoint(self) -> Optional[Path]:
         """Write the full checkpoint of the state after ``self.iteration`` (see ``homerlhf.ppo.checkpoint``)."""
         if self.run_dir is None:
             return None
         rng_state = self._iteration_start[0] if self._dropped_iteration else None
-        path = save_checkpoint(
-            self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
-            trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
-            generators=self._generators(), keep=self.cfg.checkpoint.keep,
-        )
+        write_extra = self.ahead.checkpoint_files() if self.ahead is not None else None  # the batch ahead
+        self.ranks.barrier()  # every rank has finished the iteration; their weights are the same
+        path = None
+        if self.ranks.is_main:
+            path = save_checkpoint(
+                self.run_dir, self.iteration, policy=self.policy, optimizers=self._optimizers(), config=self.cfg,
+                trainer_state=self.state_dict(), stateful=self._stateful(), rng_state=rng_state,
+                generators=self._generators(), keep=self.cfg.checkpoint.keep, write_extra=write_extra,
+            )
+        path = self.ranks.broadcast(path)  # and a barrier: no rank goes on before the checkpoint is whole
         self.last_checkpoint = self.guard.last_checkpoint = path
         return path
 
@@ -312,13 +332,19 @@ class PPOTrainer:
             for group in (optimizer.param_groups if optimizer is not None else []):
                 group["lr"] = section.lr
                 group["weight_decay"] = self.cfg.training.weight_decay
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.ranks.is_main:
             truncate_logs(self.run_dir, state["logs"])
+        if self.ahead is not None:
+            self.ahead.buffer.restore_from(Path(ckpt) / "buffer")
         self.last_checkpoint = self.guard.last_checkpoint = Path(ckpt)
         return self.iteration
 
     def _checkpoint_after_failed_rollout(self) -> str:
         """Drop the iteration whose rollout failed, checkpoint the last finished one; say where it is."""
+        if self.ahead is not None:  # the failed batch was to be in the next checkpoint: the last one has its own
+            self.ahead.discard()
+            return (f"last checkpoint {self.last_checkpoint} (fix it, then --resume {self.run_dir})"
+                    if self.last_checkpoint else "no checkpoint written (no good iteration finished)")
         self._drop_iteration()
         saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
         if self.iteration == 0 or self.run_dir is None or self.guard.in_row:
@@ -343,28 +369,31 @@ class PPOTrainer:
         from tqdm.auto import tqdm
 
         total = iterations if iterations is not None else self.cfg.ppo.iterations
+        self.total_iterations = total
         bar = tqdm(total=total, initial=self.iteration, desc="PPO", unit="it",
-                   disable=not self.cfg.logging.progress, dynamic_ncols=True)
+                   disable=not (self.cfg.logging.progress and self.ranks.is_main), dynamic_ncols=True)
         try:
-            while self.iteration < total and not self.stop.requested:
+            while self.iteration < total and not self._stop_agreed():
                 try:
                     row = self.step()
+                    if row is None:
+                        break
+                    bar.update(1)
+                    bar.set_postfix(progress_postfix(row))
+                    # Not while non-finite steps are in a row: that state (e.g. a NaN-fed score
+                    # normaliser) is not one to resume from; the last good checkpoint stays the newest.
+                    healthy = self.guard.in_row == 0
+                    if healthy and (self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total):
+                        self.checkpoint()  # async: waits for the batch ahead, a failure of its surfaces here
                 except RewardFunctionError as exc:
                     raise RewardFunctionError(f"{exc}; {self._checkpoint_after_failed_rollout()}") from None
-                if row is None:
-                    break
-                bar.update(1)
-                bar.set_postfix(progress_postfix(row))
-                # Not while non-finite steps are in a row: that state (e.g. a NaN-fed score
-                # normaliser) is not one to resume from; the last good checkpoint stays the newest.
-                healthy = self.guard.in_row == 0
-                if healthy and (self.iteration % self.cfg.checkpoint.every == 0 or self.iteration == total):
-                    self.checkpoint()
             saved = self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.iteration)
             if self.stop.requested and not saved and self.iteration > 0 and self.guard.in_row == 0:
                 self.checkpoint()
         finally:
             bar.close()
+            if self.ahead is not None:
+                self.ahead.close()
             self.meter.close()
             if self.writer is not None:
                 self.writer.close()

@@ -24,6 +24,7 @@ from torch import Tensor
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.errors import UserError
 from homerlhf.ppo.advantages import sequence_advantages
+from homerlhf.ppo.distributed import SINGLE, Ranks, merge_rows, owned_minibatch_rows
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.group import clipped_group_loss
 from homerlhf.ppo.guards import NonFiniteGuard
@@ -117,18 +118,19 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
 
 
 def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, backward: Callable[[Tensor], None],
-                    group: Optional[GroupLoss] = None):
+                    group: Optional[GroupLoss] = None, totals: Optional[tuple[Tensor, int]] = None):
     """``accumulate(micro_batch_size) -> stats``: zero grads, then forward/backward every micro-batch.
 
     Each micro-batch's (token-mean) losses are weighted by its share of the mini-batch's response
     tokens (its share of rows for a per-row ``group`` loss), so the accumulated gradient is the
     mini-batch's gradient whatever the micro-batch size: an OOM retry with halved micro-batches
     gives the same step. The optimizer step is the caller's (see ``homerlhf.memory.oom``).
-    ``group``: the GRPO / RLOO loss (no critic); None for PPO.
+    ``group``: the GRPO / RLOO loss (no critic); None for PPO. ``totals``: the response tokens and
+    rows of the whole mini-batch when ``minibatch`` is this rank's part of it (data parallel).
     """
     from homerlhf.memory.oom import maybe_raise
 
-    total_tokens = minibatch.response_mask.sum()
+    total_tokens, total_rows = totals if totals is not None else (minibatch.response_mask.sum(), len(minibatch))
 
     def accumulate(micro_batch_size: int) -> dict[str, float]:
         for optimizer in optimizers:
@@ -138,7 +140,7 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
             maybe_raise(micro_batch_size)
             share = micro.response_mask.sum() / total_tokens
             if group is not None:
-                share = torch.tensor(len(micro) / len(minibatch)) if group.per_row else share
+                share = torch.tensor(len(micro) / total_rows) if group.per_row else share
                 out = group_micro_losses(policy, micro, group)
                 backward(out["policy_loss"] * share)
             elif policy.shared_adapter:
@@ -175,16 +177,30 @@ def _scale_overflow(scaler: torch.amp.GradScaler, stats: dict[str, float]) -> bo
     return losses_finite and not grads_finite
 
 
+def _summed_over_ranks(ranks: Ranks, optimizers, stats: dict[str, float]) -> dict[str, float]:
+    """Data parallel: every rank's gradients and (token-share weighted) loss stats summed; each rank
+    then holds the global mini-batch's. As they are with one process."""
+    if not ranks.distributed:
+        return stats
+    ranks.all_reduce_grads([p for opt in optimizers for g in opt.param_groups for p in g["params"]])
+    return {key: sum(values) for key, values in merge_rows([{k: [v] for k, v in part.items()}
+                                                            for part in ranks.gather(stats)]).items()}
+
+
 def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                     state: UpdateState, guard: Optional[NonFiniteGuard] = None,
                     scaler: Optional[torch.amp.GradScaler] = None,
-                    group: Optional[GroupLoss] = None) -> dict[str, float]:
+                    group: Optional[GroupLoss] = None, ranks: Ranks = SINGLE,
+                    global_rows: Optional[int] = None) -> dict[str, float]:
     """One optimizer step of actor and critic (actor alone: ``critic_opt`` None) on a mini-batch,
     accumulating over micro-batches.
 
     With a ``guard``, a non-finite loss or gradient norm skips the step (grads dropped, ``skipped``
     set in the stats); the guard raises once too many came in a row. ``scaler``: the fp16 loss
     scaler (None: no scaling); its overflows skip the step without counting as non-finite.
+    Data parallel (``ranks``): ``minibatch`` is this rank's part of a mini-batch of ``global_rows``
+    rows; the gradients and the loss stats are summed over the ranks before clipping, so every rank
+    takes the same step.
     """
     optimizers = tuple(opt for opt in (actor_opt, critic_opt) if opt is not None)
     scaler = scaler if scaler is not None else torch.amp.GradScaler("cpu", enabled=False)
@@ -192,7 +208,10 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
     def backward(loss: Tensor) -> None:
         accelerator.backward(scaler.scale(loss))
 
-    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, backward, group)
+    totals = None
+    if ranks.distributed:
+        totals = (ranks.sum(minibatch.response_mask.sum().double()).to(minibatch.response_mask.dtype), global_rows)
+    accumulate = make_accumulate(policy, minibatch, cfg.ppo, optimizers, backward, group, totals)
     if cfg.training.dynamic_micro_batch:
         from homerlhf.memory.oom import run_with_backoff
 
@@ -203,6 +222,7 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
         stats = run_with_backoff(accumulate, state.micro_batch_size, on_retry=on_retry, phase="update")
     else:
         stats = accumulate(state.micro_batch_size)
+    stats = _summed_over_ranks(ranks, optimizers, stats)
     for optimizer in optimizers:
         scaler.unscale_(optimizer)  # clipping and the guard see the true gradients
     actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
@@ -229,19 +249,21 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
 
 def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, accelerator,
                generator: torch.Generator, state: UpdateState, guard: Optional[NonFiniteGuard] = None,
-               scaler: Optional[torch.amp.GradScaler] = None, group: Optional[GroupLoss] = None) -> dict[str, float]:
+               scaler: Optional[torch.amp.GradScaler] = None, group: Optional[GroupLoss] = None,
+               ranks: Ranks = SINGLE) -> dict[str, float]:
     """K epochs of shuffled mini-batches; stops early once approx_kl exceeds ``ppo.early_stop_kl``.
 
     With an enabled fp16 ``scaler`` the stats include ``loss_scale``, its scale after the last step.
-    ``group``: the GRPO / RLOO loss (``critic_opt`` None); None for PPO.
+    ``group``: the GRPO / RLOO loss (``critic_opt`` None); None for PPO. ``ranks``: data parallel:
+    ``exp`` is this rank's slice of the global batch (see :mod:`homerlhf.ppo.distributed`).
     """
     policy.train()
     early_stopped = False
     steps = []
     for _ in range(cfg.ppo.epochs):
-        for minibatch in exp.minibatches(cfg.ppo.mini_batch_size, generator):
+        for minibatch, rows in _minibatches(exp, cfg.ppo.mini_batch_size, generator, ranks):
             steps.append(train_minibatch(policy, minibatch, cfg, actor_opt, critic_opt, accelerator, state, guard,
-                                         group=group, scaler=scaler))
+                                         group=group, scaler=scaler, ranks=ranks, global_rows=rows))
             if cfg.ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > cfg.ppo.early_stop_kl:
                 early_stopped = True
                 break
@@ -256,3 +278,15 @@ def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, a
     if scaler is not None and scaler.is_enabled():
         out["loss_scale"] = float(scaler.get_scale())
     return out
+
+
+def _minibatches(exp: Experience, size: int, generator: torch.Generator, ranks: Ranks):
+    """``(minibatch, global rows)`` pairs: shuffled mini-batches of ``exp``; data parallel, this rank's
+    rows of each global mini-batch (one permutation of the global batch on every rank)."""
+    if not ranks.distributed:
+        for minibatch in exp.minibatches(size, generator):
+            yield minibatch, len(minibatch)
+        return
+    lo, _ = ranks.shard(len(exp) * ranks.world)
+    for owned, rows in owned_minibatch_rows(len(exp) * ranks.world, lo, lo + len(exp), size, generator):
+        yield exp.select(owned).trimmed(), rows

@@ -8,6 +8,7 @@ whatever happens in between.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,11 +78,12 @@ def build_reference(cfg: RunConfig, policy, policy_model_path: str, run_dir: Pat
     return llamacpp_reference(cfg, policy_model_path, policy.tokenizer, run_dir, vocab_rows=policy.vocab_size)
 
 
-def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path], policy=None) -> RewardBackend:
     """The run's reward: one reward model as it is; a function, or several rewards, weighted
-    (:class:`homerlhf.ppo.reward_functions.WeightedReward`). ``tokenizer``: the policy's."""
+    (:class:`homerlhf.ppo.reward_functions.WeightedReward`). ``tokenizer``: the policy's;
+    ``policy``: the run's ``PolicyModel``, which ``reward.backend: adapter`` scores on."""
     if not uses_weighted_reward(cfg):
-        return _model_reward(cfg, cfg.reward, tokenizer, run_dir)
+        return _model_reward(cfg, cfg.reward, tokenizer, run_dir, policy)
     from homerlhf.ppo.reward_functions import FunctionReward, WeightedReward, load_reward_function
 
     parts = []
@@ -90,7 +92,7 @@ def build_reward(cfg: RunConfig, tokenizer, run_dir: Optional[Path]) -> RewardBa
             if rc.backend == "function":
                 backend = FunctionReward(load_reward_function(rc.function, f"{key}.function"), tokenizer)
             else:
-                backend = _model_reward(cfg, rc, tokenizer, run_dir)
+                backend = _model_reward(cfg, rc, tokenizer, run_dir, policy)
             parts.append((rc.metric_name, rc.weight, backend))
     except BaseException:
         for _, _, backend in parts:
@@ -103,8 +105,10 @@ def uses_weighted_reward(cfg: RunConfig) -> bool:
     return cfg.reward.backend == "function" or bool(cfg.reward.components)
 
 
-def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path]) -> RewardBackend:
+def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path], policy=None) -> RewardBackend:
     """A reward model (``rc``: ``cfg.reward`` or one of its components) on its backend."""
+    if rc.backend == "adapter":
+        return adapter_reward(cfg, rc, policy)
     cfg = cfg.model_copy(update={"reward": rc})  # the backends read cfg.reward
     if cfg.reward.backend == "hf":
         import torch
@@ -125,6 +129,23 @@ def _model_reward(cfg: RunConfig, rc, tokenizer, run_dir: Optional[Path]) -> Rew
     return llamacpp_reward(cfg, tokenizer, run_dir)
 
 
+def adapter_reward(cfg: RunConfig, rc, policy) -> RewardBackend:
+    """``rc`` (``backend: adapter``) as a third adapter on ``policy``'s base, once its base is checked
+    to be the policy's. Several such rewards get one adapter each (``reward``, ``reward_<name>``)."""
+    from homerlhf.models.registry import resolve_model_dir
+    from homerlhf.models.reward_adapter import REWARD, RewardAdapter, check_same_base
+    from homerlhf.ppo.backends import AdapterReward
+
+    if policy is None:
+        raise UserError("reward.backend 'adapter' scores on the policy's base, which only a PPO run loads; "
+                        "use reward.backend=llamacpp or hf here")
+    adapter_dir = check_same_base(resolve_model(rc.model), resolve_model_dir(cfg.model.name_or_path))
+    _check_same_vocab(policy.tokenizer, str(adapter_dir))
+    name = REWARD if rc.metric_name == "rm" else f"{REWARD}_{rc.metric_name}"
+    return AdapterReward(RewardAdapter(policy.model, adapter_dir, policy.tokenizer.pad_token_id,
+                                       batch_size=cfg.ppo.micro_batch_size, name=name))
+
+
 def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> RolloutEngine:
     """The configured rollout engine (``rollout.engine``): the actor's own generate, or llama.cpp
     on the KL-consistent export with the actor's LoRA swapped in before every rollout."""
@@ -137,11 +158,11 @@ def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) 
 
 def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
     """The configured reward model for scoring outside a PPO run (side-by-side answers): in process
-    for ``hf``; else ``reward.url``, or a llama.cpp worker of its own on the exported model. Reward
+    for ``hf`` (and for ``adapter``: its run's merged ``model/``, on a full-precision base); else ``reward.url``, or a llama.cpp worker of its own on the exported model. Reward
     functions see no dataset row here (``row`` is ``{}``)."""
     if uses_weighted_reward(cfg):
         return build_reward(cfg, tokenizer, run_dir=None)
-    if cfg.reward.backend == "hf":
+    if cfg.reward.backend in ("hf", "adapter"):  # adapter: its merged model/, on a base of its own
         from homerlhf.ppo.backends import HFReward
 
         return HFReward(resolve_model(cfg.reward.model), trust_remote_code=cfg.model.trust_remote_code)
@@ -151,14 +172,16 @@ def scoring_reward(cfg: RunConfig, tokenizer) -> RewardBackend:
 
 
 @contextlib.contextmanager
-def trainer_threads(cfg: RunConfig):
+def trainer_threads(cfg: RunConfig, processes_here: int = 1):
     """torch's CPU threads for a trainer on CPU: its share of the physical cores next to the local
-    workers (restored afterwards; a GPU trainer's are left alone)."""
+    workers, split over the ``processes_here`` trainer processes on this host (restored afterwards; a
+    GPU trainer's are left alone)."""
     import torch
 
     from homerlhf.memory.threads import run_thread_shares
 
     share = run_thread_shares(cfg).trainer
+    share = max(1, share // processes_here) if share else share
     before = torch.get_num_threads()
     if share:
         torch.set_num_threads(share)
@@ -166,6 +189,24 @@ def trainer_threads(cfg: RunConfig):
         yield share
     finally:
         torch.set_num_threads(before)
+
+
+def _claim_run(cfg: RunConfig, out_dir, resume, overwrite: bool, ranks) -> tuple[Path, Optional[Path]]:
+    """The run dir and the checkpoint to resume from (None for a new run). A new run's dir is claimed
+    by process 0 alone; the others learn its path."""
+    from homerlhf.ppo.checkpoint import check_resume_compatible
+    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+
+    if resume is None:
+        return ranks.broadcast(prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite) if ranks.is_main
+                               else None), None
+    if overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
+    if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+        raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
+    ckpt = find_resume_checkpoint(Path(resume))
+    check_resume_compatible(saved_config(ckpt), cfg, Path(resume))
+    return Path(resume), ckpt
 
 
 def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Optional[str | Path] = None,
@@ -178,26 +219,24 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     ``stop``: a ``StopRequested``; by default SIGINT/SIGTERM set one while the trainer runs.
 
     ``reward``: a ready reward backend (e.g. ``CallableReward``) instead of the configured one.
+
+    Under ``accelerate launch`` (several processes) each process runs this with the same arguments:
+    see :mod:`homerlhf.stages.data_parallel` for what process 0 does alone.
     """
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.checkpoint import check_resume_compatible
-    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+    from homerlhf.models.sharding import check_trainable_sharded
+    from homerlhf.ppo.distributed import check_data_parallel, current_ranks
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.stages.data_parallel import build_scorers, watch_launcher
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # before any weight is read or run dir is written
-    ckpt = None
-    if resume is not None:
-        if overwrite:
-            raise UserError("--resume continues a run and --overwrite replaces it; pass only one of them")
-        if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
-            raise UserError(f"--resume continues in {resume} itself; drop --out {out_dir}")
-        run_dir = Path(resume)
-        ckpt = find_resume_checkpoint(run_dir)
-        check_resume_compatible(saved_config(ckpt), cfg, run_dir)
-    else:
-        run_dir = prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite)
+    check_trainable_sharded(cfg)
+    ranks = current_ranks()
+    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+    watch_launcher(ranks)
+    run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
     seed_everything(cfg.seed)
 
@@ -208,22 +247,21 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(trainer_threads(cfg))
-        reference = build_reference(cfg, policy, model_path, run_dir)
-        stack.callback(reference.close)
-        if reward is None:
-            reward = build_reward(cfg, policy.tokenizer, run_dir)
-        stack.callback(reward.close)
+        stack.enter_context(trainer_threads(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        reference, reward = build_scorers(cfg, policy, model_path, run_dir, ranks, stack, reward)
         engine = build_engine(cfg, policy, model_path, run_dir)
         stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows)
+        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
+                             ranks=ranks)
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.
-        (run_dir / "config.yaml.tmp").write_text(to_yaml(cfg))
-        (run_dir / "config.yaml.tmp").replace(run_dir / "config.yaml")
+        if ranks.is_main:
+            (run_dir / "config.yaml.tmp").write_text(to_yaml(cfg))
+            (run_dir / "config.yaml.tmp").replace(run_dir / "config.yaml")
         with stop:  # SIGINT/SIGTERM: finish the phase, checkpoint; the ExitStack then stops the workers
             metrics = trainer.train()
+        ranks.barrier()  # the workers' owner stops them only once no rank needs them
     return {"run_dir": run_dir, "metrics": metrics, "checkpoint": trainer.last_checkpoint,
             "stopped": trainer.stopped, "iteration": trainer.iteration}

@@ -1,8 +1,10 @@
 """Check first: before any weight is read, each role's backend can serve its model's architecture.
 
-Only ``config.json`` files are read, and a reward function's file imported (a builtin name is known without building it; a hub id is
-looked up in the local cache only, and skipped when absent: its download would fail later with
-its own message). Each refusal is one line naming the architecture, what is supported and the
+Only ``config.json`` files are read, and a reward function's file imported (a builtin name is known
+without building it; a hub id is looked up in the local cache only, and skipped when absent: its
+download would fail later with its own message). ``reward.backend: adapter`` also reads the weight
+files' headers and a few bytes per tensor (:mod:`homerlhf.models.fingerprint`), of builtin models
+once built. Each refusal is one line naming the architecture, what is supported and the
 switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
 reward model.
 """
@@ -138,7 +140,7 @@ def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
 
         load_reward_function(rc.function, f"{key}.function")
         return
-    if rc.url:
+    if rc.url or rc.backend == "adapter":  # an adapter's base is checked once the policy is resolved
         return
     name = rc.model or ""
     config = model_config(name) if name else None
@@ -160,6 +162,35 @@ def check_run(cfg: "RunConfig") -> None:
         _check_reward(key, rc, rc.ctx or seq_len, cfg.model.trust_remote_code)
     if cfg.rollout.engine == "llamacpp" and policy_config is not None:
         check_exportable(policy_config, cfg.model.name_or_path, "rollout", seq_len)
+    check_reward_adapters(cfg)
+
+
+def _local_model_dir(name: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The local directory of a model name (a builtin one built, as the run would), or None for a
+    hub id not in the local cache."""
+    if name.startswith(BUILTIN):
+        from homerlhf.models.registry import resolve_model
+
+        return Path(resolve_model(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    cached = _hub_cached_config(name, revision)
+    return cached.parent if cached else None
+
+
+def check_reward_adapters(cfg: "RunConfig") -> None:
+    """Each ``backend: adapter`` reward was trained on the policy's own base (config and weights
+    fingerprint, :func:`homerlhf.models.reward_adapter.check_same_base`); a model not on this
+    machine yet is checked when the run builds that reward."""
+    from homerlhf.models.reward_adapter import check_same_base
+
+    adapters = [rc for _, rc in cfg.reward.all_rewards() if rc.backend == "adapter"]
+    policy_dir = _local_model_dir(cfg.model.name_or_path, cfg.model.revision) if adapters else None
+    for rc in adapters:
+        reward_dir = _local_model_dir(rc.model or "")
+        if policy_dir is not None and reward_dir is not None:
+            check_same_base(reward_dir, policy_dir)
 
 
 def check_reward_stage(cfg: "RunConfig", base: str) -> None:

@@ -9,7 +9,9 @@ Writes, under the run directory OUT:
 - ``adapter/``  peft adapter incl. the score head (methods qlora and lora);
 - ``model/``    the merged HF ``*ForSequenceClassification`` (num_labels 1) + tokenizer;
 - ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.gguf``);
-- ``reward_run.json``  base model, data reports, counts, held-out pairwise accuracy, time.
+- ``reward_run.json``  base model and its fingerprint (``base_fingerprint``,
+  :mod:`homerlhf.models.fingerprint`: ``reward.backend: adapter`` checks it against the policy's
+  base), data reports, counts, held-out pairwise accuracy, time.
 
 ``homerlhf train`` takes ``reward.model: OUT`` directly.
 """
@@ -28,6 +30,8 @@ import torch
 from homerlhf.data.load import load_preferences
 from homerlhf.data.replies import reward_sequence_ids
 from homerlhf.data.tokens import fit_length
+from homerlhf.models.fingerprint import base_fingerprint
+from homerlhf.models.registry import resolve_model_dir
 from homerlhf.models.scores import score_sequences, sequence_scores
 from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
@@ -207,6 +211,7 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
         "data": report.to_dict(),
         "eval_data": eval_report.to_dict() if eval_report else f"{cfg.data.eval_fraction:g} split of the data",
         "n_train": len(train_pairs), "n_eval": len(eval_pairs), **trained, "gguf_dir": None,
+        "base_fingerprint": base_fingerprint(resolve_model_dir(base_path)),
     }
     write_json(out / "reward_run.json", summary)
     if section.export_gguf:

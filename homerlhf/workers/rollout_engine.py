@@ -9,7 +9,10 @@ sequences decode in one ``llama_decode`` batch (unified KV cache, one sequence i
 Sampling is exact: ``softmax(logits / temperature)`` over the whole vocabulary, in float64, by the
 Gumbel-max trick (argmax of ``logits / T + Gumbel noise``), with no other logits processing, the
 trainer's stop set and ``max_new_tokens``. Each token's behaviour log-prob is that distribution's.
-The noise comes from a numpy generator seeded from torch's global RNG, so a seeded run repeats.
+With per-sample ``seeds`` each sample draws its noise from a numpy generator of its own, so its
+response does not depend on the other prompts of the decode batch nor on torch's global RNG (the
+asynchronous mode samples in a background thread); without them one generator seeded from torch's
+global RNG serves the whole call, so a seeded run repeats.
 
 A llama.cpp build for another CPU dies by SIGILL and takes the process with it: ``homerlhf doctor``
 checks the build in a child process first.
@@ -42,7 +45,7 @@ class LlamaCppEngine(RolloutEngine):
 
     def __init__(self, base_gguf: Path, config: dict, *, stop_ids: Sequence[int], pad_id: int, max_seqs: int,
                  max_prompt_len: int, max_new_tokens: int, adapter_dir: Path, threads: int = 0,
-                 f32_kv_cache: bool = False, device="cpu", adapter: str = "actor"):
+                 f32_kv_cache: bool = False, device="cpu", adapter: str = "actor", gpu_layers: int = 0):
         import llama_cpp
         from llama_cpp import _internals
 
@@ -59,8 +62,9 @@ class LlamaCppEngine(RolloutEngine):
         _quiet_llama_logs()
         llama_cpp.llama_backend_init()
         self._llama = llama_cpp
-        self._model = _internals.LlamaModel(path_model=str(base_gguf), params=llama_cpp.llama_model_default_params(),
-                                            verbose=False)
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else int(gpu_layers)  # ignored by a CPU build
+        self._model = _internals.LlamaModel(path_model=str(base_gguf), params=model_params, verbose=False)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = prefill + self.max_seqs * self.max_new_tokens
         params.n_batch = params.n_ubatch = max(prefill, self.max_seqs)
@@ -122,8 +126,9 @@ class LlamaCppEngine(RolloutEngine):
         peak = logits.max(axis=1, keepdims=True)
         return logits - (peak + np.log(np.exp(logits - peak).sum(axis=1, keepdims=True)))
 
-    def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, rng) -> tuple[list, list]:
-        """Responses (each ending at its first stop token or at ``max_new``) and their log-probs."""
+    def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, rngs) -> tuple[list, list]:
+        """Responses (each ending at its first stop token or at ``max_new``) and their log-probs;
+        ``rngs[s]``: the numpy generator of sequence s's Gumbel noise."""
         llama = self._llama
         llama.llama_memory_clear(llama.llama_get_memory(self._ctx.ctx), True)
         entries, at = [], {}
@@ -137,7 +142,8 @@ class LlamaCppEngine(RolloutEngine):
         active = list(range(len(prompts)))
         for step in range(max_new):
             logp = self._logprobs([at[s] for s in active], temperature)  # (A, V)
-            tokens = np.argmax(logp + rng.gumbel(size=logp.shape), axis=1)  # exact softmax sampling
+            noise = np.stack([rngs[s].gumbel(size=logp.shape[1]) for s in active])
+            tokens = np.argmax(logp + noise, axis=1)  # exact softmax sampling
             for row, (seq, token) in enumerate(zip(active, tokens.tolist())):
                 responses[seq].append(token)
                 logps[seq].append(float(logp[row, token]))
@@ -151,15 +157,19 @@ class LlamaCppEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], rollout: RolloutConfig,
                  seeds: Optional[Sequence[int]] = None) -> RolloutBatch:
-        """``seeds`` are not used: the engine draws from one stream seeded from torch's."""
+        """``seeds``: one per prompt (see the module docstring)."""
         if rollout.max_new_tokens > self.max_new_tokens:
             raise ValueError(f"max_new_tokens {rollout.max_new_tokens} exceeds the engine's {self.max_new_tokens}")
         check_prompt_lengths(prompts, rollout.max_prompt_len)
         prompts = [list(p) for p in prompts]
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,))))
+        if seeds is not None:
+            rngs = [np.random.default_rng(int(seed)) for seed in seeds]
+        else:
+            rngs = [np.random.default_rng(int(torch.randint(0, 2**62, (1,))))] * len(prompts)
         responses, logps = [], []
         for start in range(0, len(prompts), self.max_seqs):
-            r, lp = self._sample(prompts[start:start + self.max_seqs], rollout.max_new_tokens, rollout.temperature, rng)
+            end = start + self.max_seqs
+            r, lp = self._sample(prompts[start:end], rollout.max_new_tokens, rollout.temperature, rngs[start:end])
             responses += r
             logps += lp
         prompt_ids, prompt_mask = pad_sequences(prompts, self.pad_id, device=self.device)
@@ -196,4 +206,5 @@ def llamacpp_engine(cfg, policy, model_path: str, run_dir: Optional[Path]) -> Ll
                           pad_id=policy.tokenizer.pad_token_id, max_seqs=rollout.chunk_size,
                           max_prompt_len=rollout.max_prompt_len, max_new_tokens=rollout.max_new_tokens,
                           adapter_dir=adapter_dir, threads=rollout.engine_threads,
-                          f32_kv_cache=rollout.engine_f32_kv_cache, device=policy.device)
+                          f32_kv_cache=rollout.engine_f32_kv_cache, device=policy.device,
+                          gpu_layers=rollout.engine_gpu_layers)

@@ -36,7 +36,8 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
                                            for phase in ("generation", "scoring", "update")}
     assert panels["Approx KL old→new policy"] == ["approx_kl"]
     assert panels["Rollout engine vs trainer"] == ["is_weight_mean", "is_weight_max", "is_capped_fraction",
-                                                   "kl_behaviour_old"]
+                                                   "kl_behaviour_old", "policy_version_lag_mean",
+                                                   "policy_version_lag_max"]
 
 
 def test_kl_coef_gets_its_own_axis():

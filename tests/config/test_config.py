@@ -56,9 +56,12 @@ def test_config_is_frozen():
         (["rollout.top_p=2"], "rollout.top_p"),
         (["rollout.top_p=0.9"], "rollout.top_p=0.9, rollout.top_k=0: training rollouts must sample the full"),
         (["rollout.top_k=5"], "set rollout.top_p=1.0 and rollout.top_k=0"),
+        (["rollout.async=true"], "rollout.async needs rollout.engine=llamacpp"),
         (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
         (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
         (["ppo"], "section.key=value"),
+        (["rollout.engine=llamacpp", "rollout.async=true", "reward.backend=adapter", "reward.model=rm"],
+         "reward.backend 'adapter' scores on the policy's modules"),
     ],
 )
 def test_bad_values_name_the_key(overrides, fragment):
@@ -67,6 +70,19 @@ def test_bad_values_name_the_key(overrides, fragment):
     msg = str(err.value)
     assert fragment in msg
     assert "\n" not in msg
+
+
+def test_rollout_async_is_read_and_written_as_async(tmp_path):
+    from homerlhf.config import to_yaml
+    from homerlhf.config.loader import from_yaml_file
+
+    cfg = load_config("cpu-tiny", None, ["rollout.engine=llamacpp", "rollout.async=true"])
+    assert cfg.rollout.async_ is True
+    text = to_yaml(cfg)
+    assert "  async: true\n" in text and "async_" not in text
+    (tmp_path / "c.yaml").write_text(text)
+    assert from_yaml_file(tmp_path / "c.yaml").rollout.async_ is True
+    assert load_config("cpu-tiny").rollout.async_ is False
 
 
 def test_unknown_preset_lists_the_choices():

@@ -85,3 +85,31 @@ def test_trainable_components_match_the_loaded_policy(tiny_llama_dir, algorithm)
     assert planned_critic == 4 * critic
     assert (critic == 0) == (algorithm == "grpo")
     assert any(name.startswith("optimizer states critic") for name in comps) == (algorithm == "ppo")
+
+
+def test_an_adapter_reward_adds_its_lora_and_head_and_no_base(tiny_llama_dir, tiny_lora_rm_dir):
+    """reward.backend=adapter: the plan holds the bytes the loaded reward adapter really holds (its
+    LoRA and score head, fp32), and on Qwen2.5-7B the hand-counted figure; no base weights."""
+    from homerlhf.config import load_config
+    from homerlhf.memory.components import Assumptions, persistent_components
+    from homerlhf.memory.shapes import BUILTIN_SHAPES, resolve_shape
+    from homerlhf.models.policy import PolicyModel
+    from homerlhf.models.reward_adapter import RewardAdapter
+
+    cfg = load_config("cpu-tiny", overrides=["ref.backend=adapter_off", "reward.backend=adapter",
+                                             f"reward.model={tiny_lora_rm_dir}"])
+    planned = {c.name: c.bytes for c in persistent_components(cfg, resolve_shape(str(tiny_llama_dir)), Assumptions())}
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    scorer = RewardAdapter(policy.model, tiny_lora_rm_dir / "adapter", policy.tokenizer.pad_token_id)
+    held = sum(p.numel() * p.element_size() for n, p in policy.model.named_parameters() if ".reward." in n)
+    held += sum(p.numel() * p.element_size() for p in scorer.head.parameters())
+    assert planned["LoRA reward + score head"] == held
+
+    # Qwen2.5-7B, rm.lora r=16 on all 7 linears: r * (in + out) per layer = 16 * (2 * (3584 + 3584) +
+    # 2 * (3584 + 512) + 3 * (3584 + 18944)) = 16 * 90,112, x 28 layers = 40,370,176 params, fp32;
+    # + the 3,584-wide head.
+    cfg_7b = load_config("4090", overrides=["reward.backend=adapter", "reward.model=runs/rm"])
+    comps = {c.name: c.bytes for c in persistent_components(cfg_7b, BUILTIN_SHAPES["Qwen/Qwen2.5-7B"], Assumptions())}
+    assert comps["LoRA reward + score head"] == 40_370_176 * 4 + 3_584 * 4
+    without = persistent_components(load_config("4090"), BUILTIN_SHAPES["Qwen/Qwen2.5-7B"], Assumptions())
+    assert set(comps) - {c.name for c in without} == {"LoRA reward + score head"}

@@ -12,7 +12,7 @@ import torch
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.metrics import (METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, kl_ref_start, rollout_metrics,
-                                  time_metrics)
+                                  time_metrics, version_lag_metrics)
 
 PAD = 9.0  # at masked positions: must not reach any metric
 
@@ -73,6 +73,14 @@ def test_time_metrics_by_hand():
     }
 
 
+def test_version_lag_by_hand():
+    exp = _experience()
+    assert version_lag_metrics(exp, 4) == {}  # no versions recorded
+    # Iteration 4 trains version 3; samples of versions 2 and 3: lags 1 and 0.
+    exp.policy_version = torch.tensor([2, 3])
+    assert version_lag_metrics(exp, 4) == {"policy_version_lag_mean": 0.5, "policy_version_lag_max": 1.0}
+
+
 def test_iteration_row_holds_every_part_in_the_documented_order():
     update = {key: float(i) for i, key in enumerate(UPDATE_METRICS)}
     update["entropy"] = 99.0  # the update's own entropy is not the row's (that is the rollout's)
@@ -81,11 +89,13 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     # Sampled by an engine that is not the trainer: its log-probs differ by ln 3 on one token (capped at 2).
     exp.behaviour_logprobs = exp.logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
     exp.is_weights = torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
+    exp.policy_version = torch.tensor([2, 3])  # sampled ahead by version 2 (lag 1) and by version 3
     row = iteration_metrics(4, exp, torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
                             mini_batch_size=2, started=time.perf_counter() - 3.0)
     # 5 tokens: weights 1, 2, 1, 1, 1; one capped; k3 of r = 3 is 2 - ln 3, over 5 tokens.
     assert row["is_weight_mean"] == pytest.approx(6 / 5) and row["is_weight_max"] == 2.0
     assert row["is_capped_fraction"] == pytest.approx(1 / 5)
+    assert row["policy_version_lag_mean"] == 0.5 and row["policy_version_lag_max"] == 1.0
     assert row["kl_behaviour_old"] == pytest.approx((2 - math.log(3.0)) / 5, abs=1e-6)
     assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
     assert 3.0 <= row["time_iteration_s"] < 60.0

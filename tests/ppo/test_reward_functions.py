@@ -158,3 +158,28 @@ def test_builtin_reverse_rewards_load_from_the_package():
     exact, positions = load_reward_function("builtin:reverse"), load_reward_function("builtin:reverse-positions")
     assert exact.where == "builtin_reverse.py:reward" and set(exact.args) <= {"response", "row"}
     assert positions.where == "builtin_reverse.py:position_reward" and set(positions.args) <= {"response", "row"}
+
+
+def test_a_sum_with_a_part_on_the_policys_modules_scores_in_the_callers_thread():
+    """A reward on the policy's own modules (reward.backend adapter) must never run beside a policy
+    forward: a weighted sum holding one scores in the caller's thread, one without in a thread of its own."""
+    import threading
+
+    from homerlhf.ppo.backends import CallableReward
+    from homerlhf.ppo.reward_functions import WeightedReward
+
+    threads = []
+
+    class OnThePolicy(CallableReward):
+        shares_policy = True
+
+    def record(prompt, response):
+        threads.append(threading.get_ident())
+        return float(len(response))
+
+    for part, same_thread in ((OnThePolicy(record), True), (CallableReward(record), False)):
+        total = WeightedReward([("a", 2.0, part)])
+        future = total.submit_score([[1]], [[5, 6, 7]])
+        assert future.result() == [6.0]
+        assert (threads[-1] == threading.get_ident()) == same_thread
+        total.close()

@@ -26,6 +26,22 @@ def test_pad_sequences_left_by_default():
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
+def test_rollout_batches_concatenate_padded_left_and_right():
+    a = RolloutBatch(torch.tensor([[3, 4]]), torch.tensor([[1, 1]]), torch.tensor([[5]]), torch.tensor([[1]]),
+                     torch.tensor([True]), torch.tensor([[-0.5]]))
+    b = RolloutBatch(torch.tensor([[6]]), torch.tensor([[1]]), torch.tensor([[7, 1, 0]]), torch.tensor([[1, 1, 0]]),
+                     torch.tensor([False]), torch.tensor([[-1.0, -2.0, 0.0]]))
+    both = RolloutBatch.cat([a, b], pad_id=0)
+    assert both.prompt_ids.tolist() == [[3, 4], [0, 6]] and both.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert both.response_ids.tolist() == [[5, 0, 0], [7, 1, 0]]
+    assert both.response_mask.tolist() == [[1, 0, 0], [1, 1, 0]]
+    assert both.truncated.tolist() == [True, False]
+    assert both.behaviour_logprobs.tolist() == [[-0.5, 0.0, 0.0], [-1.0, -2.0, 0.0]]
+    assert both.rows(1, 2).behaviour_logprobs.tolist() == [[-1.0, -2.0, 0.0]]
+    a.behaviour_logprobs = None
+    assert RolloutBatch.cat([a, b], pad_id=0).behaviour_logprobs is None
+
+
 def test_pad_sequences_right_and_empty_rows():
     ids, mask = pad_sequences([[8], [], [5, 6, 7]], pad_id=2, side="right")
     assert ids.tolist() == [[8, 2, 2], [2, 2, 2], [5, 6, 7]]

@@ -160,3 +160,54 @@ def test_function_rewards_see_the_rows_combine_and_a_raise_stops_after_a_checkpo
     for sample in seen:
         assert sample["row"] in rows  # every column of the dataset row, as it was
         assert sample["row"]["prompt"] in sample["prompt"]  # the row belongs to the prompt it came with
+
+
+def test_a_ppo_run_scores_with_the_reward_adapter_on_the_policys_base(tiny_llama_dir, tiny_lora_rm_dir, tmp_path):
+    """reward.backend=adapter: the LoRA reward model rides on the policy's NF4 base for two
+    iterations; its adapter is neither trained nor checkpointed, and is gone after the run."""
+    import torch
+
+    from homerlhf.ppo.backends import AdapterReward
+    from homerlhf.stages import ppo as stage
+
+    built = []
+    build = stage.build_reward
+
+    def spy(cfg, tokenizer, run_dir, policy=None):
+        built.append((build(cfg, tokenizer, run_dir, policy), policy))
+        return built[-1][0]
+
+    run_dir = tmp_path / "run"
+    stage.build_reward, saved = spy, stage.build_reward
+    try:
+        run_ppo(_cfg(tiny_llama_dir, tiny_lora_rm_dir, "reward.backend=adapter"), out_dir=run_dir)
+    finally:
+        stage.build_reward = saved
+    (reward, policy), = built
+    assert isinstance(reward, AdapterReward)
+    assert sorted(policy.model.peft_config) == ["actor", "critic"]  # unloaded when the run closed it
+
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(r["score_mean"])) for r in rows)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len({s["score"] for s in samples}) > 1
+    ckpt = run_dir / "checkpoints" / "iter_000002"
+    assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["actor", "critic"]
+    assert from_yaml_file(run_dir / "config.yaml").reward.backend == "adapter"
+
+
+def test_cli_refuses_a_reward_adapter_from_another_base_in_one_line(tiny_lora_rm_dir, tmp_path, capsys):
+    from homerlhf.cli import main
+    from homerlhf.tiny import build_causal_lm
+
+    other = build_causal_lm(tmp_path / "other-base", arch="llama", seed=5)
+    capsys.readouterr()  # the build's progress bars
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--preset", "cpu-tiny", "--set", f"model.name_or_path={other}", "--set", "ref.backend=adapter_off",
+              "--set", "reward.backend=adapter", "--set", f"reward.model={tiny_lora_rm_dir}", "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert f"not on the policy's base {other}" in err and "reward.backend=adapter needs" in err
+    assert not (tmp_path / "run").exists()  # refused before the run dir or any weight

@@ -4,10 +4,15 @@
   value-head weights (max abs diff <= 1e-6) and the same metrics rows (wall-time fields aside);
 - a kill in the middle of a checkpoint write: the resume continues from the previous one and the
   run completes, again equal to the straight run;
+- the same kill and resume with the default backends (llama.cpp reference and reward workers), in
+  sync mode and in the asynchronous mode (``rollout.async`` with the llamacpp engine: the batch
+  sampled ahead is in flight at the kill, the resume takes the checkpoint's), each sample's policy
+  version lag 0 in iteration 1 and exactly 1 after;
 - SIGINT mid-run with the real llama.cpp workers: exit 0, a checkpoint, no worker process left.
 
 Bit-exact resume on CPU needs the same torch thread count in every process (the float reductions
-of a matmul depend on how it is split); the runs here use ``OMP_NUM_THREADS=1``. Everything random
+of a matmul depend on how it is split); the runs here use ``OMP_NUM_THREADS=1``, and one thread
+for each llama.cpp worker and the engine. Everything random
 (sampling, mini-batch shuffles, data order) is restored from the checkpoint's RNG states.
 """
 
@@ -107,7 +112,14 @@ def straight_run(models, tmp_path_factory):
 @pytest.mark.slow
 def test_kill9_then_resume_equals_straight_run(models, straight_run, tmp_path):
     out = tmp_path / "run"
-    proc = _cli(_args(models, out))
+    _kill_at_first_checkpoint(_cli(_args(models, out)), out)
+
+    code, err = _finish(_cli(["train", "--resume", str(out)]))
+    assert code == 0, err
+    _assert_same_run(straight_run, out)
+
+
+def _kill_at_first_checkpoint(proc: subprocess.Popen, out: Path) -> None:
     deadline = time.monotonic() + 300
     while latest_complete_checkpoint(out) is None:  # iter_000002: k = 2
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
@@ -116,9 +128,30 @@ def test_kill9_then_resume_equals_straight_run(models, straight_run, tmp_path):
     proc.wait()
     assert latest_complete_checkpoint(out).name == "iter_000002"
 
+
+# Deterministic workers and engine: one llama.cpp thread each.
+WORKER_MODES = {
+    "sync": ("ref.threads=1", "reward.threads=1"),
+    "async": ("ref.threads=1", "reward.threads=1", "rollout.engine=llamacpp", "rollout.engine_threads=1",
+              "rollout.async=true"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(WORKER_MODES))
+def test_kill9_then_resume_with_llamacpp_workers(models, mode, tmp_path):
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    code, err = _finish(_cli(_args(models, straight, *WORKER_MODES[mode], reward="llamacpp")))
+    assert code == 0, err
+    _kill_at_first_checkpoint(_cli(_args(models, out, *WORKER_MODES[mode], reward="llamacpp")), out)
+    if mode == "async":  # the batch of iteration 3, sampled ahead during iteration 2, is in the checkpoint
+        assert json.loads((latest_complete_checkpoint(out) / "buffer" / "pending.json").read_text())["iteration"] == 3
+
     code, err = _finish(_cli(["train", "--resume", str(out)]))
     assert code == 0, err
-    _assert_same_run(straight_run, out)
+    _assert_same_run(straight, out)
+    lags = [(row["policy_version_lag_mean"], row["policy_version_lag_max"]) for row in _rows(out)]
+    assert lags == ([(0.0, 0.0)] + [(1.0, 1.0)] * (N - 1) if mode == "async" else [(0.0, 0.0)] * N)
 
 
 @pytest.mark.slow

@@ -107,3 +107,61 @@ def test_q8_0_engine_mismatch_is_measured_and_capped_weights_reach_the_loss(tiny
         assert row["is_weight_mean"] < 1
     assert out["weights_exact"]
     assert out["loss_weighted"] != pytest.approx(out["loss_plain"], abs=1e-7)
+
+
+# -- learning with the engine, sync and async ---------------------------------------------------
+LEARN_CHILD = r"""
+import json, sys
+from collections import Counter
+from pathlib import Path
+from homerlhf.config import load_config
+from homerlhf.data.builtin import prompt_records
+from homerlhf.models.policy import PolicyModel
+from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+from homerlhf.ppo.rollout import generate_rollout
+from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.workers.rollout_engine import llamacpp_engine
+
+model_dir, run_dir, mode = sys.argv[1:4]
+cfg = load_config("cpu-tiny", overrides=[
+    f"model.name_or_path={model_dir}", "ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false",
+    "rollout.engine=llamacpp", "rollout.engine_outtype=f32", "rollout.engine_threads=1", f"rollout.async={mode == 'async'}",
+    "rollout.batch_size=16", "rollout.chunk_size=16", "rollout.max_new_tokens=6", "rollout.max_prompt_len=16",
+    "ppo.mini_batch_size=16", "ppo.micro_batch_size=16", "ppo.epochs=2", "actor.lr=3e-3", "critic.lr=3e-3",
+    "ppo.kl_coef=0.03", "ppo.iterations=5"])
+seed_everything(0)
+policy = PolicyModel.from_config(cfg, model_dir)
+prompts = [list(policy.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
+                add_generation_prompt=True, tokenize=True, return_dict=False)) for r in prompt_records()[:16]]
+probe = generate_rollout(policy, prompts, cfg.rollout)
+target = Counter(probe.response_ids[probe.response_mask.bool()].tolist()).most_common(1)[0][0]
+reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
+engine = llamacpp_engine(cfg, policy, model_dir, Path(run_dir))
+trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir, engine=engine)
+rows = trainer.train()
+engine.close()
+keys = ("score_mean", "kl_mean", "policy_version_lag_mean", "is_weight_mean", "kl_behaviour_old", "time_iteration_s")
+print(json.dumps([{k: row[k] for k in keys} for row in rows]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_ppo_learns_with_the_llamacpp_engine(peaked_policy_dir, mode, tmp_path):
+    """The PPO learning test's recipe (tests/ppo/test_trainer.py: reward = share of the policy's most
+    frequent starting token, 16 fixed prompts, 5 iterations) with the llamacpp engine sampling; in
+    async mode each batch after the first was sampled by the adapter one update behind."""
+    from homerlhf.doctor import ChildFailed, run_child
+
+    try:
+        rows = run_child(LEARN_CHILD, str(peaked_policy_dir), str(tmp_path / "run"), mode, timeout=900)
+    except ChildFailed as exc:
+        pytest.fail(f"PPO with the llamacpp engine: {exc.detail}; {exc.fix}", pytrace=False)
+    scores = [r["score_mean"] for r in rows]
+    print(mode, json.dumps(rows))
+    first, last = scores[0], sum(scores[-2:]) / 2
+    assert last >= first + 0.15 and last >= 2.5 * first, scores
+    # Bounded: all mass on the target costs ~14 nats (measured sync: 13.9 at a score of 0.64, where the
+    # hf engine's run of the recipe reached 0.40 at 6.5 nats: another sample stream, a faster climb).
+    assert max(r["kl_mean"] for r in rows) < 20.0
+    assert [r["policy_version_lag_mean"] for r in rows] == ([0.0] + [1.0] * 4 if mode == "async" else [0.0] * 5)

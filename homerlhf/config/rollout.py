@@ -1,0 +1,72 @@
+"""The ``rollout`` section of the run config: sampling, the rollout engine, the importance-sampling
+correction and the asynchronous mode (re-exported by :mod:`homerlhf.config.schema`)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import ConfigDict, Field, model_validator
+
+from homerlhf.config.section import Section
+
+
+class RolloutConfig(Section):
+    # ``async`` is a Python keyword: the field is ``async_``, read and written as ``async``.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), populate_by_name=True,
+                              serialize_by_alias=True)
+
+    batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
+    chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
+    max_prompt_len: int = Field(
+        256, ge=1,
+        description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
+        "turn and generation prompt kept) or dropped, as data.overlong says.",
+    )
+    max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; must stay 1 (off) for training.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; must stay 0 (off) for training.")
+    truncation_penalty: Optional[float] = Field(
+        None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
+    )
+    engine: Literal["hf", "llamacpp"] = Field(
+        "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
+        "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
+    )
+    engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
+        "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
+    engine_threads: int = Field(0, ge=0, description="llamacpp engine: threads (0: all cores).")
+    engine_f32_kv_cache: bool = Field(False, description="llamacpp engine: F32 KV cache (exact, slower) instead of F16.")
+    engine_gpu_layers: int = Field(
+        0, ge=-1, description="llamacpp engine: layers offloaded to the GPU by a CUDA build of llama-cpp-python (0: "
+        "none, -1: all); a second copy of the base in GPU memory, counted by the planner.",
+    )
+    async_: bool = Field(
+        False, alias="async",
+        description="Generate the next iteration's batch (engine + reference/reward scoring, in a background "
+        "thread) while this one updates, with the adapter one update stale (lag 1, IS-corrected); llamacpp "
+        "engine only. On CPU both compete for the same cores.",
+    )
+    is_cap: Optional[float] = Field(
+        2.0, ge=1, description="Truncated importance weight min(exp(old - behaviour), is_cap) on each token's "
+        "policy loss (None: off, every weight 1).",
+    )
+
+    @model_validator(mode="after")
+    def _full_distribution(self) -> "RolloutConfig":
+        # PPO's ratios and KL score log_softmax(logits / temperature) over the whole vocabulary; a
+        # truncated sampler would make every rollout off-policy.
+        if self.top_p < 1 or self.top_k > 0:
+            raise ValueError(
+                f"rollout.top_p={self.top_p}, rollout.top_k={self.top_k}: training rollouts must sample the "
+                "full distribution that PPO scores; set rollout.top_p=1.0 and rollout.top_k=0 "
+                "(use rollout.temperature to sharpen it)"
+            )
+        if self.async_ and self.engine != "llamacpp":
+            raise ValueError(
+                "rollout.async needs rollout.engine=llamacpp: the hf engine samples with the trainer's own "
+                "module, which the update is changing meanwhile"
+            )
+        return self

@@ -1,0 +1,216 @@
+"""Data parallel on the CPU, end to end through the real CLI: ``homerlhf train --gpus 2`` launches two
+processes with ``accelerate launch`` (gloo), with the real llama.cpp reference and reward workers
+(started by process 0, reached by process 1 with the token it was handed).
+
+- the adapters and value head after each iteration equal a one-process run with the same global
+  batch and seed, within 1e-5. Not bit-exact, for two reasons: each process pads and
+  forwards its own rows (a different batch composition changes the float reductions in the matmuls,
+  ~1e-7 in the losses), and the summed gradients come from an all-reduce instead of one
+  accumulation (a different summation order). Adam's first steps divide by the gradient's own
+  magnitude, so a ~1e-7 gradient difference on a near-zero gradient moves a weight by up to ~lr * 1e-3;
+  with lr 2e-3 we see ~4e-6 at most;
+- ``kill -9`` of the launcher leaves no process of the run (ranks and workers) behind, and
+  ``--resume`` continues, on one process and then on two, to the same weights as the straight run;
+- no process of any run outlives it.
+
+Slow: two 2-process runs, one 1-process run, a killed run and two resumes; 4 to 7 minutes on 2 shared
+cores, depending on their load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from homerlhf.ppo.checkpoint import latest_complete_checkpoint
+
+N = 3
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_llama_dir):
+    from homerlhf.tiny import build_sequence_classifier
+
+    return tiny_llama_dir, build_sequence_classifier(tmp_path_factory.mktemp("rm"), arch="llama", seed=3)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _train(models, out: Path, gpus: int) -> subprocess.Popen:
+    policy_dir, rm_dir = models
+    overrides = [
+        f"model.name_or_path={policy_dir}", "ref.backend=llamacpp", "reward.backend=llamacpp", f"reward.model={rm_dir}",
+        "rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=6", "ppo.mini_batch_size=2",
+        "ppo.micro_batch_size=1", "ppo.epochs=1", "ppo.score_norm=true", "ppo.adaptive_kl=true",
+        "logging.progress=false", "logging.samples_per_iteration=1", "checkpoint.every=1", "checkpoint.keep=5",
+        f"ppo.iterations={N}",
+    ]
+    argv = ["train", "--preset", "cpu-tiny", "--out", str(out), "--gpus", str(gpus)]
+    return _cli(argv + [x for o in overrides for x in ("--set", o)])
+
+
+def _cli(argv) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "homerlhf.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def _processes_of(run: Path) -> list[psutil.Process]:
+    """Processes whose command line names ``run`` (the ranks' --out/--resume, the workers' token file)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run) in part for part in proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _assert_nothing_left(run: Path, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while _processes_of(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_of(run), [p.info["cmdline"] for p in _processes_of(run)]
+
+
+def _weights(run: Path, iteration: int) -> dict[str, torch.Tensor]:
+    ckpt = run / "checkpoints" / f"iter_{iteration:06d}"
+    out = {}
+    for rel in ("actor/adapter_model.safetensors", "critic/adapter_model.safetensors", "value_head.safetensors"):
+        for key, value in load_file(str(ckpt / rel)).items():
+            out[f"{rel}:{key}"] = value
+    return out
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(models, tmp_path_factory):
+    """(one-process run, two-process run), both finished."""
+    one, two = tmp_path_factory.mktemp("one") / "run", tmp_path_factory.mktemp("two") / "run"
+    for out, gpus in ((one, 1), (two, 2)):
+        _finish(_train(models, out, gpus))
+        _assert_nothing_left(out)
+    return one, two
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_with_the_same_global_batch(runs):
+    one, two = runs
+    start = _weights(one, 1)
+    for iteration in range(1, N + 1):
+        diff = _max_diff(_weights(one, iteration), _weights(two, iteration))
+        print(f"iteration {iteration}: max |weight diff| 1 vs 2 processes: {diff:.2e}")
+        assert diff <= TOLERANCE
+    assert _max_diff(start, _weights(one, N)) > 100 * TOLERANCE  # the weights did move
+    rows_one, rows_two = _rows(one), _rows(two)
+    assert [r["iteration"] for r in rows_two] == list(range(1, N + 1))  # one metrics row per iteration
+    for a, b in zip(rows_one, rows_two):
+        # The same samples, scored by the same workers: the global batch's metrics, not one rank's.
+        assert b["response_length_mean"] == a["response_length_mean"]
+        assert b["score_mean"] == pytest.approx(a["score_mean"], abs=1e-5)
+        assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=1e-4)
+        assert b["value_loss"] == pytest.approx(a["value_loss"], rel=1e-4)
+    samples = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == N  # written once, by process 0
+    assert not (two / "workers" / "ref.log.token").exists()  # the token file went with the worker
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_then_resume(models, runs, tmp_path):
+    _, straight = runs
+    out = tmp_path / "run"
+    proc = _train(models, out, 2)
+    deadline = time.monotonic() + 300
+    while latest_complete_checkpoint(out) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # the launcher: `homerlhf train --gpus 2` exec'd accelerate launch
+    proc.wait()
+    _assert_nothing_left(out)  # both ranks and the workers of rank 0
+    reached = int(latest_complete_checkpoint(out).name.split("_")[1])
+    assert reached < N
+
+    assert reached == 1  # N = 3 leaves room for a resume on each process count
+    # On one process (any count that divides the batch), to iteration 2; then on two again, to N.
+    _finish(_cli(["train", "--resume", str(out), "--gpus", "1", "--set", "ppo.iterations=2"]))
+    _assert_nothing_left(out)
+    _finish(_cli(["train", "--resume", str(out), "--gpus", "2", "--set", f"ppo.iterations={N}"]))
+    _assert_nothing_left(out)
+    assert [r["iteration"] for r in _rows(out)] == list(range(1, N + 1))
+    for iteration in (2, N):
+        diff = _max_diff(_weights(straight, iteration), _weights(out, iteration))
+        print(f"iteration {iteration}: max |weight diff| straight (2 processes) vs killed and resumed: {diff:.2e}")
+        assert diff <= TOLERANCE
+
+
+# -- fast: launching and worker ownership ----------------------------------------------------------
+def test_gpus_with_a_batch_that_does_not_split_is_one_line_before_anything_launches(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--preset", "cpu-tiny", "--gpus", "3", "--set", "rollout.batch_size=32"])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: rollout.batch_size 32 does not split over 3 processes") and "Traceback" not in err
+
+
+def test_fsdp_training_is_refused_before_anything_launches(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "cpu-tiny", "--gpus", "2", "--set", "distributed.fsdp=true"])
+    assert "does not run sharded yet" in capsys.readouterr().err
+
+
+def test_launch_command_starts_n_gloo_processes_on_a_cpu_card():
+    from homerlhf.config import load_config
+    from homerlhf.stages.data_parallel import launch_command
+
+    cfg = load_config("cpu-tiny", None, ["distributed.gpus=4"])
+    cmd, env = launch_command(cfg, ["train", "--gpus", "4"], 29999)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[cmd.index("--main_process_port") + 1] == "29999"
+    assert cmd[-4:] == ["homerlhf.cli", "train", "--gpus", "4"] and env["ACCELERATE_USE_CPU"] == "1"
+    gpu_env = launch_command(load_config("4090", None, ["distributed.gpus=2"]), ["train"], 1)[1]
+    assert gpu_env.get("ACCELERATE_USE_CPU") == os.environ.get("ACCELERATE_USE_CPU")  # a GPU card: left as it was
+
+
+def test_worker_owner_is_process_0_or_the_first_process_of_each_host():
+    from homerlhf.config import load_config
+    from homerlhf.ppo.distributed import Ranks
+    from homerlhf.stages.data_parallel import worker_owner
+
+    per_node, shared = (load_config("cpu-tiny", None, [f"distributed.workers={w}"]) for w in ("per_node", "shared"))
+    # 2 hosts x 2 GPUs: global ranks 0, 1 on host A, 2, 3 on host B (local ranks 0, 1 each).
+    assert [worker_owner(per_node, Ranks(r, 4, r % 2)) for r in range(4)] == [0, 0, 2, 2]
+    assert [worker_owner(shared, Ranks(r, 4, r % 2)) for r in range(4)] == [0, 0, 0, 0]
