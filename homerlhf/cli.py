@@ -137,7 +137,8 @@ def plan(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Plan one GPU of a run on N GPUs "
                                        "(sets distributed.gpus; rollout.batch_size stays the global batch)."),
 ) -> None:
-    """Memory plan: bytes per component per PPO phase, verdict and suggestions (offline)."""
+    """Memory and time plan: bytes per component per PPO phase, verdict and suggestions; seconds per
+    phase from `homerlhf bench` figures (or defaults) and the fastest placement (offline)."""
     import json
 
     from homerlhf.memory.planner import plan as make_plan
@@ -146,10 +147,13 @@ def plan(
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
     cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
+    from homerlhf.memory.placement import attach_timing
     from homerlhf.ppo.distributed import check_data_parallel
+    from homerlhf.workers.bench import cached_throughputs
 
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
-    result = make_plan(cfg, shape_for(cfg, model), gpu_gib)
+    shape = shape_for(cfg, model)
+    result = attach_timing(make_plan(cfg, shape, gpu_gib), cfg, shape, cached_throughputs(cfg, shape), gpu_gib)
     if plot is not None:
         save_plan_figure(result, plot)
     if as_json:
@@ -158,6 +162,29 @@ def plan(
         print_plan(result)
         if plot is not None:
             typer.echo(f"chart: {plot}")
+
+
+@app.command()
+def bench(
+    preset: str = PresetOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to measure (default: the config's)."),
+    config: Optional[Path] = ConfigOpt,
+    set_: List[str] = SetOpt,
+    quick: bool = typer.Option(False, "--quick", help="Tiny token counts (under a minute for tiny models)."),
+    force: bool = typer.Option(False, "--force", help="Measure again even when figures are cached."),
+    standin: bool = typer.Option(False, "--standin", help="Time a random-init model of the same shape."),
+) -> None:
+    """Measure tokens/s on this machine (llama.cpp workers, rollout engine, policy) for `homerlhf plan`."""
+    from homerlhf.memory.render import shape_for
+    from homerlhf.workers.bench import bench as run_bench, describe
+
+    cfg = _load(preset, config, set_)
+    if model:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name_or_path": model})})
+    rates, path, measured = run_bench(cfg, shape_for(cfg, model), quick=quick, force=force, standin=standin)
+    typer.echo(("measured" if measured else f"cached (--force to measure again): {path}") + f"; {rates.source}")
+    for line in describe(rates):
+        typer.echo(f"  {line}")
 
 
 @app.command()

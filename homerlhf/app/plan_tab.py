@@ -102,8 +102,35 @@ def compute_plan(cfg, gpu_gib: Optional[float]):
     ``gpu_gib`` 0 or None plans for the preset's card."""
     from homerlhf.memory.planner import plan
     from homerlhf.memory.render import shape_for
+    from homerlhf.memory.placement import attach_timing
+    from homerlhf.workers.bench import cached_throughputs
 
-    return plan(cfg, shape_for(cfg), float(gpu_gib) if gpu_gib else None)
+    budget = float(gpu_gib) if gpu_gib else None
+    shape = shape_for(cfg)
+    return attach_timing(plan(cfg, shape, budget), cfg, shape, cached_throughputs(cfg, shape), budget)
+
+
+def time_markdown(plan) -> str:
+    """The plan's time section: seconds per phase, the critical path, the recommendation, and the
+    placements compared (from `homerlhf bench` figures, or the defaults, marked as such)."""
+    from homerlhf.memory.placement import summary_lines
+    from homerlhf.memory.timing import phase_rows
+
+    rec = plan.timing
+    if rec is None:
+        return ""
+    lines = [f"**Time per iteration** ({rec.current.time.placement.label()})", "",
+             "| phase | seconds | runs on |", "|---|---:|---|"]
+    lines += [f"| {name} | {seconds:.2f} | {where} |" for name, seconds, where in phase_rows(rec.current.time)]
+    lines += [""] + [f"{line}  " for line in summary_lines(rec)]
+    lines += ["", "| ref | reward | rollout | s / iteration | GPU peak GiB | fits |", "|---|---|---|---:|---:|---|"]
+    for c in rec.candidates:
+        p = c.time.placement
+        peak = "-" if c.peak_gib is None else f"{c.peak_gib:.2f}"
+        lines.append(f"| {p.ref} | {p.reward} | {p.engine} | {c.time.total_s:.1f} | {peak} | {'yes' if c.fits else 'no'} |")
+    lines += ["", "Measure this machine with `homerlhf bench` (same preset and `--set`s); `--set` overrides win "
+                  "over the recommendation, which is advice only."]
+    return "\n".join(lines)
 
 
 def plan_table(plan) -> tuple[list[str], list[list]]:
@@ -178,10 +205,11 @@ class PlanPanel:
     yaml_path: Any
     save_btn: Any
     suggestion: Any  # gr.State: the last plan's suggestion as section.key=value items
+    time: Any = None  # Markdown: seconds per phase and the placement recommendation
 
     @property
     def plan_outputs(self) -> list:
-        return [self.message, self.verdict, self.chart, self.table, self.command, self.suggestion]
+        return [self.message, self.verdict, self.chart, self.table, self.command, self.suggestion, self.time]
 
 
 def _layout(settings: Settings) -> PlanPanel:
@@ -206,12 +234,13 @@ def _layout(settings: Settings) -> PlanPanel:
     verdict = gr.Markdown(elem_id="plan-verdict")
     chart = gr.Plot(label="Memory per phase", elem_id="plan-chart")
     table = gr.Dataframe(label="Memory per component and phase", interactive=False, elem_id="plan-table")
+    time = gr.Markdown(elem_id="plan-time")
     command = gr.Code(label="Equivalent command", language="shell", interactive=False, lines=2, elem_id="plan-command")
     with gr.Row():
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
-                     suggestion=gr.State([]))
+                     suggestion=gr.State([]), time=time)
 
 
 def on_algorithm(algorithm: str, overrides: str) -> str:
@@ -271,13 +300,13 @@ def build(settings: Settings):
             box.submit(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
             box.blur(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
 
-    @guarded(6, error_index=0)
+    @guarded(7, error_index=0)
     def on_plan(preset, model, overrides, preset_model, gpu_gib):
         cfg = resolved_config(preset, model, overrides, preset_model)
         plan = compute_plan(cfg, gpu_gib)
         headers, rows = plan_table(plan)
         return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=rows, headers=headers),
-                command_text(preset, model, overrides, preset_model), suggestion_overrides(plan))
+                command_text(preset, model, overrides, preset_model), suggestion_overrides(plan), time_markdown(plan))
 
     panel.plan_btn.click(on_plan, inputs, panel.plan_outputs)
     panel.apply_btn.click(guarded(2, error_index=0)(on_apply), [panel.suggestion, s.overrides],

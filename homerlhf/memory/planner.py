@@ -101,6 +101,7 @@ class Plan:
     suggestion: Optional[Suggestion] = None
     workers: dict[str, list[Component]] = field(default_factory=dict)  # host RAM of each local llama.cpp worker
     distributed: dict[str, Any] = field(default_factory=dict)  # GPUs, FSDP, global / per-GPU batch
+    timing: Optional[Any] = None  # a homerlhf.memory.placement.Recommendation, when attached (attach_timing)
 
     @property
     def workers_host_gib(self) -> float:
@@ -179,6 +180,7 @@ class Plan:
             "workers_host": {role: [c.to_dict() for c in comps] for role, comps in self.workers.items()},
             "workers_host_gib": round(self.workers_host_gib, 4),
             "distributed": self.distributed,
+            "time": None if self.timing is None else self.timing.to_dict(),
         }
 
 

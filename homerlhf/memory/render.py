@@ -75,6 +75,8 @@ def print_plan(plan: Plan, console=None) -> None:
     if plan.fits is False:
         console.print(suggestion_line(plan), highlight=False)
     _print_workers(plan, console)
+    if plan.timing is not None:
+        print_time(plan.timing, console)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
 
@@ -100,6 +102,35 @@ def _print_workers(plan: Plan, console) -> None:
     ram = psutil.virtual_memory().total / GIB
     console.print(f"the workers need {plan.workers_host_gib:.2f} GiB of host RAM; this machine has {ram:.1f} GiB",
                   highlight=False)
+
+
+def print_time(rec, console=None) -> None:
+    """Seconds per iteration (a :class:`homerlhf.memory.placement.Recommendation`): per phase, the
+    critical path, and the placements compared."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from homerlhf.memory.placement import summary_lines
+    from homerlhf.memory.timing import phase_rows
+
+    console = console or Console(width=110)
+    it = rec.current.time
+    table = Table(title=f"time per iteration: {it.placement.label()}", title_justify="left")
+    for col in ("phase", "seconds", "runs on"):
+        table.add_column(col, justify="right" if col == "seconds" else "left")
+    for name, seconds, where in phase_rows(it):
+        table.add_row(name, f"{seconds:.2f}", where)
+    console.print(table)
+    for line in summary_lines(rec):
+        console.print(line, highlight=False)
+    cands = Table(title="placements compared (fastest first)", title_justify="left")
+    for col in ("ref", "reward", "rollout", "s / iteration", "GPU peak GiB", "fits"):
+        cands.add_column(col, justify="right" if col in ("s / iteration", "GPU peak GiB") else "left")
+    for c in rec.candidates:
+        p = c.time.placement
+        cands.add_row(p.ref, p.reward, p.engine, f"{c.time.total_s:.1f}",
+                      "-" if c.peak_gib is None else f"{c.peak_gib:.2f}", "yes" if c.fits else "no")
+    console.print(cands)
 
 
 def suggestion_line(plan: Plan) -> str:

@@ -135,6 +135,7 @@ def test_workflow_in_chromium(page, app_url, reward_dir):
     open_tab(page, "Plan")
     page.locator("#plan-chart img").first.wait_for(state="visible")
     wait_text(page, "plan-verdict", r"peak \d+\.\d+ GiB")
+    wait_text(page, "plan-time", r"Time per iteration")
     fill(page, "plan-overrides", cheap_overrides(reward_dir))
     page.locator("#plan-run").click()
     wait_text(page, "plan-command", r"reward\.backend=hf")

@@ -79,3 +79,19 @@ def test_choosing_grpo_plans_without_the_critic():
     assert "LoRA critic" not in names and "value head" not in names
     assert not any(n.startswith("optimizer states critic") for n in names)
     assert grpo.peak.total_bytes < ppo.peak.total_bytes
+
+
+def test_the_plan_shows_seconds_per_phase_and_the_placement_recommendation():
+    cfg = plan_tab.resolved_config("4090", "", "", None)
+    plan = plan_tab.compute_plan(cfg, None)
+    text = plan_tab.time_markdown(plan)
+    assert text.startswith("**Time per iteration** (ref llamacpp, reward llamacpp, rollout hf)")
+    for phase in ("| generation |", "| reference log-probs |", "| reward scoring |", "| old log-probs / values |",
+                  "| update |"):
+        assert phase in text
+    assert "critical path" in text and "per iteration" in text
+    # Every placement compared, one row each; the recommended one is the fastest that fits.
+    assert text.count("| yes |") + text.count("| no |") == len(plan.timing.candidates) == 12
+    best = plan.timing.best
+    assert best.fits and all(best.time.total_s <= c.time.total_s for c in plan.timing.candidates if c.fits)
+    assert "--set" in text or "is the fastest that fits" in text

@@ -94,6 +94,10 @@ def test_memory_planning_notebook_runs(tmp_path, monkeypatch):
         assert needle in text, needle
     # The 24 GB table says, for each class, whether it fits and with which overrides.
     assert "fits as is" in text and "overrides that fit" in text
+    # Seconds per phase, the critical path and the placements compared, marked unmeasured on the GPU.
+    for needle in ("time per iteration", "reference log-probs", "critical path", "placements compared",
+                   "default, not measured"):
+        assert needle in text, needle
 
 
 @pytest.mark.slow
