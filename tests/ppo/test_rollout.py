@@ -79,7 +79,7 @@ def test_truncation_penalty_replaces_only_truncated_scores():
     scores = torch.tensor([0.5, 0.7, -0.2])
     cfg = load_config("cpu-tiny", overrides=["rollout.truncation_penalty=-1.5"])
     assert apply_truncation_penalty(scores, batch, cfg.rollout).tolist() == pytest.approx([0.5, -1.5, -0.2])
-    off = load_config("cpu-tiny")
+    off = load_config("cpu-tiny", overrides=["rollout.truncation_penalty=null"])  # the preset sets -5
     assert apply_truncation_penalty(scores, batch, off.rollout).tolist() == pytest.approx([0.5, 0.7, -0.2])
 
 

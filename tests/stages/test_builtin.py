@@ -63,9 +63,14 @@ def test_reverse_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
 
     held = builtin_reverse.prompt_records(held_out=True)
     greedy = [a[0] for a in answers(held, sample=False)]
-    right = [builtin_reverse.check(a, r["answer"]) for a, r in zip(greedy, held)]
-    assert 0.1 * len(held) < sum(right) < 0.9 * len(held), sum(right)
     assert sum(a.replace(" ", "").strip().isdigit() for a in greedy) >= 0.9 * len(held)
+    # Greedy answers of this build are nearly all right (measured 200/200); what RL trains on is the
+    # temperature-1 samples, right on part of the held-out strings only (measured 60% in the demo).
+    torch.manual_seed(0)
+    sampled = [a for group in answers(held, True, 4) for a in group]
+    truth = [r["answer"] for r in held for _ in range(4)]
+    right = sum(builtin_reverse.check(a, t) for a, t in zip(sampled, truth))
+    assert 0.1 * len(sampled) < right < 0.9 * len(sampled), right
 
     torch.manual_seed(0)
     train = builtin_reverse.prompt_records()[:32]

@@ -25,7 +25,9 @@ def _cfg(policy_dir, rm_dir, *extra):
         f"reward.model={rm_dir}", "rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4",
         "rollout.max_prompt_len=24", "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "ppo.epochs=1",
         "ppo.iterations=2", "checkpoint.every=1", "checkpoint.keep=1", "logging.samples_per_iteration=2",
-        "logging.progress=false", "data.prompts=builtin:demo", *extra])
+        "logging.progress=false", "data.prompts=builtin:demo",
+        "rollout.truncation_penalty=null",  # the preset's -5 would score every 4-token reply alike
+        *extra])
 
 
 def test_run_ppo_writes_metrics_samples_config_and_checkpoint(tiny_llama_dir, tiny_rm_dir, tmp_path):

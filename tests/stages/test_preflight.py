@@ -102,10 +102,10 @@ def test_a_variant_the_export_cannot_write(dirs):
 
 
 def test_a_sliding_window_llama_cpp_does_not_apply(dirs):
-    """Mistral's window (32 here) is exact only within it: 48 + 24 tokens per sequence is refused."""
+    """Mistral's window (32 here) is exact only within it: 48 + 56 tokens per sequence is refused."""
     message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["mistral-window"]})))
     assert "mistral's sliding window of 32 tokens is not applied by llama.cpp's llama graph" in message
-    assert "sequences here reach 72 tokens" in message and "ref.backend=adapter_off" in message
+    assert "sequences here reach 104 tokens" in message and "ref.backend=adapter_off" in message
 
 
 def test_reward_stage_checks_the_export_before_training(dirs):

@@ -27,6 +27,7 @@ cfg = load_config("cpu-tiny", overrides=[
     f"rollout.engine_outtype={outtype}", "rollout.engine_f32_kv_cache=true", f"rollout.is_cap={is_cap}",
     "rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=8", "rollout.max_prompt_len=16",
     "rollout.temperature=0.8", "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "ppo.epochs=2", "actor.lr=5e-2",
+    "ppo.kl_coef=0.02", "ppo.adaptive_kl=false", "rollout.truncation_penalty=null",  # not the demo recipe
     "logging.progress=false"])
 seed_everything(0)
 policy = PolicyModel.from_config(cfg, model_dir)
@@ -128,7 +129,8 @@ cfg = load_config("cpu-tiny", overrides=[
     "rollout.engine=llamacpp", "rollout.engine_outtype=f32", "rollout.engine_threads=1", f"rollout.async={mode == 'async'}",
     "rollout.batch_size=16", "rollout.chunk_size=16", "rollout.max_new_tokens=6", "rollout.max_prompt_len=16",
     "ppo.mini_batch_size=16", "ppo.micro_batch_size=16", "ppo.epochs=2", "actor.lr=3e-3", "critic.lr=3e-3",
-    "ppo.kl_coef=0.03", "ppo.iterations=5"])
+    "ppo.kl_coef=0.03", "ppo.iterations=5",
+    "ppo.adaptive_kl=false", "rollout.truncation_penalty=null"])  # not the demo recipe of the preset
 seed_everything(0)
 policy = PolicyModel.from_config(cfg, model_dir)
 prompts = [list(policy.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
