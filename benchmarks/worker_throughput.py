@@ -25,22 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from homerlhf.workers.bench import best_seconds  # best of `repeat` calls after a warm-up
+
 
 def make_inputs(n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(n)]
     responses = [[rng.randrange(3, vocab) for _ in range(response_len)] for _ in range(n)]
     return prompts, responses
-
-
-def timed(fn, repeat: int) -> float:
-    fn()  # warm-up: first decode allocates buffers
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: int) -> dict:
@@ -54,7 +46,7 @@ def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: i
     pairs = list(zip(prompts, responses))
 
     engine = Engine("ref", gguf, threads=threads, ctx=ctx)
-    bare_s = timed(lambda: engine.logprobs(pairs), repeat)
+    bare_s = best_seconds(lambda: engine.logprobs(pairs), repeat)
     del engine
 
     llm = Llama(str(gguf), logits_all=True, n_ctx=ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -64,12 +56,12 @@ def throughput(gguf: Path, prompts, responses, threads: int, ctx: int, repeat: i
             llm.reset()
             llm.eval(p + r)
 
-    single_s = timed(one_by_one, repeat)
+    single_s = best_seconds(one_by_one, repeat)
     llm.close()
 
     backend = connect("ref", process=WorkerProcess("ref", gguf, threads=threads, ctx=ctx))
     try:
-        http_s = timed(lambda: backend.logprobs(prompts, responses), repeat)
+        http_s = best_seconds(lambda: backend.logprobs(prompts, responses), repeat)
     finally:
         backend.close()
     return {"tokens": tokens, "bare_s": bare_s, "http_s": http_s, "single_s": single_s}

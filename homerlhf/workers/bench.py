@@ -154,7 +154,7 @@ def _ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def _timed(fn: Callable[[], Any], repeat: int = 2) -> float:
+def best_seconds(fn: Callable[[], Any], repeat: int = 2) -> float:
     """Best seconds of ``repeat`` calls of ``fn()`` after a warm-up call (the first call allocates
     buffers; the best of a few is the least disturbed by other processes)."""
     fn()
@@ -191,7 +191,7 @@ def worker_rate(role: str, model: Path, threads: int, prompts, responses, f32_kv
     backend = connect(role, process=WorkerProcess(role, model, threads=threads, ctx=ctx, f32_kv_cache=f32_kv))
     try:
         call = backend.logprobs if role == "ref" else backend.score
-        seconds = _timed(lambda: call(prompts, responses))
+        seconds = best_seconds(lambda: call(prompts, responses))
     finally:
         backend.close()
     return len(prompts) * ctx / seconds
@@ -209,7 +209,7 @@ def trainer_rates(policy, cfg: RunConfig, prompts, responses) -> dict[str, float
     rollout = cfg.rollout.model_copy(update={"max_new_tokens": new, "max_prompt_len": len(prompts[0])})
     engine = HFEngine(policy)
     steps = []
-    gen_s = _timed(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]))
+    gen_s = best_seconds(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]))
     p_ids, p_mask = pad_sequences(prompts, policy.tokenizer.pad_token_id, "left", policy.device)
     r_ids, r_mask = pad_sequences(responses, policy.tokenizer.pad_token_id, "right", policy.device)
     ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
@@ -224,7 +224,7 @@ def trainer_rates(policy, cfg: RunConfig, prompts, responses) -> dict[str, float
         policy.model.zero_grad(set_to_none=True)
 
     policy.model.train()
-    fwd_s, train_s = _timed(forward), _timed(train)
+    fwd_s, train_s = best_seconds(forward), best_seconds(train)
     tokens = ids.numel()
     return {"trainer_gen": len(prompts) * steps[-1] / gen_s, "trainer_forward": tokens / fwd_s,
             "trainer_train": tokens / train_s}
@@ -338,7 +338,7 @@ def _engine_rate(cfg: RunConfig, policy, model_dir: str, prompts, new_tokens: in
             engine.sync(policy)
             rollout = cfg.rollout.model_copy(update={"max_new_tokens": new_tokens})
             steps = []
-            seconds = _timed(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]))
+            seconds = best_seconds(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]))
         finally:
             engine.close()
     return len(prompts) * steps[-1] / seconds
