@@ -9,9 +9,12 @@ ends), so the reward needs no model: :func:`reward` is the task's reward functio
 first and never appear among the training prompts or the SFT records, so held-out accuracy
 measures what RL taught beyond the strings it practised on.
 
-Why reversal and not arithmetic: after a short SFT a tiny model gets about a third of reversals
-right, so groups of sampled answers hold both right and wrong ones (the signal GRPO needs) and RL
-raises accuracy within minutes; on 2-digit additions the same SFT got ~5% and RL could not move it.
+The SFT records answer in two styles, bare ("1 7 4") and prefixed ("Reversed: 1 7 4"), half each,
+and the checker accepts only the bare one: the SFT model answers in both, and RL has two things to
+learn from the checker alone, the accepted style and the right digits (docs/ppo_details.md, detail 19,
+has what each algorithm learned). Why reversal and not arithmetic: after a short SFT a tiny model
+gets part of the reversals right, so groups of sampled answers hold both right and wrong ones (the
+signal GRPO needs); on 2-digit additions the same SFT got ~5% and RL could not move it.
 
 Datasets (:mod:`homerlhf.data.read`): ``builtin:reverse`` (training prompts with answers),
 ``builtin:reverse-heldout`` (held-out prompts with answers), ``builtin:reverse-sft``
@@ -28,6 +31,7 @@ N_HELD_OUT = 200
 N_TRAIN = 2000
 N_SFT = 800
 TEMPLATE = "Reverse: {digits}"
+PREFIX = "Reversed:"  # the SFT data's second answer style, which the checker refuses
 
 
 def _draw(rng: random.Random) -> str:
@@ -64,8 +68,18 @@ def prompt_records(held_out: bool = False, seed: int = 0) -> list[dict[str, str]
 
 
 def sft_records(seed: int = 0) -> list[dict[str, str]]:
-    """Prompt/completion rows on the SFT strings, the completion the right answer."""
-    return [{"prompt": r["prompt"], "completion": r["answer"]} for r in map(_row, draw_strings(seed)[0])]
+    """Prompt/completion rows on the SFT strings, the completion the right answer in one of two
+    styles: bare ("1 7 4", rows 0, 2, 4...) or after ``PREFIX`` ("Reversed: 1 7 4", the odd rows),
+    the way SFT data gathered from two sources mixes styles. Only the bare one passes :func:`check`."""
+    rows = map(_row, draw_strings(seed)[0])
+    return [{"prompt": r["prompt"], "completion": r["answer"] if i % 2 == 0 else f"{PREFIX} {r['answer']}"}
+            for i, r in enumerate(rows)]
+
+
+def in_checked_style(response: str) -> bool:
+    """False for a reply in the SFT data's prefixed style ("Reversed: 1 7 4"), which :func:`check`
+    never accepts; True otherwise, right or wrong."""
+    return not response.strip().startswith(PREFIX)
 
 
 def check(response: str, answer: str) -> bool:

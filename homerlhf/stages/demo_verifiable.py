@@ -1,12 +1,13 @@
 """`homerlhf demo --algorithm grpo|rloo|ppo`: RL with a verifiable reward, offline on CPU.
 
 The builtin digit-reversal task (:mod:`homerlhf.data.builtin_reverse`): a tiny Llama after a short
-SFT (``builtin:reverse-sft``, built once then cached) reverses about a third of "Reverse: 4 7 1"
-right when sampled; the reward is the task's own checker (``reward.function: builtin:reverse``, 1
+SFT (``builtin:reverse-sft``, built once then cached) answers "Reverse: 4 7 1" in the two styles of
+its SFT data, "1 7 4" and "Reversed: 1 7 4", and gets about a fifth right when sampled; the reward is the task's own checker (``reward.function: builtin:reverse``, 1
 for the exact answer, else 0), no reward model. RL then trains on the training strings, and the
 demo measures what it taught on held-out strings it never practised on: exact-match accuracy of
 sampled answers (temperature 1, the policy RL optimises) before and after, on every held-out
-string, ``EVAL_SAMPLES`` samples each with the same per-sample seeds for both models.
+string, ``EVAL_SAMPLES`` samples each with the same per-sample seeds for both models, and what that
+accuracy is made of (:func:`style_split`: answers in the accepted style, right digits among them).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from homerlhf.config import RunConfig, load_config
 from homerlhf.errors import UserError
 
 ALGORITHMS = ("grpo", "rloo", "ppo")
-# Measured on a quiet 2-core machine (docs/ppo_details.md, detail 19): GRPO's training-batch accuracy
-# rose 0.26 -> 0.39 in 80 iterations (~1.5 min); lr 1e-2 collapsed every algorithm.
+# Measured on a quiet 2-core machine, --fast, seed 0 (docs/ppo_details.md, detail 19): held-out
+# accuracy 0.204 -> 0.610 (GRPO), 0.534 (RLOO), 0.639 (PPO), about 1 min each; at lr 3e-3 GRPO
+# reached 0.531 with the training batch swinging 0.2-0.7, and lr 1e-2 collapsed every algorithm.
 RECIPE = [
     "model.name_or_path=builtin:reverse-sft",
     "data.prompts=builtin:reverse",
@@ -31,15 +33,17 @@ RECIPE = [
     "reward.function=builtin:reverse",
     "ref.backend=adapter_off",  # the base under the adapter is the SFT model: no worker to start
     "rollout.max_prompt_len=24",
-    "rollout.max_new_tokens=12",
+    "rollout.max_new_tokens=16",  # "Reversed: 1 2 3 4 5" and the stop token fit
+    "rollout.truncation_penalty=null",  # a cut answer already scores 0
+    "ppo.adaptive_kl=false",
     "rollout.batch_size=128",
     "rollout.chunk_size=128",
     "ppo.mini_batch_size=64",
     "ppo.micro_batch_size=64",
     "ppo.epochs=2",
     "ppo.kl_coef=0.02",
-    "actor.lr=3e-3",
-    "critic.lr=3e-3",
+    "actor.lr=2e-3",
+    "critic.lr=2e-3",
     "ppo.iterations=80",
     "checkpoint.every=80",
 ]
@@ -100,6 +104,16 @@ def accuracy(answers: list[dict[str, Any]]) -> float:
     return sum(sum(a["right"]) for a in answers) / sum(len(a["right"]) for a in answers)
 
 
+def style_split(answers: list[dict[str, Any]]) -> dict[str, float]:
+    """What the accuracy is made of: ``checked_style``, the fraction of samples in the style the
+    checker accepts (not "Reversed: ..."), and ``right_in_style``, the fraction of those that are right."""
+    from homerlhf.data.builtin_reverse import in_checked_style
+
+    pairs = [(in_checked_style(t), r) for a in answers for t, r in zip(a["responses"], a["right"])]
+    in_style = [r for ok, r in pairs if ok]
+    return {"checked_style": len(in_style) / len(pairs), "right_in_style": sum(in_style) / max(len(in_style), 1)}
+
+
 def evaluate(cfg: RunConfig, checkpoint: Path) -> dict[str, list[dict[str, Any]]]:
     """Held-out answers of the SFT model (adapter off) and of the RL policy from ``checkpoint``."""
     from homerlhf.models.policy import PolicyModel
@@ -118,9 +132,14 @@ def write_before_after(answers: dict[str, list[dict[str, Any]]], algorithm: str,
         return (text.replace("|", "\\|").replace("\n", " ").strip() or "(empty)") + (" ✓" if right else "")
 
     before, after = accuracy(answers["before"]), accuracy(answers["after"])
+    style = {side: style_split(answers[side]) for side in ("before", "after")}
     n_samples = len(answers["before"][0]["responses"])
     lines = [f"Held-out exact-match accuracy, {len(answers['before'])} strings x {n_samples} sampled answers: "
              f"{before:.3f} before (SFT), {after:.3f} after {algorithm.upper()} ({after - before:+.3f}).", "",
+             "Answers in the style the checker accepts (not \"Reversed: ...\"): "
+             f"{style['before']['checked_style']:.3f} before, {style['after']['checked_style']:.3f} after; "
+             f"right among those: {style['before']['right_in_style']:.3f} before, "
+             f"{style['after']['right_in_style']:.3f} after.", "",
              f"| prompt | answer | before (SFT) | after {algorithm.upper()} |", "|---|---|---|---|"]
     for b, a in zip(answers["before"][:N_SHOWN], answers["after"][:N_SHOWN]):
         lines.append(f"| {b['prompt']} | {b['answer']} | {cell(b['responses'][0], b['right'][0])} "
@@ -174,6 +193,7 @@ def run_verifiable_demo(out: str | Path, algorithm: str, fast: bool = False, ove
     _log("3/3 held-out accuracy before/after")
     answers = evaluate(cfg, result["checkpoint"])
     held_out = {"before": accuracy(answers["before"]), "after": accuracy(answers["after"])}
+    style = {side: style_split(answers[side]) for side in ("before", "after")}
     curve = plot_accuracy(metrics, held_out, out / "accuracy_curve.png", algorithm.upper())
     samples = write_before_after(answers, algorithm, out / "before_after.md")
     (out / "before_after.jsonl").write_text("".join(
@@ -184,10 +204,10 @@ def run_verifiable_demo(out: str | Path, algorithm: str, fast: bool = False, ove
                f"{held_out['before']:.3f} -> {held_out['after']:.3f} ({gain:+.3f}; the bar is +{MARGIN:.2f}), "
                f"final KL {metrics[-1]['kl_mean']:.2f} nats per response")
     summary = {"algorithm": algorithm, "seed": seed, "fast": fast, "held_out_accuracy": held_out,
-               "final_kl": metrics[-1]["kl_mean"], "seconds": round(time.perf_counter() - started, 1),
+               "held_out_style": style, "final_kl": metrics[-1]["kl_mean"], "seconds": round(time.perf_counter() - started, 1),
                "verdict": verdict}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\n{verdict}\nplot: {curve}   samples: {samples}   metrics: {out / 'metrics.jsonl'}   "
           f"took {summary['seconds']:.0f} s")
-    return {"metrics": metrics, "accuracy": held_out, "improved": gain >= MARGIN, "curve": curve,
+    return {"metrics": metrics, "accuracy": held_out, "style": style, "improved": gain >= MARGIN, "curve": curve,
             "samples": samples, "run_dir": out}

@@ -65,12 +65,28 @@ def test_strings_are_three_to_five_digits_of_every_length():
         assert lengths == {3, 4, 5}
 
 
-def test_every_answer_is_the_reversal_and_sft_completions_are_the_answers():
+def test_every_answer_is_the_reversal():
     for held_out in (False, True):
         for row in builtin_reverse.prompt_records(held_out=held_out):
             assert row["answer"] == " ".join(_digits(row["prompt"]).split()[::-1])
-    for record in builtin_reverse.sft_records():
-        assert builtin_reverse.check(record["completion"], " ".join(_digits(record["prompt"]).split()[::-1]))
+
+
+def test_sft_completions_are_the_answers_every_other_one_in_the_style_the_checker_refuses():
+    records = builtin_reverse.sft_records()
+    for i, record in enumerate(records):
+        answer = " ".join(_digits(record["prompt"]).split()[::-1])
+        if i % 2 == 0:
+            assert record["completion"] == answer and builtin_reverse.in_checked_style(record["completion"])
+            assert builtin_reverse.check(record["completion"], answer)
+        else:
+            assert record["completion"] == f"Reversed: {answer}" and not builtin_reverse.in_checked_style(record["completion"])
+            assert not builtin_reverse.check(record["completion"], answer)
+
+
+@pytest.mark.parametrize("response, checked", [("1 7 4", True), (" 1 7 4\n", True), ("Reversed: 1 7 4", False),
+                                                (" Reversed:1 7 4", False), ("1 7 Reversed:", True), ("", True)])
+def test_in_checked_style_tells_the_prefixed_style_apart(response, checked):
+    assert builtin_reverse.in_checked_style(response) is checked
 
 
 def test_the_split_is_seeded():

@@ -63,9 +63,12 @@ def test_reverse_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
 
     held = builtin_reverse.prompt_records(held_out=True)
     greedy = [a[0] for a in answers(held, sample=False)]
-    assert sum(a.replace(" ", "").strip().isdigit() for a in greedy) >= 0.9 * len(held)
-    # Greedy answers of this build are nearly all right (measured 200/200); what RL trains on is the
-    # temperature-1 samples, right on part of the held-out strings only (measured 60% in the demo).
+    digits = [a.strip().removeprefix(builtin_reverse.PREFIX).replace(" ", "") for a in greedy]
+    assert sum(d.isdigit() for d in digits) >= 0.9 * len(held)
+    # Half the SFT answers carry the "Reversed:" prefix the checker refuses, so the build answers in
+    # both styles; what RL trains on is the temperature-1 samples, right on part of the held-out
+    # strings only (measured 20% in the demo, NF4).
+    assert 0 < sum(not builtin_reverse.in_checked_style(a) for a in greedy) < len(held)
     torch.manual_seed(0)
     sampled = [a for group in answers(held, True, 4) for a in group]
     truth = [r["answer"] for r in held for _ in range(4)]

@@ -19,6 +19,18 @@ def test_accuracy_counts_every_sample_of_every_string():
     assert demo.accuracy(_answers([[True, False, False, False], [True, True, False, False]])) == 3 / 8
 
 
+def test_style_split_counts_answers_in_the_accepted_style_and_the_right_ones_among_them():
+    answers = [{"prompt": "Reverse: 1 2 3", "answer": "3 2 1", "responses": ["3 2 1", "Reversed: 3 2 1", "3 2 2"],
+                "right": [True, False, False]},
+               {"prompt": "Reverse: 4 5 6", "answer": "6 5 4", "responses": ["Reversed: 6 5 4", "6 5 4"],
+                "right": [False, True]}]
+    split = demo.style_split(answers)
+    assert split["checked_style"] == pytest.approx(3 / 5, abs=1e-12)
+    assert split["right_in_style"] == pytest.approx(2 / 3, abs=1e-12)
+    only_prefixed = [dict(answers[1], responses=["Reversed: 6 5 4"], right=[False])]
+    assert demo.style_split(only_prefixed) == {"checked_style": 0.0, "right_in_style": 0.0}
+
+
 def test_before_after_markdown_states_both_accuracies_and_marks_right_answers(tmp_path):
     answers = {"before": _answers([[False, True], [True, True]]), "after": _answers([[True, True], [True, False]])}
     text = demo.write_before_after(answers, "grpo", tmp_path / "before_after.md").read_text()
@@ -36,3 +48,27 @@ def test_the_recipe_per_algorithm():
     assert fast.ppo.iterations < grpo.ppo.iterations and fast.ppo.kl_coef == 0.1
     with pytest.raises(UserError, match="choose one of grpo, rloo, ppo"):
         demo.verifiable_demo_config("/tmp/x", "dpo")
+
+
+# Measured on a quiet 2-core machine, seed 0, 24 iterations (held-out accuracy before -> after; docs/ppo_details.md,
+# detail 19): GRPO 0.204 -> 0.515, RLOO 0.204 -> 0.471, PPO 0.204 -> 0.591. The bar is about half the
+# smallest gain seen.
+LEARNING_OVERRIDES = ("ppo.iterations=24", "checkpoint.every=24")
+LEARNING_MARGIN = 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", demo.ALGORITHMS)
+def test_rl_raises_held_out_accuracy_on_the_verifiable_task(algorithm, tmp_path):
+    """GRPO and RLOO (and PPO, for comparison) each raise the exact-match accuracy of sampled answers to
+    held-out strings by a margin on a fixed seed: the answers move to the style the checker accepts,
+    and the digits of the answers in that style are right more often too."""
+    result = demo.run_verifiable_demo(tmp_path / algorithm, algorithm, fast=True, seed=0, overrides=LEARNING_OVERRIDES)
+    before, after = result["accuracy"]["before"], result["accuracy"]["after"]
+    assert after - before >= LEARNING_MARGIN, (before, after)
+    assert result["improved"]
+    style = result["style"]
+    assert style["before"]["checked_style"] < 0.75 and style["after"]["checked_style"] > 0.95, style
+    assert style["after"]["right_in_style"] > style["before"]["right_in_style"] + 0.02, style
+    summary = json.loads((tmp_path / algorithm / "summary.json").read_text())
+    assert summary["held_out_accuracy"] == result["accuracy"] and summary["verdict"].startswith("Improved")
