@@ -20,16 +20,23 @@ from pathlib import Path
 from homerlhf.models.registry import PREFIX, register_builtin, tiny_recipe
 
 
-def _recipe_files(rm: bool) -> list[Path]:
-    """The files whose content determines the build of demo-sft (and, with ``rm``, demo-rm)."""
+TASK_FILES = {"demo": "builtin.py", "reverse": "builtin_reverse.py"}  # in homerlhf/data/
+
+
+def _recipe_files(rm: bool, task: str = "demo") -> list[Path]:
+    """The files whose content determines the build of demo-sft (and, with ``rm``, demo-rm), or with
+    ``task="reverse"`` of reverse-sft: the loaders and that task's own file, not the other task's
+    (though :func:`tiny_recipe` keys every build by the demo task's file, the tokenizer's corpus)."""
     import homerlhf.data.builtin as data_builtin
     import homerlhf.models.policy as policy
     from homerlhf.config import presets_dir
 
     here = Path(__file__).resolve().parent
+    other_tasks = set(TASK_FILES.values()) - {TASK_FILES[task]}
+    data_files = [f for f in sorted(Path(data_builtin.__file__).parent.glob("*.py")) if f.name not in other_tasks]
     files = tiny_recipe() + [
         here / "builtin.py",
-        *sorted(Path(data_builtin.__file__).parent.glob("*.py")),  # the loaders and the builtin task
+        *data_files,  # the loaders and the task's own file
         Path(policy.__file__),  # the tokenizer loader and the 4-bit settings
         here / "common.py",
         here / "sft.py",
@@ -81,4 +88,5 @@ def _ensure_rm_gguf(run_dir: Path) -> Path:
 
 register_builtin("demo-sft", _build_demo_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")
 register_builtin("demo-rm", _build_demo_rm, lambda: _recipe_files(rm=True), finish=_ensure_rm_gguf)
-register_builtin("reverse-sft", _build_reverse_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")
+register_builtin("reverse-sft", _build_reverse_sft, lambda: _recipe_files(rm=False, task="reverse"),
+                 finish=lambda built: built / "model")

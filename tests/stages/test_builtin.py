@@ -79,3 +79,16 @@ def test_reverse_sft_is_right_sometimes_so_rl_has_room_and_a_signal():
     train = builtin_reverse.prompt_records()[:32]
     groups = [[builtin_reverse.check(a, r["answer"]) for a in group] for group, r in zip(answers(train, True, 8), train)]
     assert sum(0 < sum(g) < len(g) for g in groups) >= 8, groups
+
+
+def test_each_task_build_is_keyed_by_its_own_task_file_not_the_other_tasks():
+    """An edit to the reversal task rebuilds reverse-sft only. (The demo task's file also holds the corpus
+    the tiny tokenizer learns, so every build, reverse-sft's too, is keyed by it.)"""
+    from homerlhf.stages.builtin import _recipe_files
+
+    demo = {(f.parent.name, f.name) for f in _recipe_files(rm=True)}
+    reverse = {(f.parent.name, f.name) for f in _recipe_files(rm=False, task="reverse")}
+    assert ("data", "builtin.py") in demo and ("data", "builtin_reverse.py") not in demo
+    assert ("data", "builtin_reverse.py") in reverse
+    assert {("data", "read.py"), ("data", "load.py"), ("stages", "sft.py")} <= demo & reverse
+    assert ("stages", "reward.py") in demo - reverse
