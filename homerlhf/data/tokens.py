@@ -137,8 +137,8 @@ def fit_length(
 ) -> list[Record]:
     """Apply the over-long policy: count rows longer than ``max_len`` tokens, drop them if asked.
 
-    Truncation itself happens where the tokens are made (on the left for reward pairs, on the
-    completion's end for SFT); this only decides and counts. PPO prompts have their own:
+    Truncation itself happens where the tokens are made (inside the prompt's last user message for
+    reward pairs, on the completion's end for SFT); this only decides and counts. PPO prompts have their own:
     :func:`tokenize_prompts`.
     """
     kept = []

@@ -29,7 +29,7 @@ import torch
 
 from homerlhf.data.load import load_preferences
 from homerlhf.data.replies import reward_sequence_ids
-from homerlhf.data.tokens import fit_length
+from homerlhf.data.tokens import fit_length, fit_prompt, prompt_ids
 from homerlhf.models.fingerprint import base_fingerprint
 from homerlhf.models.registry import resolve_model_dir
 from homerlhf.models.scores import score_sequences, sequence_scores
@@ -37,39 +37,53 @@ from homerlhf.stages.common import load_model, lora_config, open_base, prepare_o
 
 
 class Pair(NamedTuple):
-    """The two sequences of one preference record."""
+    """The two sequences of one preference record, fitted to the length limit."""
 
-    chosen_ids: list[int]  # untruncated
+    chosen_ids: list[int]
     rejected_ids: list[int]
+    n_full: int  # tokens of the longer sequence before fitting
 
 
-def _pairs(records, tokenizer) -> list[Pair]:
-    """The two sequences of each preference record, each rendered once.
+def _fit_pair(tokenizer, record, max_len: int) -> Pair:
+    """The sequences PPO scores (:func:`homerlhf.data.replies.reward_sequence_ids`: the prompt
+    rendered with its generation prompt, the reply, its end-of-turn token, nothing after it), each
+    rendered once. A pair longer than ``max_len`` keeps both replies whole and its prompt's head
+    (:func:`homerlhf.data.tokens.fit_prompt` cuts inside the last user message, so BOS, the system
+    turn and the generation prompt survive), the same cut prompt under both replies. Only when a
+    reply alone leaves no room for an emptied last user message (or the template renders the prompt
+    differently inside the dialogue) are the ids cut from the left, keeping the end where the score
+    is read."""
+    chosen = reward_sequence_ids(tokenizer, record["prompt"], record["chosen"])
+    rejected = reward_sequence_ids(tokenizer, record["prompt"], record["rejected"])
+    n_full = max(len(chosen), len(rejected))
+    if n_full <= max_len:
+        return Pair(chosen, rejected, n_full)
+    head = prompt_ids(tokenizer, record["prompt"])
+    if chosen[:len(head)] == head and rejected[:len(head)] == head:
+        tails = chosen[len(head):], rejected[len(head):]
+        fitted = fit_prompt(tokenizer, record["prompt"], max_len - max(map(len, tails)))
+        if fitted is not None:
+            return Pair(fitted + tails[0], fitted + tails[1], n_full)
+    return Pair(chosen[-max_len:], rejected[-max_len:], n_full)
 
-    A sequence is what PPO scores (:func:`homerlhf.data.replies.reward_sequence_ids`): the prompt
-    rendered with its generation prompt, the reply, its end-of-turn token, nothing after it.
-    """
-    return [Pair(reward_sequence_ids(tokenizer, r["prompt"], r["chosen"]),
-                 reward_sequence_ids(tokenizer, r["prompt"], r["rejected"])) for r in records]
+
+def _pairs(records, tokenizer, max_len: int) -> list[Pair]:
+    return [_fit_pair(tokenizer, r, max_len) for r in records]
 
 
-def _columns(pairs: Sequence[Pair], max_len: int) -> dict[str, list[list[int]]]:
-    """``chosen_ids`` / ``rejected_ids`` left-truncated to ``max_len``: the end of the reply, where
-    the score is read, is kept."""
-    return {"chosen_ids": [p.chosen_ids[-max_len:] for p in pairs],
-            "rejected_ids": [p.rejected_ids[-max_len:] for p in pairs]}
+def _columns(pairs: Sequence[Pair]) -> dict[str, list[list[int]]]:
+    return {"chosen_ids": [p.chosen_ids for p in pairs], "rejected_ids": [p.rejected_ids for p in pairs]}
 
 
 def pair_ids(records, tokenizer, max_len: int) -> dict[str, list[list[int]]]:
-    """Preference records -> ``chosen_ids`` / ``rejected_ids``, the sequences PPO scores,
-    left-truncated to ``max_len``."""
-    return _columns(_pairs(records, tokenizer), max_len)
+    """Preference records -> ``chosen_ids`` / ``rejected_ids``, the sequences PPO scores, each pair
+    fitted to ``max_len`` (:func:`_fit_pair`)."""
+    return _columns(_pairs(records, tokenizer, max_len))
 
 
 def _fit(records, report, tokenizer, max_len: int, overlong: str) -> list[Pair]:
-    pairs = _pairs(records, tokenizer)
-    lengths = [max(len(p.chosen_ids), len(p.rejected_ids)) for p in pairs]
-    return fit_length(pairs, lengths, max_len, overlong, report)
+    pairs = _pairs(records, tokenizer, max_len)
+    return fit_length(pairs, [p.n_full for p in pairs], max_len, overlong, report)
 
 
 def score_ids(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 32) -> torch.Tensor:
@@ -85,11 +99,11 @@ def pairwise_accuracy(model, pairs: dict[str, list[list[int]]], pad_id: int) -> 
     return float((chosen > rejected).float().mean())
 
 
-def _accuracies(model, train_pairs, eval_pairs, pad_id: int, max_len: int) -> dict[str, Optional[float]]:
+def _accuracies(model, train_pairs, eval_pairs, pad_id: int) -> dict[str, Optional[float]]:
     """Pairwise accuracy on the held-out pairs (None when there are none) and on up to 256 training pairs."""
     return {
-        "eval_accuracy": pairwise_accuracy(model, _columns(eval_pairs, max_len), pad_id) if eval_pairs else None,
-        "train_accuracy": pairwise_accuracy(model, _columns(train_pairs[:256], max_len), pad_id),
+        "eval_accuracy": pairwise_accuracy(model, _columns(eval_pairs), pad_id) if eval_pairs else None,
+        "train_accuracy": pairwise_accuracy(model, _columns(train_pairs[:256]), pad_id),
     }
 
 
@@ -193,18 +207,18 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
             model=model,
             args=RewardConfig(
                 **trainer_args(section, cfg, out),
-                max_length=None,  # already left-truncated by _columns; TRL would drop over-long pairs instead
+                max_length=None,  # already fitted by _fit_pair; TRL would drop over-long pairs instead
                 center_rewards_coefficient=section.center_rewards_coef,
                 disable_dropout=True,
             ),
-            train_dataset=Dataset.from_dict(_columns(train_pairs, section.max_len)),
+            train_dataset=Dataset.from_dict(_columns(train_pairs)),
             processing_class=tokenizer,
             peft_config=lora_config(section, section.lora, "SEQ_CLS"),
         )
 
     trained = train_and_save(make_trainer, section.method, cfg, out, base_path, tokenizer,
                              AutoModelForSequenceClassification,
-                             lambda model: _accuracies(model, train_pairs, eval_pairs, tokenizer.pad_token_id, section.max_len),
+                             lambda model: _accuracies(model, train_pairs, eval_pairs, tokenizer.pad_token_id),
                              num_labels=1, pad_token_id=tokenizer.pad_token_id)
     summary = {
         "stage": "reward", "base_model": base_name, "base_path": base_path, "method": section.method,

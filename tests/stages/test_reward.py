@@ -282,3 +282,66 @@ def test_reward_trainer_loss_reads_the_last_real_token_when_pad_is_eos(real_voca
     torch.testing.assert_close(loss, want, atol=1e-5, rtol=0)
     hf_loss = -torch.nn.functional.logsigmoid(hf_pooled[:2] - hf_pooled[2:]).mean()
     assert abs(hf_loss.item() - want.item()) > 1e-4  # the rule matters on these ids
+
+
+# -- over-long pairs keep their prompt's head -------------------------------------------------------
+FIT_SYSTEM = "You are a terse pirate who answers in one line."
+FIT_LONG = ("Tell me everything about the sea, the ships and the stars above them. " * 40).strip()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3_1", "gemma3"])
+def test_an_over_long_pair_keeps_bos_the_system_turn_and_both_whole_replies(name, real_tokenizer_dirs):
+    """Cut inside the last user message, the same cut under both replies; each reply and its
+    end-of-turn token kept whole, so the score is read where PPO reads it."""
+    from homerlhf.data.load import LoadReport, normalise
+    from homerlhf.data.replies import reward_sequence_ids
+    from homerlhf.data.tokens import prompt_ids
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.stages.reward import _fit, pair_ids
+
+    tok = load_tokenizer(str(real_tokenizer_dirs[name]), trust_remote_code=False, padding_side=None)
+    prompt = [{"role": "system", "content": FIT_SYSTEM}, {"role": "user", "content": FIT_LONG}]
+    [record], _ = normalise([{"prompt": prompt, "chosen": "The sea is wide and the ships are slow.",
+                              "rejected": "No."}], "preference")
+    n_prompt = len(prompt_ids(tok, record["prompt"]))
+    full = {k: reward_sequence_ids(tok, record["prompt"], record[k]) for k in ("chosen", "rejected")}
+    reply = {k: full[k][n_prompt:] for k in full}  # the reply's ids and its end-of-turn token
+    limit = 100
+    assert n_prompt > 3 * limit and len(reply["chosen"]) > len(reply["rejected"]) + 5
+
+    pairs = pair_ids([record], tok, limit)
+    chosen, rejected = pairs["chosen_ids"][0], pairs["rejected_ids"][0]
+    assert chosen[-len(reply["chosen"]):] == reply["chosen"] and rejected[-len(reply["rejected"]):] == reply["rejected"]
+    cut = chosen[: -len(reply["chosen"])]
+    assert cut == rejected[: -len(reply["rejected"])]  # one cut prompt under both replies
+    assert limit - 6 <= len(chosen) <= limit  # the longer reply uses the budget, nearly all of it
+    text, full_text = (tok.decode(ids, clean_up_tokenization_spaces=False) for ids in (cut, full["chosen"][:n_prompt]))
+    before_long = full_text[: full_text.index(FIT_LONG)]
+    assert FIT_SYSTEM in before_long and text.startswith(before_long + FIT_LONG[:40])  # BOS, system turn, the head
+    assert cut[-3:] == full["chosen"][n_prompt - 3:n_prompt]  # the generation prompt's end
+    if tok.bos_token_id is not None:  # Llama-3.1, Gemma-3
+        assert cut[0] == tok.bos_token_id == full["chosen"][0]
+
+    report = LoadReport(source="s", kind="preference", n_rows=1, n_usable=1)
+    [pair] = _fit([record], report, tok, limit, "truncate")
+    assert (pair.chosen_ids, pair.rejected_ids, report.n_truncated) == (chosen, rejected, 1)
+    report = LoadReport(source="s", kind="preference", n_rows=2, n_usable=2)
+    short = dict(record, prompt=[{"role": "user", "content": "Hi"}])
+    assert len(_fit([record, short], report, tok, limit, "drop")) == 1 and report.n_dropped == 1
+
+
+def test_a_reply_too_long_for_any_prompt_keeps_its_end():
+    """When the reply alone leaves no room for the prompt's tags, the ids are cut from the left as the
+    last resort: the end of the reply and its end-of-turn token, where the score is read, stay."""
+    from homerlhf.data.load import normalise
+    from homerlhf.data.replies import reward_sequence_ids
+    from homerlhf.stages.reward import pair_ids
+    from homerlhf.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    [record], _ = normalise([{"prompt": "Tell me about tea.", "chosen": "Tea is good. " * 30, "rejected": "No."}],
+                            "preference")
+    full = reward_sequence_ids(tok, record["prompt"], record["chosen"])
+    pairs = pair_ids([record], tok, 20)
+    assert len(full) > 40 and pairs["chosen_ids"][0] == full[-20:]
+    assert pairs["rejected_ids"][0] == reward_sequence_ids(tok, record["prompt"], record["rejected"])[-20:]
