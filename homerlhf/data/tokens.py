@@ -119,15 +119,6 @@ def tokenize_prompts_indexed(
     return kept
 
 
-def sequence_ids(tokenizer, prompt: list[Message], reply: list[Message]) -> list[int]:
-    """Token ids of prompt + reply as the model sees a whole dialogue (ends with the eos/turn end)."""
-    ids = encode(tokenizer, render(tokenizer, prompt + reply))
-    eos = tokenizer.eos_token_id
-    if eos is not None and (not ids or ids[-1] != eos) and not getattr(tokenizer, "chat_template", None):
-        ids = ids + [eos]
-    return ids
-
-
 def fit_length(
     records: list[Record],
     lengths: Sequence[int],

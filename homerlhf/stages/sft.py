@@ -18,21 +18,34 @@ from pathlib import Path
 from typing import Any, Optional
 
 from homerlhf.data.load import load_sft
-from homerlhf.data.tokens import fit_length, render, sequence_ids
+from homerlhf.data.replies import reward_sequence_ids
+from homerlhf.data.tokens import fit_length, prompt_ids
 from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
 
+def sft_sequence(tokenizer, record) -> tuple[list[int], list[int]]:
+    """(input ids, completion mask) of one SFT record, in the shape PPO samples and scores.
+
+    The ids are :func:`homerlhf.data.replies.reward_sequence_ids`: the prompt rendered with its
+    generation prompt, the reply as the model writes it after that prompt, the turn's end token,
+    nothing after it. So the policy learns to write exactly what it will generate and the reward
+    model reads, not the template's rendering of a whole dialogue (Qwen3's empty think block before
+    the reply, the newline after its end-of-turn token). The mask is 1 from the end of the rendered
+    prompt on (every completion turn trains), 0 over the prompt.
+    """
+    ids = reward_sequence_ids(tokenizer, record["prompt"], record["completion"])
+    head = prompt_ids(tokenizer, record["prompt"])
+    # where the ids leave the rendered prompt: its end, unless the template renders the prompt
+    # differently inside the dialogue
+    n_prompt = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), min(len(ids), len(head)))
+    return ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)
+
+
 def _dataset(records, tokenizer):
-    """Conversational prompt/completion rows (TRL applies the chat template), or text without one."""
+    """Tokenised rows (``input_ids``, ``completion_mask``): TRL trains on them as given."""
     from datasets import Dataset
 
-    if getattr(tokenizer, "chat_template", None):
-        return Dataset.from_list(records)
-    rows = []
-    for r in records:
-        prompt = render(tokenizer, r["prompt"], add_generation_prompt=True)
-        full = render(tokenizer, r["prompt"] + r["completion"])
-        rows.append({"prompt": prompt, "completion": full[len(prompt):]})
+    rows = [dict(zip(("input_ids", "completion_mask"), sft_sequence(tokenizer, r))) for r in records]
     return Dataset.from_list(rows)
 
 
@@ -58,7 +71,7 @@ def run_sft(
     out = prepare_out(Path(out), "sft_run.json", overwrite)
     records, report = load_sft(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)
-    lengths = [len(sequence_ids(tokenizer, r["prompt"], r["completion"])) for r in records]
+    lengths = [len(reward_sequence_ids(tokenizer, r["prompt"], r["completion"])) for r in records]
     records = fit_length(records, lengths, section.max_len, cfg.data.overlong, report)
     print(report.summary())
 

@@ -97,3 +97,37 @@ def test_existing_run_needs_overwrite(tiny_llama_dir, sft_file, tmp_path):
     (out / "model").mkdir(parents=True)
     with pytest.raises(UserError, match="--overwrite"):
         run_sft(_cfg("full"), out, data=sft_file, base=str(tiny_llama_dir))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3_1", "gemma3"])
+def test_sft_trains_on_the_sequence_ppo_samples_and_the_reward_model_reads(name, real_tokenizer_dirs, real_vocab_model_dir):
+    """Through TRL's SFTTrainer with a real tokenizer and its chat template: the prompt is the one PPO
+    generates from (generation prompt included) and the trained tokens are the reply as the model
+    writes it plus the turn's end token, nothing else (no Qwen3 think block, no newline after it)."""
+    from trl import SFTConfig, SFTTrainer
+
+    from homerlhf.data.load import normalise
+    from homerlhf.data.replies import reward_sequence_ids, turn_end_id
+    from homerlhf.data.tokens import prompt_ids
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.stages.sft import _dataset
+
+    tok = load_tokenizer(str(real_tokenizer_dirs[name]), trust_remote_code=False, padding_side=None)
+    rows = [{"prompt": "Tell me about tea.", "completion": "Tea is made from dried leaves."},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Hello! How can I help?"}]}]
+    records, _ = normalise(rows, "sft")
+    trainer = SFTTrainer(
+        model=str(real_vocab_model_dir(name)),
+        args=SFTConfig(output_dir="/tmp/unused-sft", completion_only_loss=True, report_to="none", use_cpu=True,
+                       max_length=256),
+        train_dataset=_dataset(records, tok),
+        processing_class=tok,
+    )
+    for record, row, reply in zip(records, trainer.train_dataset, ["Tea is made from dried leaves.", "Hello! How can I help?"]):
+        head = prompt_ids(tok, record["prompt"])
+        assert row["input_ids"] == reward_sequence_ids(tok, record["prompt"], record["completion"])
+        assert row["input_ids"][: len(head)] == head and set(row["labels"][: len(head)]) == {-100}
+        trained = row["input_ids"][len(head):]
+        assert row["labels"][len(head):] == trained and trained[-1] == turn_end_id(tok)
+        assert tok.decode(trained[:-1]).strip() == reply and "think" not in tok.decode(row["input_ids"])
