@@ -140,7 +140,8 @@ def measure(cfg, policy_dir: Path, prompts, iterations: int) -> dict[str, float]
     with tempfile.TemporaryDirectory(prefix="iteration-time-") as tmp, trainer_threads(cfg):
         policy = PolicyModel.from_config(cfg, str(policy_dir))
         ref = Timed(build_reference(cfg, policy, str(policy_dir), Path(tmp)), sync=cfg.ref.backend == "adapter_off")
-        reward = Timed(build_reward(cfg, policy.tokenizer, Path(tmp)), sync=False)
+        inner = build_reward(cfg, policy.tokenizer, Path(tmp))
+        reward = Timed(inner, sync=inner.shares_policy or inner.on_trainer_cpu)  # as submit_score does
         try:
             trainer = PPOTrainer(cfg, policy, ref, reward, prompts)
             trainer.step()  # warm-up: buffers, the workers' first decode

@@ -199,6 +199,10 @@ class WeightedReward(RewardBackend):
     def shares_policy(self) -> bool:  # one part on the policy's modules keeps the whole sum off threads
         return any(backend.shares_policy for _, _, backend in self.parts)
 
+    @property
+    def on_trainer_cpu(self) -> bool:  # as does one part on the trainer's CPU cores
+        return any(backend.on_trainer_cpu for _, _, backend in self.parts)
+
     def score_samples(self, prompt_ids: TokenIds, response_ids: TokenIds,
                       rows: Optional[Sequence[dict]] = None) -> list[float]:
         by_part = [(name, weight, backend.score_samples(prompt_ids, response_ids, rows))
