@@ -219,7 +219,7 @@ class TRLStageConfig(_Section):
     max_len: int = Field(
         1024, ge=8,
         description="Tokens per sequence (prompt + reply); longer sft rows lose the end of the completion, "
-        "longer rm sequences the start of the prompt.",
+        "longer rm pairs are cut inside the prompt's last user message (BOS, system turn and both replies kept).",
     )
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
 

@@ -7,29 +7,12 @@ import pytest
 from homerlhf.config import load_config
 from homerlhf.memory.placement import recommend
 from homerlhf.memory.render import shape_for
-from homerlhf.memory.timing import DEFAULT_SOURCE, Placement, Throughputs, default_throughputs
-
-# 4 sequences in chunks of 2, each 6 prompt + 4 new tokens (L = 10); PPO with actor + critic
-# adapters (2 forwards per sequence to score, 2 forward+backward passes per epoch), 1 epoch.
-SMALL = ["rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_prompt_len=6", "rollout.max_new_tokens=4",
-         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1"]
+from homerlhf.memory.timing import DEFAULT_SOURCE, Placement, default_throughputs
 
 
-def small_cfg(*extra):
-    return load_config("cpu-tiny", None, SMALL + list(extra))
-
-
-# Tokens/s; threads 1 for the trainer when it shares 2 cores with a worker or two, 2 when alone.
-RATES = Throughputs(
-    worker_ref={1: 10.0}, worker_reward={1: 5.0}, llama_gen={2: 1.0},
-    trainer_gen={1: 4.0, 2: 8.0}, trainer_forward={1: 20.0, 2: 40.0}, trainer_train={1: 10.0, 2: 20.0},
-    source="hand-made",
-)
-
-
-def test_the_recommendation_is_the_fastest_and_says_by_how_much():
+def test_the_recommendation_is_the_fastest_and_says_by_how_much(small_cfg, rates):
     cfg = small_cfg()
-    rec = recommend(cfg, shape_for(cfg), RATES, cores=2, logical=2)
+    rec = recommend(cfg, shape_for(cfg), rates, cores=2, logical=2)
     assert rec.current.time.total_s == pytest.approx(18.0)
     # adapter and hf rewards tie at 10 s: the tie goes to adapter (listed first, no GPU either way).
     assert rec.best.time.placement == Placement("adapter_off", "adapter", "hf")
@@ -62,7 +45,7 @@ def test_on_a_card_placements_over_the_budget_are_not_recommended():
     assert rec.best.time.total_s <= min(c.time.total_s for c in rec.candidates if c.fits)
 
 
-def test_a_remote_worker_keeps_its_backend():
+def test_a_remote_worker_keeps_its_backend(small_cfg, rates):
     cfg = small_cfg("ref.url=http://10.0.0.2:8001")
-    rec = recommend(cfg, shape_for(cfg), RATES, cores=2, logical=2)
+    rec = recommend(cfg, shape_for(cfg), rates, cores=2, logical=2)
     assert {c.time.placement.ref for c in rec.candidates} == {"llamacpp"}

@@ -5,29 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from homerlhf.config import load_config
 from homerlhf.memory.timing import Placement, Throughputs, iteration_time
 
-# 4 sequences in chunks of 2, each 6 prompt + 4 new tokens (L = 10); PPO with actor + critic
-# adapters (2 forwards per sequence to score, 2 forward+backward passes per epoch), 1 epoch.
-SMALL = ["rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_prompt_len=6", "rollout.max_new_tokens=4",
-         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1"]
 
-
-def small_cfg(*extra):
-    return load_config("cpu-tiny", None, SMALL + list(extra))
-
-
-# Tokens/s; threads 1 for the trainer when it shares 2 cores with a worker or two, 2 when alone.
-RATES = Throughputs(
-    worker_ref={1: 10.0}, worker_reward={1: 5.0}, llama_gen={2: 1.0},
-    trainer_gen={1: 4.0, 2: 8.0}, trainer_forward={1: 20.0, 2: 40.0}, trainer_train={1: 10.0, 2: 20.0},
-    source="hand-made",
-)
-
-
-def test_both_workers_on_llamacpp_the_reward_worker_is_the_critical_path():
-    it = iteration_time(small_cfg(), RATES, cores=2, logical=2)
+def test_both_workers_on_llamacpp_the_reward_worker_is_the_critical_path(small_cfg, rates):
+    it = iteration_time(small_cfg(), rates, cores=2, logical=2)
     # Per chunk: generation 2 x 4 / 4 = 2 s; ref 20 tokens / 10 = 2 s and reward 20 / 5 = 4 s on
     # their workers; old log-probs + values 2 forwards x 20 / 20 = 2 s.
     # Chunk 1: gen 0-2, ref 2-4, reward 2-6, scoring 2-4. Chunk 2: gen 4-6, ref 6-8, reward 6-10,
@@ -42,8 +24,8 @@ def test_both_workers_on_llamacpp_the_reward_worker_is_the_critical_path():
     assert it.where["reference"] == it.where["reward"] == "worker"
 
 
-def test_adapter_off_reference_runs_in_the_trainers_sequence_and_delays_the_reward_submit():
-    it = iteration_time(small_cfg(), RATES, Placement("adapter_off", "llamacpp", "hf"), cores=2, logical=2)
+def test_adapter_off_reference_runs_in_the_trainers_sequence_and_delays_the_reward_submit(small_cfg, rates):
+    it = iteration_time(small_cfg(), rates, Placement("adapter_off", "llamacpp", "hf"), cores=2, logical=2)
     # One local worker: trainer 1 thread. Chunk 1: gen 0-2, ref forward 20 / 20 = 1 s (2-3), the
     # reward submitted at 3 runs 3-7, scoring 3-5. Chunk 2: gen 5-7, ref 7-8, reward 8-12
     # (submitted at 8), scoring 8-10. Rollout ends at 12; update 8.
@@ -52,8 +34,8 @@ def test_adapter_off_reference_runs_in_the_trainers_sequence_and_delays_the_rewa
     assert it.total_s == pytest.approx(20.0)
 
 
-def test_everything_on_the_trainer_gets_all_cores():
-    it = iteration_time(small_cfg(), RATES, Placement("adapter_off", "adapter", "hf"), cores=2, logical=2)
+def test_everything_on_the_trainer_gets_all_cores(small_cfg, rates):
+    it = iteration_time(small_cfg(), rates, Placement("adapter_off", "adapter", "hf"), cores=2, logical=2)
     # No local worker: the trainer has both cores. Per chunk: gen 8 / 8 = 1, ref 20 / 40 = 0.5,
     # reward 0.5, scoring 40 / 40 = 1: 3 s; two chunks 6 s. Update 80 / 20 = 4 s.
     assert it.threads["trainer"] == 2
@@ -61,19 +43,19 @@ def test_everything_on_the_trainer_gets_all_cores():
     assert it.total_s == pytest.approx(10.0)
 
 
-def test_grpo_scores_and_updates_with_one_forward():
-    it = iteration_time(small_cfg("algorithm=grpo", "ppo.group_size=2"), RATES, cores=2, logical=2)
+def test_grpo_scores_and_updates_with_one_forward(small_cfg, rates):
+    it = iteration_time(small_cfg("algorithm=grpo", "ppo.group_size=2"), rates, cores=2, logical=2)
     assert it.phases["policy_scoring"] == pytest.approx(2.0)  # 1 forward x 40 tokens / 20
     assert it.update_s == pytest.approx(4.0)  # 1 pass x 40 tokens / 10
 
 
-def test_the_llamacpp_engine_generates_at_its_own_rate():
-    it = iteration_time(small_cfg(), RATES, Placement("llamacpp", "llamacpp", "llamacpp"), cores=2, logical=2)
+def test_the_llamacpp_engine_generates_at_its_own_rate(small_cfg, rates):
+    it = iteration_time(small_cfg(), rates, Placement("llamacpp", "llamacpp", "llamacpp"), cores=2, logical=2)
     assert it.phases["generation"] == pytest.approx(16.0)  # 16 new tokens at 1 tok/s (2 threads: all logical cores)
 
 
-def test_an_explicit_thread_setting_wins_over_the_split():
-    it = iteration_time(small_cfg("ref.threads=2"), Throughputs(**{**RATES.__dict__, "worker_ref": {1: 10.0}}),
+def test_an_explicit_thread_setting_wins_over_the_split(small_cfg, rates):
+    it = iteration_time(small_cfg("ref.threads=2"), Throughputs(**{**rates.__dict__, "worker_ref": {1: 10.0}}),
                         cores=2, logical=2)
     # ref at 2 threads: the 1-thread figure scaled linearly, 20 tok/s: 1 s per chunk.
     assert it.threads["ref"] == 2 and it.phases["reference"] == pytest.approx(2.0)
