@@ -57,7 +57,7 @@ def padded_batches(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: 
     from torch.nn.utils.rnn import pad_sequence
 
     for start in range(0, len(sequences), batch_size):
-        rows = [torch.as_tensor(list(s), dtype=torch.long) for s in sequences[start:start + batch_size]]
+        rows = [torch.as_tensor(list(s), dtype=torch.long, device="cpu") for s in sequences[start:start + batch_size]]
         ids = pad_sequence(rows, batch_first=True, padding_value=pad_id).to(device)
         mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True).to(device)
         yield ids, mask

@@ -5,6 +5,7 @@ The math is :mod:`homerlhf.ppo.math`'s; these functions only chain it as the con
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from torch import Tensor
@@ -42,7 +43,7 @@ def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: 
     if ppo.whiten_advantages:
         advantages = (masked_whiten(advantages, mask) if reduce is None
                       else global_masked_whiten(advantages, mask, reduce))
-    return Experience(**{**exp.__dict__, "rewards": rewards, "kl": kl, "advantages": advantages, "returns": returns})
+    return replace(exp, rewards=rewards, kl=kl, advantages=advantages, returns=returns)
 
 
 def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, scores: Tensor) -> Experience:
@@ -62,8 +63,8 @@ def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, sc
         advantages = grpo_advantages(sequence_rewards, cfg.ppo.group_size, scale_std=not cfg.ppo.dr_grpo)
     else:
         advantages = rloo_advantages(sequence_rewards, cfg.ppo.group_size)
-    return Experience(**{**exp.__dict__, "rewards": rewards, "kl": kl, "returns": None,
-                         "advantages": token_advantages(advantages, mask).to(exp.logprobs.dtype)})
+    return replace(exp, rewards=rewards, kl=kl, returns=None,
+                   advantages=token_advantages(advantages, mask).to(exp.logprobs.dtype))
 
 
 def sequence_advantages(exp: Experience) -> Tensor:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -37,8 +38,8 @@ from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.buffer import ExperienceBuffer, PendingBatch
-from homerlhf.ppo.collect import (RolloutState, StageTimes, build_experience, generate_chunk, pad_right, phase,
-                                  score_in_chunks)
+from homerlhf.ppo.collect import RolloutState, StageTimes, build_experience, generate_chunk, phase, score_in_chunks
+from homerlhf.ppo.devices import to_trainer, worker_lists
 from homerlhf.ppo.engines import RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.rng import sample_seeds
@@ -57,17 +58,18 @@ def produce_batch(engine: RolloutEngine, reference: ReferenceBackend, reward: Re
         batch = generate_chunk(engine, prompts[start:], seeds[start:], cfg, state)
         chunk_rows = rows[start : start + len(batch)] if rows is not None else None
         start += len(batch)
-        prompt_lists, response_lists = batch.prompt_lists(), batch.response_lists()
+        prompt_lists, response_lists = worker_lists(batch)
         ref = None if reference.uses_policy else reference.submit_logprobs(prompt_lists, response_lists)
         futures.append((ref, reward.submit_score(prompt_lists, response_lists, chunk_rows)))
         parts.append(batch)
     batch = RolloutBatch.cat(parts, pad_id)
-    device, width = batch.response_ids.device, batch.response_ids.shape[1]
+    device, width = batch.response_ids.device, batch.response_ids.shape[1]  # the engine's device
     ref_logprobs = None
     if not reference.uses_policy:
-        ref_logprobs = torch.cat([pad_right(ref.result(), width, device) for ref, _ in futures])
-    scores = torch.tensor([s for _, score in futures for s in score.result()], dtype=torch.float32, device=device)
-    return PendingBatch(iteration, list(indices), batch, torch.full((len(batch),), version, dtype=torch.long),
+        ref_logprobs = torch.cat([to_trainer(ref.result(), device, width=width) for ref, _ in futures])
+    scores = to_trainer([s for _, score in futures for s in score.result()], device)
+    return PendingBatch(iteration, list(indices), batch,
+                        torch.full((len(batch),), version, dtype=torch.long, device=device),
                         scores, ref_logprobs, reward.take_component_scores())
 
 
@@ -76,16 +78,15 @@ def pending_experience(policy, pending: PendingBatch, cfg: RunConfig, reference:
     """The experience of a batch from the buffer: the trainer's old log-probs, entropy and values
     (and the reference's, for one on the policy's modules) computed now. Returns it and the
     entropy (B, T)."""
-    batch = pending.batch
+    batch = to_trainer(pending.batch, policy.device)
     logprobs, entropy, values = score_in_chunks(policy, batch, state)
     ref_logprobs = pending.ref_logprobs
     if ref_logprobs is None:
-        ref_logprobs = pad_right(reference.logprobs(batch.prompt_lists(), batch.response_lists()),
-                                 batch.response_ids.shape[1], logprobs.device)
-    exp = build_experience(batch, logprobs, values, ref_logprobs, pending.raw_scores.to(logprobs.device), cfg,
+        ref_logprobs = to_trainer(reference.logprobs(*worker_lists(batch)), logprobs.device,
+                                  width=batch.response_ids.shape[1])
+    exp = build_experience(batch, logprobs, values, ref_logprobs, pending.raw_scores, cfg,
                            shares_trainer_weights=False)
-    exp.policy_version = pending.policy_version.to(logprobs.device)
-    return exp, entropy
+    return replace(exp, policy_version=to_trainer(pending.policy_version, exp.device)), entropy
 
 
 class RolloutsAhead:

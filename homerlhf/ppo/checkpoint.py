@@ -322,6 +322,34 @@ def load_adapters(policy, ckpt: str | Path) -> None:
         policy.load_value_head(ckpt / "value_head.safetensors")
 
 
+def load_optimizers(path: Path, optimizers: Mapping[str, Any]) -> None:
+    """Optimizer states saved from any device, loaded onto the CPU and handed to each optimizer,
+    which places them beside its parameters (torch's and bitsandbytes' ``load_state_dict`` both do).
+    Loading them straight onto a GPU would also put torch AdamW's ``step`` counters there, where a
+    fresh optimizer keeps them on the CPU (each step would then read them back from the GPU)."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    for name, opt in optimizers.items():
+        opt.load_state_dict(saved[name])
+        _back_into_paged_buffers(opt)
+
+
+def _back_into_paged_buffers(opt) -> None:
+    """A bitsandbytes paged optimizer keeps its large states in unified memory, which the GPU pages
+    out under pressure (the memory plan counts them outside torch's allocator); its
+    ``load_state_dict`` moves them into ordinary GPU memory. Copy them back into buffers of the
+    optimizer's own making (``get_state_buffer``: paged where a fresh run's are)."""
+    if not getattr(opt, "is_paged", False) or not hasattr(opt, "get_state_buffer"):
+        return
+    for param, state in opt.state.items():
+        for key in ("state1", "state2"):
+            value = state.get(key)
+            if isinstance(value, torch.Tensor) and not getattr(value, "is_paged", False):
+                buffer = opt.get_state_buffer(param, dtype=value.dtype)
+                if getattr(buffer, "is_paged", False):
+                    buffer.copy_(value.reshape(buffer.shape))
+                    state[key] = buffer
+
+
 def load_checkpoint(
     ckpt: str | Path,
     *,
@@ -341,13 +369,10 @@ def load_checkpoint(
         raise UserError(f"{ckpt} is not a complete checkpoint (no valid {MANIFEST}); "
                         "use latest_complete_checkpoint(run_dir) or resume the run dir itself")
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    device = policy.device if policy is not None else "cpu"
     if policy is not None:
         load_adapters(policy, ckpt)
     if optimizers:
-        saved = torch.load(ckpt / "optimizers.pt", map_location=device, weights_only=True)
-        for name, opt in optimizers.items():
-            opt.load_state_dict(saved[name])
+        load_optimizers(ckpt / "optimizers.pt", optimizers)
     if schedulers:
         saved = torch.load(ckpt / "schedulers.pt", map_location="cpu", weights_only=True)
         for name, sched in schedulers.items():

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.devices import to_trainer, worker_lists
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.importance import truncated_importance_weights
@@ -51,13 +52,6 @@ class RolloutState:
 def phase(meter, name: str):
     """``meter.phase(name)`` (peak memory of a phase), or nothing without a meter."""
     return meter.phase(name) if meter is not None else contextlib.nullcontext()
-
-
-def pad_right(rows: Sequence[Sequence[float]], width: int, device) -> Tensor:
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.float32)
-    return out.to(device)
 
 
 @torch.no_grad()
@@ -133,11 +127,12 @@ def collect_experience(
         t0 = time.perf_counter()
         with phase(meter, "generation"):
             batch = generate_chunk(engine, prompts[start:], None if seeds is None else seeds[start:], cfg, state)
+            batch = to_trainer(batch, policy.device)  # an engine of another device's rollout
         chunk_rows = rows[start : start + len(batch)] if rows is not None else None
         start += len(batch)
         t1 = time.perf_counter()
         times.generation += t1 - t0
-        prompt_lists, response_lists = batch.prompt_lists(), batch.response_lists()
+        prompt_lists, response_lists = worker_lists(batch)
         # Submitted before this chunk's own scoring and the next chunk's generation: they overlap.
         with phase(meter, "scoring"):
             ref_future = reference.submit_logprobs(prompt_lists, response_lists)
@@ -156,14 +151,16 @@ def build_experience(batch: RolloutBatch, logprobs: Tensor, values: Tensor, ref_
                      cfg: RunConfig, shares_trainer_weights: bool) -> Experience:
     """One batch's experience from its rollout, the trainer's old log-probs and values (B, T), the
     reference log-probs (B, T) and the raw scores (B,): masks applied, truncation penalty, behaviour
-    log-probs and importance weights set."""
-    mask = batch.response_mask.to(logprobs.device)
+    log-probs and importance weights set. Everything is placed on the old log-probs' device."""
+    device = logprobs.device
+    batch, ref_logprobs, raw_scores = (to_trainer(x, device) for x in (batch, ref_logprobs, raw_scores))
+    mask = batch.response_mask
     # The trainer's own module sampled: its old log-probs are the behaviour policy's, exactly.
-    behaviour = logprobs if shares_trainer_weights else batch.behaviour_logprobs.to(logprobs.device)
+    behaviour = logprobs if shares_trainer_weights else batch.behaviour_logprobs
     return Experience(
         prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
         response_ids=batch.response_ids, response_mask=mask,
-        logprobs=logprobs * mask, ref_logprobs=ref_logprobs.to(logprobs.device) * mask, values=values * mask,
+        logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=to_trainer(values, device) * mask,
         scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
         truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
         is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),
@@ -175,8 +172,8 @@ def _assemble(pending, cfg: RunConfig, engine: RolloutEngine, pad_id: int) -> tu
     (behaviour log-probs and importance weights included) and rollout entropy."""
     parts, entropies = [], []
     for batch, logprobs, entropy, values, ref_future, score_future in pending:
-        ref_logprobs = pad_right(ref_future.result(), batch.response_ids.shape[1], logprobs.device)
-        raw_scores = torch.as_tensor(score_future.result(), dtype=torch.float32, device=logprobs.device)
+        ref_logprobs = to_trainer(ref_future.result(), logprobs.device, width=batch.response_ids.shape[1])
+        raw_scores = to_trainer(score_future.result(), logprobs.device)
         parts.append(build_experience(batch, logprobs, values, ref_logprobs, raw_scores, cfg,
                                       engine.shares_trainer_weights))
         entropies.append(entropy)

@@ -44,13 +44,13 @@ def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
 def masked_sum_count(x: Tensor, mask: Tensor) -> Tensor:
     """``[sum of x where mask, number of such positions]`` in ``x``'s dtype (a (2,) tensor)."""
     mask = mask.bool()
-    return torch.stack([torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(), mask.sum().to(x.dtype)])
+    return torch.stack([torch.where(mask, x, x.new_zeros(())).sum(), mask.sum().to(x.dtype)])
 
 
 def masked_centered_square_sum(x: Tensor, mask: Tensor, mean: Tensor) -> Tensor:
     """``sum over mask of (x - mean)^2`` (a scalar tensor)."""
     mask = mask.bool()
-    return torch.where(mask, x - mean, torch.zeros((), dtype=x.dtype)).pow(2).sum()
+    return torch.where(mask, x - mean, x.new_zeros(())).pow(2).sum()
 
 
 def global_masked_whiten(x: Tensor, mask: Tensor, reduce: Reduce = identity, eps: float = 1e-8) -> Tensor:
@@ -59,7 +59,7 @@ def global_masked_whiten(x: Tensor, mask: Tensor, reduce: Reduce = identity, eps
     sum all-reduced (two passes: the square sum is of deviations, not of raw squares, for stability).
     Masked-out positions are 0."""
     mask = mask.bool()
-    x = torch.where(mask, x, torch.zeros((), dtype=x.dtype))
+    x = torch.where(mask, x, x.new_zeros(()))
     total, count = reduce(masked_sum_count(x, mask)).unbind()
     if count.item() == 0:
         raise ValueError("global_masked_whiten: the mask selects no elements on any rank")
@@ -67,14 +67,14 @@ def global_masked_whiten(x: Tensor, mask: Tensor, reduce: Reduce = identity, eps
     var = reduce(masked_centered_square_sum(x, mask, mean)) / count
     if count.item() > 1:
         var = var * count / (count - 1)
-    return torch.where(mask, (x - mean) * torch.rsqrt(var + eps), torch.zeros((), dtype=x.dtype))
+    return torch.where(mask, (x - mean) * torch.rsqrt(var + eps), x.new_zeros(()))
 
 
 def global_batch_moments(x: Tensor, reduce: Reduce = identity) -> tuple[int, float, float]:
     """``(count, mean, m2)`` of every rank's ``x`` together (``m2``: the sum of squared deviations from
     that mean), in float64: what :meth:`homerlhf.ppo.running.RunningMoments.merge` folds in."""
     xs = x.detach().to(torch.float64).flatten()
-    total, count = reduce(torch.stack([xs.sum(), torch.tensor(float(xs.numel()), dtype=torch.float64)])).unbind()
+    total, count = reduce(torch.stack([xs.sum(), xs.new_tensor(float(xs.numel()))])).unbind()
     mean = total / count
     m2 = reduce(((xs - mean) ** 2).sum())
     return int(count.item()), float(mean), float(m2)
@@ -83,7 +83,7 @@ def global_batch_moments(x: Tensor, reduce: Reduce = identity) -> tuple[int, flo
 def global_mean(values: Tensor, reduce: Reduce = identity) -> float:
     """The mean of every rank's ``values`` together (any shape)."""
     xs = values.detach().to(torch.float64).flatten()
-    total, count = reduce(torch.stack([xs.sum(), torch.tensor(float(xs.numel()), dtype=torch.float64)])).unbind()
+    total, count = reduce(torch.stack([xs.sum(), xs.new_tensor(float(xs.numel()))])).unbind()
     return float(total / count)
 
 
@@ -92,7 +92,7 @@ def owned_minibatch_rows(n_global: int, lo: int, hi: int, size: int,
     """For each shuffled global mini-batch of ``size`` rows (as ``Experience.minibatches`` draws them
     from ``generator``): the local indices of the rows this rank owns (``[lo, hi)``, in permutation
     order) and the global mini-batch's row count. One permutation per call, the same on every rank."""
-    order = torch.randperm(n_global, generator=generator)
+    order = torch.randperm(n_global, generator=generator, device=generator.device)
     for start in range(0, n_global, size):
         rows = order[start : start + size]
         owned = rows[(rows >= lo) & (rows < hi)] - lo
@@ -142,18 +142,19 @@ class Ranks:
         return shard_bounds(n, self.rank, self.world)
 
     def sum(self, t: Tensor) -> Tensor:
-        """``t`` summed over the ranks (a new tensor; ``t`` itself with one process)."""
+        """``t`` summed over the ranks (a new tensor on ``t``'s device; ``t`` itself with one process).
+        It is reduced on the process group's device (:func:`collective_device`), wherever it lives."""
         if not self.distributed:
             return t
         import torch.distributed as dist
 
-        out = t.detach().clone().contiguous()
+        out = t.detach().to(collective_device(dist.get_backend()), copy=True).contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
+        return out.to(t.device)
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any."""
-        return bool(self.sum(torch.tensor([float(flag)])).item() > 0) if self.distributed else flag
+        return bool(self.sum(torch.tensor([float(flag)], device="cpu")).item() > 0) if self.distributed else flag
 
     def barrier(self) -> None:
         if self.distributed:
@@ -189,6 +190,14 @@ class Ranks:
 
 
 SINGLE = Ranks()
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a collective of ``backend`` reduces: NCCL takes CUDA tensors only (this process's GPU),
+    gloo (CPU data parallel) CPU ones."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def current_ranks() -> Ranks:

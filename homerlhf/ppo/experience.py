@@ -1,8 +1,11 @@
 """What one PPO iteration learns from: ids, masks, log-probs, values, scores and advantages.
 
-Tensors only, detached: no autograd graph survives the rollout. Chunks generated separately have
-different prompt and response widths; ``Experience.cat`` pads them to a common shape (prompts on
-the left, responses on the right), and ``trimmed`` drops columns that are padding in every row.
+Tensors only, detached: no autograd graph survives the rollout. Every tensor is on one device, the
+trainer's: building an experience that mixes devices, or giving it a field on another one, raises
+at once, naming the fields (:mod:`homerlhf.ppo.devices` places what comes from the backends).
+Chunks generated separately have different prompt and response widths; ``Experience.cat`` pads them
+to a common shape (prompts on the left, responses on the right), and ``trimmed`` drops columns that
+are padding in every row.
 """
 
 from __future__ import annotations
@@ -46,9 +49,20 @@ class Experience:
             value = getattr(self, f.name)
             if isinstance(value, Tensor) and value.requires_grad:
                 setattr(self, f.name, value.detach())
+        check_one_device(self)
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if isinstance(value, Tensor) and all(n in self.__dict__ for n in _FIELD_NAMES):  # built (or being)
+            check_one_device(self)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        """The device every tensor of this experience is on."""
+        return self.prompt_ids.device
 
     @property
     def response_len(self) -> int:
@@ -62,10 +76,10 @@ class Experience:
         )
 
     def select(self, index: Tensor) -> "Experience":
-        """The rows at ``index`` (1-D long)."""
+        """The rows at ``index`` (1-D long, on any device: a CPU permutation is moved here)."""
+        index = index.to(self.device)
         return replace(self, **{
-            f.name: getattr(self, f.name)[index.to(self.prompt_ids.device)]
-            for f in fields(self) if getattr(self, f.name) is not None
+            f.name: getattr(self, f.name)[index] for f in fields(self) if getattr(self, f.name) is not None
         })
 
     def trimmed(self) -> "Experience":
@@ -112,12 +126,29 @@ class Experience:
         return cls(**out)
 
     def minibatches(self, size: int, generator: torch.Generator) -> Iterator["Experience"]:
-        """Shuffled mini-batches of ``size`` rows (the last may be smaller), each trimmed of padding."""
-        order = torch.randperm(len(self), generator=generator)
+        """Shuffled mini-batches of ``size`` rows (the last may be smaller), each trimmed of padding.
+        The permutation is drawn on ``generator``'s device (the trainer's is a CPU one)."""
+        order = torch.randperm(len(self), generator=generator, device=generator.device)
         for start in range(0, len(self), size):
             yield self.select(order[start : start + size]).trimmed()
 
     def split(self, size: int) -> Iterator["Experience"]:
         """Consecutive micro-batches of ``size`` rows, in order, each trimmed of padding."""
         for start in range(0, len(self), size):
-            yield self.select(torch.arange(start, min(start + size, len(self)))).trimmed()
+            yield self.select(torch.arange(start, min(start + size, len(self)), device=self.device)).trimmed()
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Experience))
+
+
+def check_one_device(exp: Experience) -> None:
+    """Raise ``ValueError`` naming the fields of each device when ``exp``'s tensors are on more than one."""
+    by_device: dict[str, list[str]] = {}
+    for f in fields(exp):
+        value = getattr(exp, f.name)
+        if isinstance(value, Tensor):
+            by_device.setdefault(str(value.device), []).append(f.name)
+    if len(by_device) > 1:
+        where = "; ".join(f"{', '.join(names)} on {device}" for device, names in by_device.items())
+        raise ValueError(f"an Experience holds every tensor on one device, but it has {where}: place what the "
+                         "backends and engines return with homerlhf.ppo.devices.to_trainer")

@@ -21,6 +21,7 @@ from homerlhf.config.schema import RolloutConfig
 from homerlhf.errors import UserError
 from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
 from homerlhf.models.sampling import PerSampleSampler
+from homerlhf.ppo.devices import unpadded_lists
 from homerlhf.ppo.math import truncation_penalized_scores
 
 
@@ -40,11 +41,11 @@ class RolloutBatch:
 
     def prompt_lists(self) -> list[list[int]]:
         """Prompt ids without padding, one list per sample (what backends take)."""
-        return [ids[mask.bool()].tolist() for ids, mask in zip(self.prompt_ids, self.prompt_mask)]
+        return unpadded_lists(self.prompt_ids, self.prompt_mask)
 
     def response_lists(self) -> list[list[int]]:
         """Response ids up to and including the stop token, one list per sample."""
-        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
+        return unpadded_lists(self.response_ids, self.response_mask)
 
     def rows(self, start: int, end: int) -> "RolloutBatch":
         """Samples ``start:end`` (same padded widths)."""
@@ -84,12 +85,12 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: Literal
     whole sequences for a sequence classifier on the right.
     """
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device="cpu")  # filled here, copied once
+    mask = torch.zeros((len(sequences), width), dtype=torch.long, device="cpu")
     for row, seq in enumerate(sequences):
         if len(seq):
             cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-            ids[row, cols] = torch.as_tensor(list(seq), dtype=torch.long)
+            ids[row, cols] = torch.as_tensor(list(seq), dtype=torch.long, device="cpu")
             mask[row, cols] = 1
     return ids.to(device), mask.to(device)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -134,7 +135,7 @@ class PPOTrainer:
         wanted = self.cfg.rollout.batch_size // group
         batch: list[int] = []
         while len(batch) < wanted:
-            order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
+            order = torch.randperm(len(self.prompts), device="cpu", generator=torch.Generator().manual_seed(
                 self.cfg.seed * 1_000_003 + self.data_epoch))
             take = order[self.data_cursor : self.data_cursor + wanted - len(batch)]
             batch.extend(take.tolist())
@@ -228,9 +229,8 @@ class PPOTrainer:
         exp, entropy = collect_experience(
             self.policy, [self.prompts[i] for i in indices], self.cfg, self.reference, self.reward, engine=self.engine,
             rows=rows, meter=self.meter, times=times, seeds=seeds, state=self.rollout_state)
-        exp.policy_version = torch.full((len(exp),), self.iteration - 1, dtype=torch.long)
-        return exp, entropy, self.reward.take_component_scores()
-
+        version = torch.full((len(exp),), self.iteration - 1, dtype=torch.long, device=exp.device)
+        return replace(exp, policy_version=version), entropy, self.reward.take_component_scores()
 
     @property
     def _reduce(self):

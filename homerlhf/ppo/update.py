@@ -140,7 +140,7 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
             maybe_raise(micro_batch_size)
             share = micro.response_mask.sum() / total_tokens
             if group is not None:
-                share = torch.tensor(len(micro) / total_rows) if group.per_row else share
+                share = torch.tensor(len(micro) / total_rows, device=share.device) if group.per_row else share
                 out = group_micro_losses(policy, micro, group)
                 backward(out["policy_loss"] * share)
             elif policy.shared_adapter:

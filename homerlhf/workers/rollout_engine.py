@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from homerlhf.config.schema import RolloutConfig
+from homerlhf.ppo.devices import to_trainer
 from homerlhf.ppo.engines import RolloutEngine
 from homerlhf.ppo.rollout import RolloutBatch, check_prompt_lengths, pad_sequences
 from homerlhf.workers.engine import _quiet_llama_logs
@@ -174,11 +175,9 @@ class LlamaCppEngine(RolloutEngine):
             logps += lp
         prompt_ids, prompt_mask = pad_sequences(prompts, self.pad_id, device=self.device)
         response_ids, response_mask = pad_sequences(responses, self.pad_id, side="right", device=self.device)
-        behaviour = torch.zeros(response_ids.shape, dtype=torch.float32)
-        for row, lp in enumerate(logps):
-            behaviour[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        behaviour = to_trainer(logps, self.device, width=response_ids.shape[1])
         truncated = torch.tensor([r[-1] not in self.stop_ids for r in responses], device=self.device)
-        return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated, behaviour.to(self.device))
+        return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, truncated, behaviour)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None) is None:

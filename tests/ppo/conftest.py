@@ -38,3 +38,55 @@ def prompt_ids():
         return out
 
     return make
+
+
+class StrayTensorsOnMeta:
+    """While active, a tensor that homerlhf's own code creates without naming a device is made on
+    ``meta``; ``sent`` lists those call sites (file:line).
+
+    On a GPU such a tensor lands on the CPU beside the trainer's CUDA tensors, and fails at the first
+    op that mixes them (or sits in an experience on the wrong device). On the CPU both are the CPU
+    and nothing shows; here the stray ones are on ``meta`` while the trainer's stay on the CPU, so
+    the same mistakes fail on the CPU too."""
+
+    FACTORIES = ("tensor", "as_tensor", "zeros", "ones", "full", "empty", "arange", "randperm", "rand", "randn",
+                 "randint", "linspace")
+
+    def __init__(self):
+        import os
+        import sys
+        from pathlib import Path
+
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        import homerlhf
+
+        package = str(Path(homerlhf.__file__).resolve().parent) + os.sep
+        factories = {getattr(torch, name) for name in self.FACTORIES}
+        sent = self.sent = []
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = dict(kwargs or {})
+                if func in factories and kwargs.get("device") is None:
+                    caller = sys._getframe(1)  # the call site: factories are C functions
+                    if caller.f_code.co_filename.startswith(package):
+                        kwargs["device"] = "meta"
+                        sent.append(f"{caller.f_code.co_filename[len(package):]}:{caller.f_lineno}")
+                return func(*args, **kwargs)
+
+        self._mode = Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+@pytest.fixture
+def stray_tensors_on_meta():
+    """``with stray_tensors_on_meta() as mode: ...``: see :class:`StrayTensorsOnMeta`."""
+    return StrayTensorsOnMeta

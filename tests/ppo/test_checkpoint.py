@@ -79,6 +79,22 @@ def test_round_trip_restores_weights_optimizer_controllers_and_rng(policy, cfg, 
     assert R.saved_config(ckpt) == cfg
 
 
+def test_optimizer_states_load_beside_their_parameters_and_steps_stay_on_the_cpu(tmp_path):
+    """Saved from one device, loaded for parameters on another (``meta`` stands in for the GPU): the
+    moments go beside the parameters, AdamW's step counters stay on the CPU as a fresh optimizer's."""
+    params = [torch.nn.Parameter(torch.ones(3))]
+    opt = torch.optim.AdamW(params, lr=0.1)
+    params[0].grad = torch.ones(3)
+    opt.step()
+    torch.save({"actor": opt.state_dict()}, tmp_path / "optimizers.pt")
+    elsewhere = [torch.nn.Parameter(torch.ones(3, device="meta"))]
+    fresh = torch.optim.AdamW(elsewhere, lr=0.1)
+    C.load_optimizers(tmp_path / "optimizers.pt", {"actor": fresh})
+    state = fresh.state[elsewhere[0]]
+    assert state["exp_avg"].device.type == state["exp_avg_sq"].device.type == "meta"
+    assert state["step"].device.type == "cpu" and float(state["step"]) == 1.0
+
+
 def test_keeps_last_k_and_resaving_an_iteration_replaces_it(policy, cfg, tmp_path):
     opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
     for it in (1, 2, 3, 4):

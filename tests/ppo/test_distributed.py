@@ -10,7 +10,7 @@ import torch
 
 from homerlhf.errors import UserError
 from homerlhf.ppo.distributed import (
-    SINGLE, Ranks, check_data_parallel, flat_grads, global_batch_moments, global_masked_whiten, global_mean,
+    SINGLE, Ranks, check_data_parallel, collective_device, flat_grads, global_batch_moments, global_masked_whiten, global_mean,
     masked_centered_square_sum, masked_sum_count, merge_rows, owned_minibatch_rows, set_flat_grads, shard_bounds,
 )
 from homerlhf.ppo.experience import Experience
@@ -121,6 +121,36 @@ def test_one_process_is_the_identity():
     t = torch.tensor([1.0, 2.0])
     assert SINGLE.sum(t) is t and SINGLE.gather("x") == ["x"] and SINGLE.broadcast(3) == 3
     assert not SINGLE.any(False) and SINGLE.shard(4) == (0, 4)
+
+
+class _Reduced(Exception):
+    pass
+
+
+def test_what_goes_to_the_all_reduce_is_on_the_tensors_own_device():
+    """NCCL reduces CUDA tensors only: a count made on the CPU beside a sum on the GPU cannot even be
+    stacked with it. ``meta`` stands in for the GPU; the reduce records what it is handed."""
+    seen = []
+
+    def reduce(t):
+        seen.append(t.device)
+        raise _Reduced
+
+    meta = torch.device("meta")
+    x, mask = torch.ones(2, 3, device=meta), torch.ones(2, 3, dtype=torch.long, device=meta)
+    for call in (lambda: global_batch_moments(x, reduce), lambda: global_mean(x, reduce),
+                 lambda: global_masked_whiten(x, mask, reduce)):
+        with pytest.raises(_Reduced):
+            call()
+    assert seen == [meta] * 3
+    assert masked_sum_count(x, mask).device == meta
+    assert masked_centered_square_sum(x, mask, torch.zeros((), device=meta)).device == meta
+
+
+def test_collectives_run_on_the_process_groups_device():
+    assert collective_device("gloo") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert collective_device("nccl") == torch.device("cuda", torch.cuda.current_device())
 
 
 # -- two real gloo processes ------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+import pytest
 import torch
 
 from homerlhf.ppo.experience import Experience
@@ -66,3 +69,30 @@ def test_no_graphs_are_kept():
     exp = _exp([[1]], [[2, 3]])
     exp = Experience(**{**exp.__dict__, "values": exp.values * w})
     assert not exp.values.requires_grad and exp.values.grad_fn is None
+
+
+# -- one device ------------------------------------------------------------------------------------
+# On a GPU every run died at its first update: policy_version was made on the CPU beside CUDA
+# fields, and select moved its index to prompt_ids' device. ``meta`` stands in for the second device.
+def test_building_an_experience_on_two_devices_names_the_fields_and_their_devices():
+    exp = _exp([[1], [2]], [[3], [4, 5]])
+    with pytest.raises(ValueError) as info:
+        Experience(**{**exp.__dict__, "policy_version": torch.zeros(2, dtype=torch.long, device="meta")})
+    message = str(info.value)
+    assert "policy_version on meta" in message and "prompt_ids, prompt_mask" in message and "on cpu" in message
+    assert "\n" not in message
+
+
+def test_a_field_set_on_another_device_is_refused_and_one_on_the_same_taken():
+    exp = _exp([[1], [2]], [[3], [4, 5]])
+    exp.policy_version = torch.tensor([2, 3])
+    with pytest.raises(ValueError, match="policy_version on meta"):
+        exp.policy_version = torch.zeros(2, dtype=torch.long, device="meta")
+
+
+def test_select_takes_a_cpu_index_for_an_experience_elsewhere():
+    exp = _exp([[1], [2], [3]], [[4], [5, 6], [7]]).to("meta")
+    assert exp.device == torch.device("meta")
+    picked = exp.select(torch.tensor([2, 0]))
+    assert picked.device == torch.device("meta") and picked.prompt_ids.shape == (2, 1)
+    assert {getattr(picked, f.name).device.type for f in fields(picked) if getattr(picked, f.name) is not None} == {"meta"}
