@@ -135,7 +135,8 @@ def measure(cfg, policy_dir: Path, prompts, iterations: int) -> dict[str, float]
     """Mean seconds per phase over ``iterations`` real PPO iterations (after one warm-up)."""
     from homerlhf.models.policy import PolicyModel
     from homerlhf.ppo.trainer import PPOTrainer
-    from homerlhf.stages.ppo import build_reference, build_reward, trainer_threads
+    from homerlhf.stages.ppo import trainer_threads
+    from homerlhf.stages.scorers import build_reference, build_reward
 
     with tempfile.TemporaryDirectory(prefix="iteration-time-") as tmp, trainer_threads(cfg):
         policy = PolicyModel.from_config(cfg, str(policy_dir))

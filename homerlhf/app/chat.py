@@ -21,7 +21,7 @@ def reward_backend(cfg, run_dir: Path, tokenizer):
     For ``llamacpp`` the run's own worker is reused while it answers (no second copy of the
     model); otherwise a worker of our own is started on the same exported model.
     """
-    from homerlhf.stages.ppo import scoring_reward
+    from homerlhf.stages.scorers import scoring_reward
 
     if cfg.reward.backend == "llamacpp" and not cfg.reward.components:  # a weighted sum is more than that worker
         from homerlhf.workers.backends import connect

@@ -8,7 +8,7 @@ the run is), so the reference here is exactly the training reference when ``ref.
 
 The reward model is the caller's: a function of ``(cfg, tokenizer)`` returning anything with
 ``score(prompt_ids, response_ids)`` and ``close()`` (a ``homerlhf.ppo.backends.RewardBackend``), e.g.
-``homerlhf.stages.ppo.scoring_reward``; the app's reuses a running run's own worker.
+``homerlhf.stages.scorers.scoring_reward``; the app's reuses a running run's own worker.
 """
 
 from __future__ import annotations

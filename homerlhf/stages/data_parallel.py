@@ -63,7 +63,7 @@ def build_scorers(cfg: RunConfig, policy, model_path: str, run_dir: Path, ranks:
                   reward: Optional[RewardBackend] = None) -> tuple[ReferenceBackend, RewardBackend]:
     """The run's reference and reward backends, closed by ``stack`` (an ``ExitStack``); data parallel,
     the worker owner's (:func:`worker_owner`) llama.cpp workers serve the other ranks too."""
-    from homerlhf.stages.ppo import build_reference, build_reward
+    from homerlhf.stages.scorers import build_reference, build_reward
 
     owner = worker_owner(cfg, ranks)
     reference = shared = None

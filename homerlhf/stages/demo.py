@@ -98,7 +98,7 @@ def before_after(checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
     builtin SFT and reward models were trained without (split seed 0)."""
     from homerlhf.data import builtin
     from homerlhf.models.side_by_side import EvalModels, Sampling
-    from homerlhf.stages.ppo import scoring_reward
+    from homerlhf.stages.scorers import scoring_reward
 
     _, held_out = builtin.split_examples()
     models = EvalModels(cfg, checkpoint, reward=scoring_reward)

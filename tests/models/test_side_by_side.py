@@ -40,7 +40,7 @@ def test_actor_and_reference_answer_with_scores(run_dir):
     from homerlhf.ppo.backends import HFReward
 
     from homerlhf.config import from_yaml_file
-    from homerlhf.stages.ppo import scoring_reward
+    from homerlhf.stages.scorers import scoring_reward
 
     cfg = from_yaml_file(run_dir / "config.yaml")
     models = EvalModels(cfg, run_dir / "checkpoints" / "iter_000001", reward=scoring_reward)
@@ -154,7 +154,7 @@ def test_answer_many_matches_one_at_a_time_per_seed(run_dir):
     in a batch of one, whatever else is in the batch; both sides are scored by the run's RM."""
     from homerlhf.config import from_yaml_file
     from homerlhf.ppo.backends import HFReward
-    from homerlhf.stages.ppo import scoring_reward
+    from homerlhf.stages.scorers import scoring_reward
 
     cfg = from_yaml_file(run_dir / "config.yaml")
     models = EvalModels(cfg, run_dir / "checkpoints" / "iter_000001", reward=scoring_reward)

@@ -170,7 +170,7 @@ def test_a_ppo_run_scores_with_the_reward_adapter_on_the_policys_base(tiny_llama
     import torch
 
     from homerlhf.ppo.backends import AdapterReward
-    from homerlhf.stages import ppo as stage
+    from homerlhf.stages import scorers as stage
 
     built = []
     build = stage.build_reward
