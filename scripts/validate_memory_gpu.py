@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpu_runs import (build_random_checkpoint, cap_memory, environment, measured_iterations,  # scripts/
+                      random_prompts, release_memory)
+
 DEFAULT_MODELS = "Qwen/Qwen2.5-0.5B,meta-llama/Llama-3.2-1B,Qwen/Qwen2.5-1.5B,Qwen/Qwen2.5-3B"
 
 
@@ -47,30 +50,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
-
-
-def build_random_checkpoint(shape, out_dir: Path, seed: int) -> Path:
-    """Random bf16 weights of ``shape``'s architecture, initialised on the GPU, saved with a tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from homerlhf.tiny import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = shape.to_hf_config()
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.eos_token_id
-    config.bos_token_id = tokenizer.bos_token_id
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    del model
-    torch.cuda.empty_cache()
-    return out_dir
 
 
 def run_one(name: str, args, tmp: Path) -> dict:
@@ -106,31 +85,24 @@ def run_one(name: str, args, tmp: Path) -> dict:
     policy = trainer = None
     try:
         policy = PolicyModel.from_config(cfg, str(model_dir))
-        # Full-length prompts of random in-vocabulary ids: the worst case the plan is for.
-        gen = torch.Generator().manual_seed(0)
-        vocab = len(policy.tokenizer)
-        prompts = torch.randint(8, vocab, (2 * chunk, args.prompt_len), generator=gen).tolist()
+        prompts = random_prompts(policy.tokenizer, 2 * chunk, args.prompt_len)  # the worst case the plan is for
         reward = CallableReward(lambda p, r: float(len(r)) / args.new_tokens)
         trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts)
-        for _ in range(args.iterations):
-            metrics = trainer.step()
-        measured = trainer.meter.peaks()
+        run = measured_iterations(trainer, args.iterations)
+        measured, metrics = run["measured_gib"], run["rows"][-1]
         row.update(
             measured_gib={k: round(v, 4) for k, v in measured.items()},
             comparison=compare(predicted, measured),
             micro_batch_size_end=metrics["micro_batch_size"],
             oom_retries=metrics["oom_retries"],
-            max_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 4),
+            max_reserved_gib=run["max_reserved_gib"],
         )
     except Exception as exc:  # noqa: BLE001 - an OOM (or a failure of one model) is a result, not a crash
         first = str(exc).splitlines()[0] if str(exc) else ""
         row["error"] = f"{'OOM' if is_oom(exc) else type(exc).__name__}: {first}"
     finally:
         del trainer, policy
-        import gc
-
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_memory()
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -141,18 +113,17 @@ def main(argv=None) -> None:
 
     if not torch.cuda.is_available():
         fail("validate_memory_gpu.py needs a CUDA GPU and none is visible; run it on a machine with one")
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
-    if not 0 < args.cap_gib <= total:
-        fail(f"--cap-gib {args.cap_gib:g} must be in (0, {total:.1f}] (this GPU's memory)")
-    torch.cuda.set_per_process_memory_fraction(args.cap_gib / total)
+    try:
+        cap_memory(args.cap_gib)
+    except ValueError as exc:
+        fail(f"--cap-gib: {exc}")
     from homerlhf.memory.shapes import builtin_shape
 
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if builtin_shape(n) is None]
     if unknown:
         fail(f"--models: {', '.join(unknown)} not in the builtin table (see homerlhf/memory/shapes.py)")
-    report = {"device": torch.cuda.get_device_name(0), "device_gib": round(total, 2), "cap_gib": args.cap_gib,
-              "torch": torch.__version__, "preset": args.preset, "runs": []}
+    report = {**environment(), "cap_gib": args.cap_gib, "preset": args.preset, "runs": []}
     with tempfile.TemporaryDirectory(prefix="homerlhf-memval-") as tmp:
         for name in names:
             row = run_one(name, args, Path(tmp))

@@ -1,0 +1,181 @@
+"""What the GPU scripts share (``validate_memory_gpu.py``, ``gpu_check.py``): checkpoints with random
+weights of a published shape (and a reward adapter on one), a card's memory cap, the measured
+iterations of a trainer, and a trainer's state to compare across a resume.
+
+Nothing is downloaded: the architecture is the planner's builtin table entry
+(:mod:`homerlhf.memory.shapes`), its weights are initialised on the device it will run on (a 7B in
+about 30 s on an H200) and saved with the tiny builtin tokenizer (:func:`homerlhf.tiny.build_tokenizer`),
+then loaded in NF4 as a user's model is. Random weights rarely sample the end-of-turn token, so
+every response runs to ``rollout.max_new_tokens``: the memory plan's worst case.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+
+
+def build_random_checkpoint(shape, out_dir: Path, seed: int = 0, device: str = "cuda") -> Path:
+    """``shape``'s architecture with random weights (bf16 on a GPU, fp32 on the CPU), initialised on
+    ``device``, saved into ``out_dir`` with the tiny tokenizer (its ids as pad/eos/bos)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = shape.to_hf_config()
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = tokenizer.bos_token_id
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    del model
+    release_memory()
+    return out_dir
+
+
+def build_reward_adapter(base: Path, out: Path, device: str = "cuda") -> Path:
+    """A reward model's LoRA + score head on ``base`` as ``homerlhf reward`` saves one (``adapter/``: peft
+    SEQ_CLS, the head in its modules_to_save), its LoRA B and head random so that scores vary. Its
+    base is recorded in the adapter config: ``reward.backend=adapter`` checks it by fingerprint."""
+    import torch
+    import transformers
+    from peft import get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    from homerlhf.config import load_config
+    from homerlhf.models.policy import peft_lora_config
+
+    torch.manual_seed(1)
+    quiet, level = transformers.logging, transformers.logging.get_verbosity()
+    quiet.set_verbosity_error()  # its load report: no score head in a causal LM (as expected), its LM head unused
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(base), num_labels=1, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+            device_map={"": torch.cuda.current_device() if device == "cuda" else device})
+    finally:
+        quiet.set_verbosity(level)
+    peft_model = get_peft_model(model, peft_lora_config(load_config("4090").rm.lora, "SEQ_CLS"))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name or ".score." in name:
+                param.normal_(std=0.02)
+    peft_model.save_pretrained(str(out / "adapter"))
+    del model, peft_model
+    release_memory()
+    return out
+
+
+def random_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """``n`` prompts of ``length`` random ids of the tokenizer (no special ones): the plan's longest."""
+    import torch
+
+    ids = torch.randint(8, len(tokenizer), (n, length), generator=torch.Generator().manual_seed(0), device="cpu")
+    return ids.tolist()
+
+
+def release_memory() -> None:
+    """Collect garbage and hand cached CUDA blocks back (between cases)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def cap_memory(cap_gib: float | None) -> float:
+    """Cap this process's CUDA allocations at ``cap_gib`` (a card's size; None: the whole GPU) with
+    ``torch.cuda.set_per_process_memory_fraction``. Returns the GPU's GiB."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory / GIB
+    if cap_gib is not None and not 0 < cap_gib <= total:
+        raise ValueError(f"a cap of {cap_gib:g} GiB must be in (0, {total:.1f}] (this GPU's memory)")
+    torch.cuda.set_per_process_memory_fraction(1.0 if cap_gib is None else cap_gib / total)
+    return total
+
+
+def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
+    """Run ``iterations`` trainer steps. Returns every iteration's metrics row (``rows``), the last
+    iteration's allocated peak per phase (``measured_gib``, ``trainer.meter.peaks()``: the first
+    iteration runs before the optimizer states exist) and the most memory the allocator reserved
+    (``max_reserved_gib``; None on the CPU). The meter resets CUDA's peak counters at every phase,
+    so reserved memory is read after each iteration as well as the last phase's peak: the
+    allocator returns nothing to the driver unless emptied."""
+    import torch
+
+    on_cuda = trainer.meter.kind == "cuda_max_allocated"
+    rows, reserved = [], 0
+    for _ in range(iterations):
+        rows.append(trainer.step())
+        if on_cuda:
+            reserved = max(reserved, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
+    return {"rows": rows, "measured_gib": dict(trainer.meter.peaks()),
+            "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None}
+
+
+def snapshot(trainer) -> dict:
+    """Everything a resume restores, on the CPU: weights, optimizer states, counters, RNG."""
+    import torch
+
+    def flat(prefix, value, out):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                flat(f"{prefix}.{key}", item, out)
+        elif isinstance(value, (list, tuple)) and not isinstance(value, str):
+            for i, item in enumerate(value):
+                flat(f"{prefix}.{i}", item, out)
+        elif torch.is_tensor(value):
+            out[prefix] = value.detach().cpu().clone()
+            out[f"{prefix}:paged"] = bool(getattr(value, "is_paged", False))  # bitsandbytes' unified memory
+        else:
+            out[prefix] = value
+        return out
+
+    params = trainer.policy.actor_parameters() + trainer.policy.critic_parameters()
+    state = {f"param.{i}": p.detach().cpu().clone() for i, p in enumerate(params)}
+    for name, opt in trainer._optimizers().items():
+        flat(f"optimizer.{name}", opt.state_dict()["state"], state)
+    flat("trainer", trainer.state_dict(), state)
+    flat("stateful", {k: v.state_dict() for k, v in trainer._stateful().items()}, state)
+    state["generator"] = trainer.generator.get_state()
+    return state
+
+
+def differences(saved: dict, resumed: dict) -> list[str]:
+    import torch
+
+    out = [f"{key} missing" for key in saved.keys() ^ resumed.keys()]
+    for key in saved.keys() & resumed.keys():
+        a, b = saved[key], resumed[key]
+        same = torch.equal(a, b) if torch.is_tensor(a) and torch.is_tensor(b) else a == b
+        if not same:
+            out.append(key)
+    return sorted(out)
+
+
+def environment(smoke: bool = False) -> dict:
+    """The mode, and the versions and GPU (none in the CPU smoke) the figures were measured with."""
+    import accelerate
+    import bitsandbytes
+    import peft
+    import torch
+    import transformers
+
+    out = {"mode": "cpu-smoke" if smoke else "gpu", "python": sys.version.split()[0], "torch": torch.__version__,
+           "cuda": torch.version.cuda, "transformers": transformers.__version__, "peft": peft.__version__,
+           "bitsandbytes": bitsandbytes.__version__, "accelerate": accelerate.__version__}
+    if not smoke:
+        props = torch.cuda.get_device_properties(0)
+        out.update(device=props.name, device_gib=round(props.total_memory / 2**30, 2))
+    return out

@@ -1,0 +1,76 @@
+"""scripts/gpu_check.py, the check a GPU session runs first: every case's code path runs on the CPU
+(``--cpu-smoke``: tiny models of each case's architecture, the CLI without llama_cpp and gradio, as on
+the GPU machine), a failed case is a line and a result rather than a stop, and without CUDA it says so
+in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "gpu_check.py"
+CASES = ["ppo-7b", "grpo-1.5b", "rloo-1.5b", "ppo-fp16-1.5b", "reward-adapter-1.5b", "resume-1.5b", "cli-1.5b"]
+PHASES = {"generation", "scoring", "update"}
+
+
+def run(*args, out: Path):
+    env = {**os.environ, "OUT": str(out)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=900, env=env)
+
+
+def test_cpu_smoke_runs_every_case_and_writes_their_figures(tmp_path):
+    done = run("--cpu-smoke", out=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("ok ", "FAIL "))]
+    assert [ln.split()[:2] for ln in lines] == [["ok", name] for name in CASES]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())  # $OUT/gpu_check.json by default
+    assert report["mode"] == "cpu-smoke"
+    assert {"torch", "transformers", "peft", "bitsandbytes"} <= set(report)
+    for case in report["cases"]:
+        assert "error" not in case, case.get("traceback")
+        assert set(case["plan"]["phases"]) == set(case["comparison"]) == set(case["measured_gib"]) == PHASES
+        assert all(case["seconds"][k] > 0 for k in ("time_generation_s", "time_scoring_s", "time_update_s"))
+        assert case["tokens_per_s"]["tokens_per_s_generation"] > 0
+        assert case["settings"]["ref.backend"] == "adapter_off" and case["overrides"]
+    by_name = {case["case"]: case for case in report["cases"]}
+    assert by_name["grpo-1.5b"]["settings"]["algorithm"] == "grpo" and by_name["rloo-1.5b"]["settings"]["algorithm"] == "rloo"
+    assert by_name["ppo-fp16-1.5b"]["settings"]["quant.compute_dtype"] == "fp16"
+    assert "loss_scale" in by_name["ppo-fp16-1.5b"]["rows"][-1]  # the GradScaler path ran
+    assert by_name["reward-adapter-1.5b"]["settings"]["reward.backend"] == "adapter"
+    assert by_name["resume-1.5b"]["state_equal"] and [r["iteration"] for r in by_name["resume-1.5b"]["rows"]] == [2]
+    assert by_name["cli-1.5b"]["checkpoints"] == ["iter_000001", "iter_000002"]
+
+
+def test_cpu_smoke_of_the_largest_model_the_planner_fits(tmp_path):
+    done = run("--cpu-smoke", "--largest", "--out", str(tmp_path / "largest.json"), out=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    [case] = json.loads((tmp_path / "largest.json").read_text())["cases"]
+    assert case["case"].startswith("largest-") and case["preset"] == "4090" and "error" not in case
+
+
+def test_a_failing_case_is_a_line_and_the_next_case_still_runs(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = runpy.run_path(str(SCRIPT))  # defines everything; main does not run (__name__ is not __main__)
+    Case, Run = script["Case"], script["Run"]
+    broken = Case("broken", "no-such-preset", "Qwen/Qwen2.5-1.5B", (), 1)
+    entry = script["guarded"](broken, Run(smoke=True, tmp=tmp_path))
+    assert not list(tmp_path.iterdir())  # refused before any model was built
+    assert entry["error"].startswith("UserError: ") and "no-such-preset" in entry["error"]
+    assert "Traceback" in entry["traceback"] and entry["overrides"]
+    assert script["line"](entry).startswith("FAIL broken")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_one_line_and_nonzero(tmp_path):
+    done = run(out=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "needs a CUDA GPU" in done.stderr
+    assert "--cpu-smoke" in done.stderr and not (tmp_path / "gpu_check.json").exists()
