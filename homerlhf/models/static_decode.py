@@ -218,7 +218,7 @@ def static_decode(causal_lm, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new
     bufs = DecodeBuffers(causal_lm, batch, width + max_new_tokens, prompt_ids.device)
     first = prefill(causal_lm, bufs, prompt_ids, prompt_mask)
     step = decode_step(causal_lm, bufs)
-    run_step = capture(step, bufs, width) if captured else step
+    run_step = capture(step, bufs, width) if captured and max_new_tokens > 1 else step
     return sample(run_step, bufs, first, prompt_ids, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                   pad_id=pad_id, temperature=temperature, processors=processors)
 
