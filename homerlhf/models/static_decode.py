@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Callable, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -44,7 +44,7 @@ from homerlhf.models.logprobs import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
-Decoder = str  # "hf" | "static" (``rollout.decoder`` after "auto" is resolved)
+Decoder = Literal["hf", "static"]  # ``rollout.decoder`` after "auto" is resolved
 # Eager runs on a side stream before capture: lazy initialisations (cuBLAS workspaces, allocator
 # blocks) must not happen inside the graph. PyTorch's examples use a few; each costs one eager step.
 WARMUP_STEPS = 2
@@ -159,15 +159,17 @@ def capture(step: Callable[[], None], bufs: DecodeBuffers, prompt_width: int) ->
         for _ in range(WARMUP_STEPS):
             step()
     torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    graph, current = torch.cuda.CUDAGraph(), torch.cuda.current_stream(device)
     try:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step()
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever the op, the answer is HF generate
+    except Exception as exc:  # noqa: BLE001 - whatever the op, the answer is HF generate; an OOM is an OOM
+        for cause in (exc, exc.__context__):  # (capture_end's own error may hide the OOM that ended the capture)
+            if isinstance(cause, torch.OutOfMemoryError):
+                raise cause from None
         raise CaptureFailed(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}") from exc
     finally:
+        torch.cuda.set_stream(current)  # torch.cuda.graph leaves its capture stream current when capture_end raises
         bufs.rewind(prompt_width)
     return graph.replay
 
