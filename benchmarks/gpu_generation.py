@@ -237,7 +237,7 @@ def iteration_figures(policy, cfg, prompts, decoder: str, chunk: int, steps: int
     trainer = PPOTrainer(run_cfg, policy, AdapterOffReference(policy), reward, prompts[: cfg.rollout.batch_size])
     rows = [trainer.step() for _ in range(steps)]
     keys = ("time_iteration_s", "time_generation_s", "time_scoring_s", "time_update_s", "rollout_chunk_size",
-            "is_weight_mean", "response_len_mean")
+            "is_weight_mean", "response_length_mean")
     return {"decoder": decoder, "chunk": chunk, "iterations": steps, "first": {k: rows[0].get(k) for k in keys},
             **{k: rows[-1].get(k) for k in keys}}
 
