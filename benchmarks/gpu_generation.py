@@ -3,7 +3,7 @@
 captured static loop (``rollout.decoder: static``) at the planned chunk, side by side with ratios;
 whether the loop samples what HF samples; and a PPO iteration on the 4090 preset with each.
 
-    python benchmarks/gpu_generation.py --out gpu_generation.json    # one GPU, about 3 minutes on an H200
+    python benchmarks/gpu_generation.py --out gpu_generation.json    # one GPU; sized for < 4 min on an H200 (estimated)
     python benchmarks/gpu_generation.py --cpu                        # the demo's model and preset on the CPU
     python benchmarks/gpu_generation.py --cpu-smoke                  # the plumbing, on CPU, in seconds
 
@@ -27,7 +27,7 @@ rounds of both (medians of wall and CPU seconds: a shared machine's load drifts 
   with the loop at the planned chunk, reference ``adapter_off`` and a reward function in process (the
   preset's llama.cpp workers are not part of what is measured); HF generate's iteration at chunk 16 is
   predicted from it (its generation seconds replaced by HF's measured rate), or measured with
-  ``--measure-hf-iteration`` (about a minute more for a 7B).
+  ``--measure-hf-iteration`` (a 7B iteration with HF generate took 58-60 s on an H200).
 
 The planned chunk is ``homerlhf.memory.chunks.planned_generation_chunk`` (imported when needed);
 ``--chunk N`` overrides it. JSON goes to ``--out`` (default ``$OUT/gpu_generation.json`` when ``$OUT``
