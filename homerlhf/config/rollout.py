@@ -35,6 +35,11 @@ class RolloutConfig(Section):
         "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
         "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
     )
+    decoder: Literal["auto", "hf", "static"] = Field(
+        "auto", description="hf engine: how the actor samples. static: a decode loop of our own with a static KV "
+        "cache, its step captured as a CUDA graph on CUDA (eager on CPU), the same samples as HF generate; hf: HF "
+        "generate; auto: static on CUDA, hf on CPU. Falls back to HF generate, with a log line, where capture fails.",
+    )
     engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
         "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
     engine_threads: int = Field(0, ge=0, description="llamacpp engine: threads (0: all cores).")

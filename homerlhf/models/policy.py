@@ -29,6 +29,7 @@ from homerlhf.errors import UserError
 from homerlhf.models.generation import checkpoint_defaults_off, stop_token_ids
 from homerlhf.models.logprobs import chunked_logprobs, output_logit_transform, position_ids_from_mask, response_hidden
 from homerlhf.models.precision import adapters_to_fp32
+from homerlhf.models.static_decode import StaticDecoder
 
 ACTOR = "actor"
 CRITIC = "critic"
@@ -201,6 +202,7 @@ class PolicyModel:
         self.lm_head = inner.get_output_embeddings()
         self.logit_transform = output_logit_transform(inner.config)
         self.stop_ids = stop_token_ids(tokenizer, inner.generation_config)
+        self.static_decoder = StaticDecoder(inner)  # generate(decoder="static")
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
@@ -350,7 +352,7 @@ class PolicyModel:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config, recorder=None,
-                 logits_processor=None) -> Tensor:
+                 logits_processor=None, decoder: str = "hf") -> Tensor:
         """Sample with the actor. prompt_ids/mask: (B, P) left-padded. Returns (B, T) response ids.
 
         ``generation_config``: a complete one from
@@ -358,13 +360,18 @@ class PolicyModel:
         generation config is used. Positions after a row's stop token hold the pad id.
         ``recorder``: a :class:`homerlhf.models.generation.BehaviourLogprobs` to run as a logits processor,
         first, on the raw logits; ``logits_processor``: then e.g. a
-        :class:`homerlhf.models.sampling.PerSampleSampler`.
+        :class:`homerlhf.models.sampling.PerSampleSampler`. ``decoder``: "hf" (HF ``generate``) or
+        "static" (:mod:`homerlhf.models.static_decode`, the same samples; HF ``generate`` where it cannot run).
         """
         if generation_config.temperature != self.temperature:
             raise ValueError(f"sampling at temperature {generation_config.temperature} but log-probs are "
                              f"taken at {self.temperature}: build both from the same config")
         with self.use_adapter(ACTOR), checkpoint_defaults_off(self.model.get_base_model(), generation_config):
             processors = [p for p in (recorder, logits_processor) if p is not None]
+            if decoder == "static":
+                out = self.static_decoder.generate(prompt_ids, prompt_mask, generation_config, processors)
+                if out is not None:
+                    return out
             extra = {"logits_processor": processors} if processors else {}
             out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                                       generation_config=generation_config, **extra)

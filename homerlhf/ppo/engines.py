@@ -6,7 +6,8 @@ under the distribution the engine really sampled from. The trainer recomputes it
 either way; where the engine's weights are not exactly the trainer's (an exported copy, another
 precision) the two differ, and :mod:`homerlhf.ppo.importance` measures and corrects that.
 
-- :class:`HFEngine` (``hf``): the actor's own ``generate``, the trainer's module itself.
+- :class:`HFEngine` (``hf``): the actor's own ``generate``, the trainer's module itself (HF ``generate``
+  or, ``rollout.decoder``, the static-cache loop captured as a CUDA graph: the same samples).
 - ``llamacpp``: :class:`homerlhf.workers.rollout_engine.LlamaCppEngine`, built by the PPO stage
   (the workers layer sits above this one).
 

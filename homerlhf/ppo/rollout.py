@@ -6,7 +6,9 @@ checkpoint's eos list, the chat template's end-of-turn token). Prompts were fitt
 ``max_prompt_len`` when tokenised; a longer one is refused here, never cut. Rows that hit ``max_new_tokens``
 without one are ``truncated``; their score can be replaced by ``cfg.rollout.truncation_penalty``.
 Sampling uses a complete generation config built from ``cfg.rollout`` alone
-(:func:`homerlhf.models.generation.build_generation_config`).
+(:func:`homerlhf.models.generation.build_generation_config`), with HF ``generate`` or, as
+``rollout.decoder`` says, the static-cache loop of :mod:`homerlhf.models.static_decode` (the same
+samples; a captured CUDA graph per decode step on CUDA).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from homerlhf.config.schema import RolloutConfig
 from homerlhf.errors import UserError
 from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
 from homerlhf.models.sampling import PerSampleSampler
+from homerlhf.models.static_decode import resolve_decoder
 from homerlhf.ppo.devices import unpadded_lists
 from homerlhf.ppo.math import truncation_penalized_scores
 
@@ -133,7 +136,8 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
                                      stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
     recorder = BehaviourLogprobs(rollout.temperature)
     sampler = PerSampleSampler(seeds, rollout.temperature, policy.device) if seeds is not None else None
-    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder, logits_processor=sampler)
+    response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder, logits_processor=sampler,
+                                   decoder=resolve_decoder(rollout.decoder, policy.device))
     response_mask, truncated = response_mask_and_truncated(response_ids, policy.stop_ids)
     # Generation pads finished rows with the pad id, which may be a stop token; the mask alone decides.
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)

@@ -342,3 +342,43 @@ def test_rollout_of_a_reply_is_the_reward_models_sequence(name, real_policies):
     assert batch.truncated.tolist() == [False, False]
     assert [p + r for p, r in zip(batch.prompt_lists(), batch.response_lists())] == shapes
     assert all(r[-1] in policy.stop_ids for r in batch.response_lists())
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_static_decoder_samples_what_generate_samples(name, real_policies):
+    """rollout.decoder static against hf, same per-sample seeds: the same responses, masks and
+    truncation flags, and behaviour log-probs within 1e-5. Chat prompts of different lengths (left
+    padding); a hook on the LM head (the same module in both loops) makes each token of the stop set
+    likely enough that rows stop at different steps, and keeps row 0 from stopping (truncated);
+    Gemma-3's sliding-window layers (window 16) see prompt + response cross the window."""
+    import math
+
+    policy = real_policies(name)
+    texts = ["Tell me about green tea and how it is made, please.", "Hi", "What is 2 + 2?", "Name three rivers.",
+             "Why is the sky blue? Explain it simply."]
+    prompts = [list(policy.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                         return_dict=True)["input_ids"]) for t in texts]
+    # A random model's next token is near uniform: e^b / (V / n + e^b) = 0.25 per step and stop token.
+    bias = math.log(0.25 / 0.75 * policy.vocab_size / len(policy.stop_ids))
+
+    def push_stops(module, args, output):
+        output = output.clone()
+        output[1:, :, policy.stop_ids] += bias
+        output[0, :, policy.stop_ids] -= 1e4
+        return output
+
+    handle = policy.lm_head.register_forward_hook(push_stops)
+    try:
+        hf, static = (generate_rollout(policy, prompts, _real_cfg("rollout.max_new_tokens=8", "rollout.max_prompt_len=64",
+                                                                  f"rollout.decoder={decoder}").rollout, seeds=[5, 6, 7, 8, 9])
+                      for decoder in ("hf", "static"))
+    finally:
+        handle.remove()
+    ends = hf.response_mask.sum(dim=1)[~hf.truncated].tolist()
+    assert hf.truncated.tolist()[0] and len(set(ends)) >= 2, (ends, hf.truncated)  # a batch worth checking
+    assert max(map(len, prompts)) > 16
+    assert torch.equal(static.response_ids, hf.response_ids) and torch.equal(static.response_mask, hf.response_mask)
+    assert torch.equal(static.truncated, hf.truncated)
+    gap = (static.behaviour_logprobs - hf.behaviour_logprobs).abs().max().item()
+    print(f"{name}: ends {ends}, max |behaviour log-prob difference| {gap:.2e}")
+    assert gap <= 1e-5
