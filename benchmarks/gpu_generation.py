@@ -9,7 +9,7 @@ whether the loop samples what HF samples; and a PPO iteration on the 4090 preset
 
 For each model of ``--models`` (names from the planner's builtin table; nothing is downloaded) the
 architecture is built from its published shape with random bf16 weights on the GPU and saved with
-the tiny tokenizer (``scripts/validate_memory_gpu.py:build_random_checkpoint``), then loaded through
+the tiny tokenizer (``scripts/gpu_runs.py:build_random_checkpoint``), then loaded through
 ``PolicyModel`` in NF4 with the actor/critic LoRA of the preset, as a run loads it; the process is
 capped at ``--cap-gib`` (the 4090's 24 GiB). Prompts are random in-vocabulary ids of full length.
 ``--cpu``: the tiny Llama of the demo's shape (``builtin:tiny-llama``, random weights) with the
@@ -105,7 +105,7 @@ def build_checkpoint(name: str, tmp: Path, mode: str) -> Path:
 
         return build_causal_lm(tmp / "tiny", arch="llama", seed=0, **(dict(hidden=64, layers=2) if mode == "cpu_smoke" else {}))
     sys.path.insert(0, str(ROOT / "scripts"))
-    from validate_memory_gpu import build_random_checkpoint
+    from gpu_runs import build_random_checkpoint
 
     from homerlhf.memory.shapes import resolve_shape
 
