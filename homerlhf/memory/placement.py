@@ -198,7 +198,8 @@ def choice_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
     """What ``auto`` chose, in words: the placement and its seconds per iteration, the alternatives
     that fit and those that do not, and the generation chunk."""
     chosen = rec.current
-    lines = [f"placement auto: {chosen.time.placement.label()}: {chosen.time.total_s:,.1f} s per iteration"
+    what = "placement auto" if "auto" in (cfg.ref.backend, cfg.reward.backend) else "placement as configured"
+    lines = [f"{what}: {chosen.time.placement.label()}: {chosen.time.total_s:,.1f} s per iteration"
              + (f", generation chunk {chosen.gen_chunk}" if cfg.rollout.generation_chunk == "auto" else "")
              + f" ({chosen.time.source})"]
     others = [c for c in rec.candidates if c is not chosen and explicit(c.time.placement, cfg)]

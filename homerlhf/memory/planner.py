@@ -56,7 +56,7 @@ def plan(
     result = build_plan(resolved, shape, gpu_gib, assumptions=assumptions)
     result.generation.update(generation_chunk_info(cfg, shape, budget, assumptions=assumptions))
     if with_suggestion and result.fits is False:
-        result.suggestion = suggest(resolved, shape, budget, assumptions=assumptions)
+        result.suggestion = suggest(cfg, shape, budget, assumptions=assumptions)  # an auto chunk stays auto
     return result
 
 
