@@ -91,3 +91,7 @@ def test_gpu_figures_are_cached_per_gpu_with_the_chunk_they_were_measured_at(mon
     gpu["name"] = "NVIDIA GeForce RTX 4090"
     assert cached_throughputs(cfg, shape) is None  # another card: measure it there
     path.unlink()
+    # What a GPU's trainer is timed on: a chunk at the run's lengths, 16 decode steps when quick, one
+    # micro-batch through forward + backward.
+    prompts, responses, new, rows = bench_mod.gpu_inputs(cfg, shape, quick=True)
+    assert (len(prompts), len(prompts[0]), len(responses[0]), new, rows) == (16, 512, 256, 16, 4)
