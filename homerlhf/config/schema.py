@@ -310,8 +310,9 @@ class RunConfig(_Section):
             raise ValueError("ref.backend 'auto' with ref.url: a remote worker is llamacpp; set ref.backend=llamacpp")
         for key, reward in self.reward.all_rewards():
             _check_reward(key, reward)
-            if reward.backend == "auto" and key != "reward":
-                raise ValueError(f"{key}.backend 'auto' is for the run's reward model only; name the component's backend")
+            if reward.backend == "auto" and (key != "reward" or self.reward.components):
+                raise ValueError(f"{key}.backend 'auto' places one reward model; with reward.components name each "
+                                 "reward's backend")
             if reward.backend == "adapter" and self.rollout.async_:
                 raise ValueError(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
                                  "meanwhile; set rollout.async=false or use a llamacpp/hf reward")

@@ -64,8 +64,9 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
             static_kv, Component("CUDA-graph pool", "activations", int(pool),
                                  note="one captured decode step: layer transients, logits, dequantized weight"),
             logits]
-    for comps in moments.values():
-        comps.extend(([dequant] if dequant else []) + held_gradients(cfg, shape, assumptions))
+    for name, comps in moments.items():
+        in_pool = name == "decode step (static cache)"  # the captured step's dequantized weight is in its pool
+        comps.extend(([dequant] if dequant and not in_pool else []) + held_gradients(cfg, shape, assumptions))
     return _largest(moments)
 
 
