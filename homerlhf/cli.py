@@ -141,19 +141,20 @@ def plan(
     phase from `homerlhf bench` figures (or defaults) and the fastest placement (offline)."""
     import json
 
-    from homerlhf.memory.planner import plan as make_plan
     from homerlhf.memory.render import print_plan, save_plan_figure, shape_for
 
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
     cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
-    from homerlhf.memory.placement import attach_timing
+    from homerlhf.memory.placement import placed_plan
+    from homerlhf.models.reward_kinds import possible_reward_backends
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
 
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
     shape = shape_for(cfg, model)
-    result = attach_timing(make_plan(cfg, shape, gpu_gib), cfg, shape, cached_throughputs(cfg, shape), gpu_gib)
+    rewards = possible_reward_backends(cfg.reward.model, model or cfg.model.name_or_path)
+    result = placed_plan(cfg, shape, cached_throughputs(cfg, shape), gpu_gib, rewards)
     if plot is not None:
         save_plan_figure(result, plot)
     if as_json:

@@ -69,7 +69,7 @@ def run_one(name: str, args, tmp: Path) -> dict:
     chunk, micro = args.chunk_size, args.micro_batch
     overrides = [
         f"model.name_or_path={model_dir}",
-        f"rollout.chunk_size={chunk}", f"rollout.batch_size={2 * chunk}",
+        f"rollout.chunk_size={chunk}", f"rollout.batch_size={2 * chunk}", f"rollout.generation_chunk={chunk}",
         f"rollout.max_prompt_len={args.prompt_len}", f"rollout.max_new_tokens={args.new_tokens}",
         f"ppo.mini_batch_size={chunk}", f"ppo.micro_batch_size={micro}", "ppo.epochs=1",
         "ref.backend=adapter_off", "reward.backend=hf", "reward.model=in-process",

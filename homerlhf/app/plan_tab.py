@@ -97,17 +97,19 @@ def command_text(preset: str, model: str, overrides_text: str, preset_model: Opt
 
 
 def compute_plan(cfg, gpu_gib: Optional[float]):
-    """The planner's ``Plan`` for this config (its model shape resolved without any download).
+    """The planner's ``Plan`` for this config (its model shape resolved without any download), with
+    its ``auto`` settings resolved as a run would resolve them.
 
     ``gpu_gib`` 0 or None plans for the preset's card."""
-    from homerlhf.memory.planner import plan
+    from homerlhf.memory.placement import placed_plan
     from homerlhf.memory.render import shape_for
-    from homerlhf.memory.placement import attach_timing
+    from homerlhf.models.reward_kinds import possible_reward_backends
     from homerlhf.workers.bench import cached_throughputs
 
     budget = float(gpu_gib) if gpu_gib else None
     shape = shape_for(cfg)
-    return attach_timing(plan(cfg, shape, budget), cfg, shape, cached_throughputs(cfg, shape), budget)
+    rewards = possible_reward_backends(cfg.reward.model, cfg.model.name_or_path)
+    return placed_plan(cfg, shape, cached_throughputs(cfg, shape), budget, rewards)
 
 
 def time_markdown(plan) -> str:

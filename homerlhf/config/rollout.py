@@ -3,7 +3,7 @@ correction and the asynchronous mode (re-exported by :mod:`homerlhf.config.schem
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -16,7 +16,14 @@ class RolloutConfig(Section):
                               serialize_by_alias=True)
 
     batch_size: int = Field(64, ge=1, description="Prompts per PPO iteration.")
-    chunk_size: int = Field(16, ge=1, description="Prompts generated at once (scoring overlaps the next chunk).")
+    chunk_size: int = Field(
+        16, ge=1, description="Prompts scored at once (old log-probs, values, the reference on the GPU; scoring overlaps "
+        "the next chunk's generation), and generated at once unless rollout.generation_chunk says otherwise.",
+    )
+    generation_chunk: Optional[Union[int, Literal["auto"]]] = Field(
+        None, description="Prompts generated at once: a number, 'auto' (the largest the memory plan affords, capped at "
+        "rollout.batch_size; resolved when a run starts and shown by `homerlhf plan`), or unset: rollout.chunk_size.",
+    )
     max_prompt_len: int = Field(
         256, ge=1,
         description="Longest prompt in tokens; a longer one is cut inside its last user message (BOS, system "
@@ -59,6 +66,15 @@ class RolloutConfig(Section):
         "policy loss (None: off, every weight 1).",
     )
 
+    @property
+    def generation_chunk_size(self) -> int:
+        """Prompts generated at once: ``generation_chunk``, else ``chunk_size``. An ``auto`` one must have
+        been resolved (:func:`homerlhf.memory.chunks.resolve_generation_chunk`) before anything samples."""
+        if self.generation_chunk == "auto":
+            raise ValueError("rollout.generation_chunk 'auto' is resolved by the memory plan when a run starts; "
+                             "resolve it first (homerlhf.memory.chunks.resolve_generation_chunk)")
+        return self.chunk_size if self.generation_chunk is None else self.generation_chunk
+
     @model_validator(mode="after")
     def _full_distribution(self) -> "RolloutConfig":
         # PPO's ratios and KL score log_softmax(logits / temperature) over the whole vocabulary; a
@@ -69,6 +85,8 @@ class RolloutConfig(Section):
                 "full distribution that PPO scores; set rollout.top_p=1.0 and rollout.top_k=0 "
                 "(use rollout.temperature to sharpen it)"
             )
+        if isinstance(self.generation_chunk, int) and self.generation_chunk < 1:
+            raise ValueError(f"rollout.generation_chunk must be >= 1, 'auto' or unset; got {self.generation_chunk}")
         if self.async_ and self.engine != "llamacpp":
             raise ValueError(
                 "rollout.async needs rollout.engine=llamacpp: the hf engine samples with the trainer's own "

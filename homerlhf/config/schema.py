@@ -121,10 +121,11 @@ class PPOConfig(_Section):
 class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
-    backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function"] = Field(
+    backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function", "auto"] = Field(
         "llamacpp", description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); "
         "adapter: a LoRA reward model on the policy's own 4-bit base (reward); hf: in-process (reward); "
-        "function: your own Python function (reward).")
+        "function: your own Python function (reward); auto: the fastest of those that fit the card, by measured "
+        "throughput, chosen when a run starts (`homerlhf plan` shows the choice).")
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
@@ -304,9 +305,14 @@ class RunConfig(_Section):
                              f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
         if self.ref.backend in ("hf", "function", "adapter"):
-            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp' or 'adapter_off'")
+            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp', 'adapter_off' or 'auto'")
+        if self.ref.backend == "auto" and self.ref.url:
+            raise ValueError("ref.backend 'auto' with ref.url: a remote worker is llamacpp; set ref.backend=llamacpp")
         for key, reward in self.reward.all_rewards():
             _check_reward(key, reward)
+            if reward.backend == "auto" and (key != "reward" or self.reward.components):
+                raise ValueError(f"{key}.backend 'auto' places one reward model; with reward.components name each "
+                                 "reward's backend")
             if reward.backend == "adapter" and self.rollout.async_:
                 raise ValueError(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
                                  "meanwhile; set rollout.async=false or use a llamacpp/hf reward")
@@ -348,6 +354,8 @@ class RunConfig(_Section):
 def _check_reward(key: str, reward: RewardComponentConfig) -> None:
     if reward.backend == "adapter_off":
         raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
+    if reward.backend == "auto" and reward.url:
+        raise ValueError(f"{key}.backend 'auto' with {key}.url: a remote worker is llamacpp; set {key}.backend=llamacpp")
     if reward.backend == "adapter" and reward.url:
         raise ValueError(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
     if reward.backend == "function" and not reward.function:

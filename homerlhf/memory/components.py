@@ -38,11 +38,23 @@ def nf4_bytes_per_param(double_quant: bool) -> float:
 class Assumptions:
     """What the estimate cannot read from the config; defaults follow homerlhf's trainer."""
 
-    cuda_context_gib: float = 0.5  # CUDA context + cuBLAS workspace, outside the torch allocator
+    cuda_context_gib: float = 0.5  # CUDA context and kernels, outside the torch allocator (not measured)
     fragmentation: float = 0.10  # reserved-but-unallocated blocks, as a fraction of allocated bytes
     upcast_non_quantized: bool = True  # prepare_model_for_kbit_training: non-4-bit params to fp32
     attention: str = "sdpa"  # "sdpa" never materialises (T x T) scores; "eager" does
     scoring_batch: str = "chunk"  # scoring forwards run on a whole rollout chunk ("micro": micro-batches)
+    # PyTorch gives each (cuBLAS handle, stream) a workspace from its caching allocator: 32 MiB on
+    # compute capability 9.x-12.x (Hopper, Blackwell), 8.125 MiB before; one handle for the trainer's
+    # thread and one for autograd's backward thread. Counted at the larger size on every card.
+    cublas_workspace_mib: float = 32.0
+    cublas_handles: int = 2
+    # The optimizer has stepped: its states exist, and the last step's gradients are still held through
+    # the next generation and scoring (the next update's zero_grad frees them). False: the first
+    # iteration, before any step (or while an fp16 loss scaler has skipped every step so far).
+    after_first_step: bool = True
+    # The generation phase's decoder: "hf" (HF generate, a DynamicCache grown by torch.cat), "static" (a
+    # decode loop over a preallocated static cache, its step captured as a CUDA graph) or "any": the larger.
+    decoder: str = "any"
 
 
 @dataclass
@@ -96,11 +108,50 @@ def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int) 
     return a * (4 * h + 4 * q + 4 * i + t) + 4 * lora_r * n_lin
 
 
-def forward_layer_transient_per_token(shape: ModelShape, a: int, c: int) -> float:
+def forward_layer_transient_per_token(shape: ModelShape, a: int, c: int, lora_mlp: bool = True) -> float:
     """Peak extra bytes per token while one layer runs without grad: residual + normed, then the
-    larger of attention (q, repeated k/v, output) and MLP (act(gate), up, product + its cast)."""
+    larger of attention (q, repeated k/v, output) and the MLP.
+
+    MLP under LoRA (peft's 4-bit ``Linear``): while ``up_proj`` runs, act(gate) is alive beside the
+    base output's defensive clone, the LoRA B output times its scale and their sum: 4 a I. Without
+    LoRA on the MLP (the adapter-off reference): act(gate), up and their product, 3 a I (or act(gate)
+    and up in both dtypes, 2 a I + c I, were that larger). Both match the allocator's events of a real
+    peft + bitsandbytes MLP exactly (``tests/memory/test_components.py``).
+    """
     h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    return 2 * a * h + max(4 * a * q + c * h, 3 * a * i + c * i)
+    mlp = 4 * a * i if lora_mlp else max(3 * a, 2 * a + c) * i
+    return 2 * a * h + max(4 * a * q + c * h, mlp)
+
+
+def lora_on_mlp(lora) -> bool:
+    """Whether a LoRA section (``actor.lora``, ``rm.lora``) adapts the MLP's up projection."""
+    return lora.target_modules == "all-linear" or bool({"up_proj", "gate_up_proj"} & set(lora.target_modules))
+
+
+def trainable_grad_bytes(cfg: RunConfig, shape: ModelShape) -> int:
+    """fp32 gradients of everything PPO trains: the actor's LoRA, and the critic's LoRA (unless shared)
+    and value head."""
+    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4
+    if cfg.has_critic:
+        grads += (shape.hidden_size + 1) * 4
+    if cfg.has_critic and not cfg.critic.shared_adapter:
+        grads += shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
+    return grads
+
+
+def held_gradients(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) -> list[Component]:
+    """The last optimizer step's gradients, held through generation and scoring until the next update
+    zeroes them (``optimizer.zero_grad(set_to_none=True)`` at its start); none before the first step."""
+    if not assumptions.after_first_step:
+        return []
+    return [Component("gradients held from the last step", "gradients", trainable_grad_bytes(cfg, shape),
+                      note="fp32, freed when the next update starts")]
+
+
+def kv_bytes_per_token(shape: ModelShape, a: int) -> int:
+    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x ``a`` bytes (the
+    activation dtype: fp32 with a 4-bit base, whose k/v projections return their fp32 input's dtype)."""
+    return 2 * shape.num_layers * shape.kv_dim * a
 
 
 def lengths(cfg: RunConfig) -> tuple[int, int, int]:
@@ -140,8 +191,9 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
     if cfg.has_critic:  # GRPO / RLOO load no critic at all
         comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
     comps.extend(adapter_reward_components(cfg, shape))
+    comps.extend(workspace_components(cfg, assumptions))
     roles = (("actor", cfg.actor), ("critic", cfg.critic)) if cfg.has_critic else (("actor", cfg.actor),)
-    for role, sec in roles:
+    for role, sec in roles if assumptions.after_first_step else ():  # states are made at the first step
         if role == "critic" and cfg.critic.shared_adapter:
             states = 8 * (shape.hidden_size + 1)  # only the value head
         else:
@@ -176,6 +228,15 @@ def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Compone
     per = shape.lora_params(lora.r, lora.target_modules) * 4 + shape.hidden_size * 4
     return [Component("LoRA reward + score head", "adapters", count * per,
                       note=f"{count} x (r={lora.r} as rm.lora, fp32; head 1 x {shape.hidden_size})")]
+
+
+def workspace_components(cfg: RunConfig, assumptions: Assumptions) -> list[Component]:
+    """cuBLAS workspaces: allocated by PyTorch's caching allocator at a handle's first matmul, kept."""
+    if cfg.card.device != "cuda":
+        return []
+    n, mib = assumptions.cublas_handles, assumptions.cublas_workspace_mib
+    return [Component("cuBLAS workspaces", "overhead", int(n * mib * 2**20),
+                      note=f"{n} x {mib:g} MiB: the trainer's thread and autograd's backward thread")]
 
 
 def overhead_components(cfg: RunConfig, allocated: int, assumptions: Assumptions) -> list[Component]:

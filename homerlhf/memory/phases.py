@@ -8,46 +8,65 @@ persistent components (weights, adapters, optimizer states, experience) are adde
 
 from __future__ import annotations
 
+from typing import Optional
+
 from homerlhf.memory.components import (
     Component,
     dtype_bytes,
     forward_layer_transient_per_token,
+    held_gradients,
+    kv_bytes_per_token,
     layer_saved_bytes_per_token,
     lengths,
     logprob_buffer_bytes,
+    lora_on_mlp,
+    trainable_grad_bytes,
 )
 
 PHASES = ("generation", "scoring", "update")
 
 
-def generation_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
+def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tuple[str, list[Component]]:
+    """Generation of one chunk (``chunk``, default the config's generation chunk) of prompts.
+
+    Two decoders are counted and the larger taken (``assumptions.decoder`` "any"; "hf" or "static" for
+    one): HF ``generate`` with a DynamicCache, which grows by ``torch.cat`` (one layer's K or V briefly
+    twice), and a decode loop over a static cache preallocated for B x (P + N) tokens before the
+    prefill, whose captured decode step keeps its transients in a CUDA-graph pool.
+    """
     c, a, _ = dtype_bytes(cfg, assumptions)
-    b = cfg.rollout.chunk_size
+    b = cfg.rollout.generation_chunk_size if chunk is None else chunk
     p, n, t = lengths(cfg)
-    kv_per_token = 2 * shape.num_layers * shape.kv_dim * a
+    kv = kv_bytes_per_token(shape, a)
+    per_token = forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora))
     logits_per_row = shape.vocab_size * (16 + (12 if cfg.rollout.top_p < 1 else 0))
-    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c,
-                        note="largest linear, bf16 copy per matmul") if cfg.quant.load_in_4bit else None
-    prefill = b * p * forward_layer_transient_per_token(shape, a, c) + b * p * p * a  # + the additive causal mask
+    prefill = b * p * per_token + b * p * p * a  # + the additive causal mask
     if assumptions.attention == "eager":
         prefill += 2 * b * shape.num_heads * p * p * a
-    moments = {
-        "prefill": [
-            Component("KV cache", "kv_cache", b * p * kv_per_token, note=f"{b} x {p} prompt tokens"),
-            Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens"),
-            Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers"),
-        ],
-        "last decode step": [
-            # DynamicCache grows by torch.cat: one layer's K or V briefly exists twice.
-            Component("KV cache", "kv_cache", b * t * kv_per_token * (shape.num_layers + 1) // shape.num_layers,
-                      note=f"{b} x {t} tokens, 2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B"),
-            Component("decode activations", "activations", int(b * forward_layer_transient_per_token(shape, a, c))),
-            Component("sampling logits", "logits", b * logits_per_row, note="fp32 + warpers"),
-        ],
-    }
-    for comps in moments.values():
-        if dequant:
-            comps.append(dequant)
+    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c,
+                        note="largest linear, bf16 copy per matmul") if cfg.quant.load_in_4bit else None
+    kv_note = f"2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B per token"
+    static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}")
+    prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens")
+    logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers")
+    moments = {}
+    if assumptions.decoder in ("hf", "any"):
+        moments["prefill"] = [Component("KV cache", "kv_cache", b * p * kv, note=f"{b} x {p} prompt tokens"),
+                              prefill_act, logits]
+        moments["last decode step"] = [
+            Component("KV cache", "kv_cache", b * t * kv * (shape.num_layers + 1) // shape.num_layers,
+                      note=f"{b} x {t} tokens, {kv_note}; + one layer's while torch.cat grows it"),
+            Component("decode activations", "activations", int(b * per_token)), logits]
+    if assumptions.decoder in ("static", "any"):
+        pool = b * per_token + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
+        moments["prefill (static cache)"] = [static_kv, prefill_act, logits]
+        moments["decode step (static cache)"] = [
+            static_kv, Component("CUDA-graph pool", "activations", int(pool),
+                                 note="one captured decode step: layer transients, logits, dequantized weight"),
+            logits]
+    for name, comps in moments.items():
+        in_pool = name == "decode step (static cache)"  # the captured step's dequantized weight is in its pool
+        comps.extend(([dequant] if dequant and not in_pool else []) + held_gradients(cfg, shape, assumptions))
     return _largest(moments)
 
 
@@ -56,7 +75,7 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     b = cfg.rollout.chunk_size if assumptions.scoring_batch == "chunk" else cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     hidden = b * t * shape.hidden_size * a
-    layer = b * t * forward_layer_transient_per_token(shape, a, c) + b * t * t * a
+    layer = b * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora)) + b * t * t * a
     if assumptions.attention == "eager":
         layer += 2 * b * shape.num_heads * t * t * a
     outputs = b * n * 4 * 4  # log-probs, entropy, values, ref log-probs: (B, N) fp32
@@ -77,12 +96,15 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
         moments["reward forward (adapter)"] = [
             Component("hidden states", "activations", m * t * shape.hidden_size * a, note=f"{m} x {t} tokens"),
             Component("layer activations (no grad)", "activations",
-                      int(m * t * forward_layer_transient_per_token(shape, a, c) + m * t * t * a)),
+                      int(m * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.rm.lora))
+                          + m * t * t * a)),
         ]
     if cfg.quant.load_in_4bit:
         for name in moments:
             if name != "actor log-probs":
                 moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c))
+    for comps in moments.values():
+        comps.extend(held_gradients(cfg, shape, assumptions))
     return _largest(moments)
 
 
@@ -108,11 +130,7 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
         count = 1 if ckpt else shape.num_layers
         attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a)
     bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP")
-    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4
-    if cfg.has_critic:
-        grads += (shape.hidden_size + 1) * 4
-    if cfg.has_critic and not cfg.critic.shared_adapter:
-        grads += shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
+    grads = trainable_grad_bytes(cfg, shape)
     grad = Component("LoRA + value head grads" if cfg.has_critic else "LoRA grads", "gradients", grads,
                      note="fp32, accumulated over the mini-batch")
     lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape),

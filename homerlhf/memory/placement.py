@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.errors import UserError
 from homerlhf.memory.shapes import ModelShape
 from homerlhf.memory.timing import IterationTime, Placement, Throughputs, default_throughputs, iteration_time, placement_of
 
@@ -18,6 +19,7 @@ class Candidate:
     time: IterationTime
     peak_gib: Optional[float]  # GPU peak under this placement (None: no GPU budget)
     fits: bool
+    gen_chunk: int = 0  # the generation chunk timed and planned under this placement
 
 
 @dataclass
@@ -72,13 +74,33 @@ class Recommendation:
                 "line": self.line()}
 
 
-def candidate_placements(cfg: RunConfig) -> list[Placement]:
-    """Placements worth comparing: each role's backends that can serve it. A role served from a
-    remote worker (``url``) or by reward functions keeps its backend."""
+REWARD_BACKENDS = ("llamacpp", "adapter", "hf")  # where a reward model can run
+
+
+def reward_candidates(cfg: RunConfig, possible: Optional[Sequence[str]] = None) -> list[str]:
+    """Where the run's reward model could run: ``possible`` (what its files allow, from
+    :func:`homerlhf.models.reward_kinds.possible_reward_backends`; default: all of
+    :data:`REWARD_BACKENDS`), less ``adapter`` under ``rollout.async``. A reward served from a ``url``,
+    by functions, or with components keeps its backend."""
+    if cfg.reward.url or cfg.reward.backend == "function" or cfg.reward.components:
+        return [cfg.reward.backend]
+    found = [b for b in (possible if possible is not None else REWARD_BACKENDS) if b in REWARD_BACKENDS]
+    return [b for b in found if not (b == "adapter" and cfg.rollout.async_)] or ["llamacpp"]
+
+
+def candidate_placements(cfg: RunConfig, rewards: Optional[Sequence[str]] = None) -> list[Placement]:
+    """Placements worth comparing: each role's backends that can serve it (the reward's:
+    :func:`reward_candidates`). A reference served from a remote worker (``url``) keeps its backend."""
     refs = [cfg.ref.backend] if cfg.ref.url else ["llamacpp", "adapter_off"]
-    fixed_reward = cfg.reward.url or cfg.reward.backend == "function" or cfg.reward.components
-    rewards = [cfg.reward.backend] if fixed_reward else ["llamacpp", "adapter", "hf"]
-    return [Placement(r, w, e) for r in refs for w in rewards for e in ("hf", "llamacpp")]
+    return [Placement(r, w, e) for r in refs for w in reward_candidates(cfg, rewards) for e in ("hf", "llamacpp")]
+
+
+def explicit(placement: Placement, cfg: RunConfig) -> bool:
+    """Whether ``placement`` keeps every role the config names (``auto`` names none; the rollout
+    engine is never switched by ``auto``)."""
+    return ((cfg.ref.backend == "auto" or placement.ref == cfg.ref.backend)
+            and (cfg.reward.backend == "auto" or placement.reward == cfg.reward.backend)
+            and placement.engine == cfg.rollout.engine)
 
 
 def extra_gpu_bytes(placement: Placement, cfg: RunConfig, shape: ModelShape) -> int:
@@ -100,50 +122,132 @@ def with_placement(cfg: RunConfig, placement: Placement) -> RunConfig:
     })
 
 
-def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: int, logical: Optional[int] = None,
-              gpu_gib: Optional[float] = None) -> Recommendation:
-    """Every candidate placement's predicted iteration time and GPU peak; fastest first. A placement
-    fits when its peak (the memory plan's, + :func:`extra_gpu_bytes`) is within ``gpu_gib`` (default:
-    the card's; no budget on a CPU card)."""
+def _candidate(cfg: RunConfig, shape: ModelShape, rates: Throughputs, placement: Placement, budget: float,
+               cores: int, logical: Optional[int]) -> Candidate:
+    """One placement's iteration time and GPU peak, with an ``auto`` generation chunk resolved for it
+    (the memory a placement takes is memory the chunk cannot have)."""
+    from homerlhf.memory.chunks import resolve_generation_chunk
     from homerlhf.memory.components import GIB
-    from homerlhf.memory.planner import plan
+    from homerlhf.memory.planner import MARGIN, plan
 
+    extra = extra_gpu_bytes(placement, cfg, shape) / GIB
+    # The memory plan counts a reward adapter; an in-process hf reward adds extra_gpu_bytes on top.
+    planned = with_placement(cfg, replace(placement, reward="llamacpp") if placement.reward == "hf" else placement)
+    planned = resolve_generation_chunk(planned, shape, budget - extra if budget > 0 else budget)
+    timed = with_placement(planned, placement)
+    time = iteration_time(timed, rates, placement, cores=cores, logical=logical)
+    chunk = planned.rollout.generation_chunk_size
+    if budget <= 0:
+        return Candidate(time, None, True, chunk)
+    peak = plan(planned, shape, budget, with_suggestion=False).peak_gib + extra
+    return Candidate(time, peak, peak <= (1 - MARGIN) * budget, chunk)  # fits as a plan does: with the margin
+
+
+def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: int, logical: Optional[int] = None,
+              gpu_gib: Optional[float] = None, rewards: Optional[Sequence[str]] = None) -> Recommendation:
+    """Every candidate placement's predicted iteration time and GPU peak; fastest first. A placement
+    fits when its peak (the memory plan's, + :func:`extra_gpu_bytes`) leaves the plan's margin of
+    ``gpu_gib`` free (default: the card's; no budget on a CPU card). ``rewards``: the backends the
+    reward model can run on.
+
+    The current placement is the config's; where a role is ``auto``, the fastest candidate that fits
+    and keeps the config's other roles (:func:`choose`)."""
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
-
-    def candidate(placement: Placement) -> Candidate:
-        time = iteration_time(cfg, rates, placement, cores=cores, logical=logical)
-        if budget <= 0:
-            return Candidate(time, None, True)
-        # The memory plan counts a reward adapter; an in-process hf reward adds extra_gpu_bytes on top.
-        planned = with_placement(cfg, replace(placement, reward="llamacpp") if placement.reward == "hf" else placement)
-        peak = plan(planned, shape, budget, with_suggestion=False).peak_gib + extra_gpu_bytes(placement, cfg, shape) / GIB
-        return Candidate(time, peak, peak <= budget)
-
-    here = placement_of(cfg)
 
     def order(c: Candidate) -> tuple:
         # Ties (to the microsecond) go to fewer changes from the config, then to less GPU memory.
-        changed = sum(a != b for a, b in zip(c.time.placement.overrides().values(), here.overrides().values()))
+        named = placement_of(cfg).overrides()
+        changed = sum(a != b for a, b in zip(c.time.placement.overrides().values(), named.values()))
         return round(c.time.total_s, 6), changed, c.peak_gib or 0.0
 
-    cands = sorted((candidate(p) for p in candidate_placements(cfg)), key=order)
+    cands = sorted((_candidate(cfg, shape, rates, p, budget, cores, logical)
+                    for p in candidate_placements(cfg, rewards)), key=order)
+    if "auto" in (cfg.ref.backend, cfg.reward.backend):
+        return Recommendation(choose(cands, cfg), cands)
+    here = placement_of(cfg)
     current = next((c for c in cands if c.time.placement == here), None)
-    return Recommendation(current or candidate(here), cands)
+    return Recommendation(current or _candidate(cfg, shape, rates, here, budget, cores, logical), cands)
 
 
-def attach_timing(plan_, cfg: RunConfig, shape: ModelShape, rates: Optional[Throughputs] = None,
-                  gpu_gib: Optional[float] = None):
-    """``plan_`` (a memory :class:`~homerlhf.memory.planner.Plan`) with its time section: the
-    current placement's seconds per phase and the recommendation, from ``rates`` (default: the
-    documented defaults) at this machine's core count. Returns ``plan_``."""
+def choose(cands: Sequence[Candidate], cfg: RunConfig) -> Candidate:
+    """What ``auto`` picks among ``cands`` (fastest first): the fastest that fits the card and keeps
+    every role the config names; when none fits, the one with the smallest GPU peak."""
+    kept = [c for c in cands if explicit(c.time.placement, cfg)]
+    if not kept:
+        raise UserError(f"no placement keeps ref.backend={cfg.ref.backend}, reward.backend={cfg.reward.backend} "
+                        f"and rollout.engine={cfg.rollout.engine}; set ref.backend or reward.backend to auto")
+    fitting = [c for c in kept if c.fits]
+    return fitting[0] if fitting else min(kept, key=lambda c: c.peak_gib or 0.0)
+
+
+def resolve_placement(cfg: RunConfig, rec: Recommendation) -> RunConfig:
+    """``cfg`` with its ``auto`` roles set to the chosen placement's (``rec.current``) and an ``auto``
+    generation chunk to the one planned under it."""
+    chosen = rec.current
+    update = {}
+    if cfg.ref.backend == "auto":
+        update["ref"] = cfg.ref.model_copy(update={"backend": chosen.time.placement.ref})
+    if cfg.reward.backend == "auto":
+        update["reward"] = cfg.reward.model_copy(update={"backend": chosen.time.placement.reward})
+    if cfg.rollout.generation_chunk == "auto":
+        update["rollout"] = cfg.rollout.model_copy(update={"generation_chunk": chosen.gen_chunk})
+    return cfg.model_copy(update=update)
+
+
+def choice_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
+    """What ``auto`` chose, in words: the placement and its seconds per iteration, the alternatives
+    that fit and those that do not, and the generation chunk."""
+    chosen = rec.current
+    what = "placement auto" if "auto" in (cfg.ref.backend, cfg.reward.backend) else "placement as configured"
+    lines = [f"{what}: {chosen.time.placement.label()}: {chosen.time.total_s:,.1f} s per iteration"
+             + (f", generation chunk {chosen.gen_chunk}" if cfg.rollout.generation_chunk == "auto" else "")
+             + f" ({chosen.time.source})"]
+    others = [c for c in rec.candidates if c is not chosen and explicit(c.time.placement, cfg)]
+    fit = [f"{c.time.placement.label()} {c.time.total_s:,.1f} s" for c in others if c.fits]
+    over = [f"{c.time.placement.label()} {c.time.total_s:,.1f} s ({c.peak_gib:.1f} GiB)" for c in others if not c.fits]
+    if fit:
+        lines.append("  alternatives that fit: " + "; ".join(fit))
+    if over:
+        lines.append("  over the card: " + "; ".join(over))
+    return lines
+
+
+def _cores() -> tuple[int, int]:
     import os
 
     from homerlhf.memory.threads import physical_cores
 
-    cores, logical = physical_cores(), max(1, os.cpu_count() or 1)
+    return physical_cores(), max(1, os.cpu_count() or 1)
+
+
+def attach_timing(plan_, cfg: RunConfig, shape: ModelShape, rates: Optional[Throughputs] = None,
+                  gpu_gib: Optional[float] = None, rewards: Optional[Sequence[str]] = None):
+    """``plan_`` (a memory :class:`~homerlhf.memory.planner.Plan`) with its time section: the
+    current placement's seconds per phase and the recommendation, from ``rates`` (default: the
+    documented defaults) at this machine's core count. Returns ``plan_``."""
+    cores, logical = _cores()
     rates = rates or default_throughputs(shape, cfg, cores)
-    plan_.timing = recommend(cfg, shape, rates, cores=cores, logical=logical, gpu_gib=gpu_gib)
+    plan_.timing = recommend(cfg, shape, rates, cores=cores, logical=logical, gpu_gib=gpu_gib, rewards=rewards)
     return plan_
+
+
+def placed_plan(cfg: RunConfig, shape: ModelShape, rates: Optional[Throughputs] = None,
+                gpu_gib: Optional[float] = None, rewards: Optional[Sequence[str]] = None):
+    """The plan ``homerlhf train`` would run, with its time section: ``auto`` roles and generation chunk
+    resolved as a run's start resolves them (:func:`choose` by ``rates``, default: the documented
+    defaults); a config without ``auto`` is planned as it is."""
+    from homerlhf.memory.planner import plan
+
+    cores, logical = _cores()
+    rates = rates or default_throughputs(shape, cfg, cores)
+    rec = recommend(cfg, shape, rates, cores=cores, logical=logical, gpu_gib=gpu_gib, rewards=rewards)
+    auto = "auto" in (cfg.ref.backend, cfg.reward.backend)
+    result = plan(resolve_placement(cfg, rec) if auto else cfg, shape, gpu_gib)
+    result.timing = rec
+    result.generation["setting"] = cfg.rollout.generation_chunk  # "auto", as the config says
+    if auto:
+        result.notes[:0] = choice_lines(rec, cfg)
+    return result
 
 
 def summary_lines(rec: Recommendation) -> list[str]:

@@ -42,13 +42,14 @@ def print_plan(plan: Plan, console=None) -> None:
         highlight=False,
     )
     console.print(
-        f"rollout chunk {s['rollout.chunk_size']} x ({s['rollout.max_prompt_len']} + {s['rollout.max_new_tokens']}) tokens, "
+        f"scoring chunk {s['rollout.chunk_size']} x ({s['rollout.max_prompt_len']} + {s['rollout.max_new_tokens']}) tokens, "
         f"micro-batch {s['ppo.micro_batch_size']}, log-prob chunk {s['ppo.logprob_chunk_size']}, "
         f"checkpointing {'on' if s['training.gradient_checkpointing'] else 'off'}, "
         + (f"optimizers {s['actor.optimizer']} / {s['critic.optimizer']}" if s.get("algorithm", "ppo") == "ppo"
            else f"{s['algorithm']}: no critic, optimizer {s['actor.optimizer']}"),
         highlight=False,
     )
+    console.print(generation_line(plan), highlight=False)
     dist = plan.distributed
     if dist.get("gpus", 1) > 1:
         console.print(f"{dist['gpus']} GPUs, {'sharded base (FSDP)' if dist['fsdp'] else 'data parallel (DDP)'}: "
@@ -79,6 +80,21 @@ def print_plan(plan: Plan, console=None) -> None:
         print_time(plan.timing, console)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+
+
+def generation_line(plan: Plan) -> str:
+    """The generation chunk in words: what the config asks, what the card affords, the KV cache's cost."""
+    gen = plan.generation
+    kv = f"KV cache {gen['kv_bytes_per_token'] / 1024:,.0f} KiB per token"
+    largest = gen.get("largest_that_fits")
+    affords = (f"the largest that leaves {MARGIN:.0%} of the card free (generation peak "
+               f"{gen['largest_generation_gib']:.2f} GiB)") if largest is not None else ""
+    if gen["setting"] == "auto":
+        return f"generation chunk {gen['chunk']} (rollout.generation_chunk=auto: {affords or 'no GPU budget'}); {kv}"
+    where = "rollout.generation_chunk" if gen["setting"] is not None else "rollout.chunk_size"
+    hint = f"; the card affords {largest} ({affords}): --set rollout.generation_chunk=auto" \
+        if largest is not None and largest > gen["chunk"] else ""
+    return f"generation chunk {gen['chunk']} ({where}){hint}; {kv}"
 
 
 def _print_workers(plan: Plan, console) -> None:

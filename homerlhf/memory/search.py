@@ -1,7 +1,8 @@
 """Suggestions: the cheapest overrides that make a plan fit its card.
 
 The search runs over micro-batch (divisors of the mini-batch), rollout chunk (halvings), sequence
-lengths, gradient checkpointing and paged 8-bit AdamW, and plans each candidate.
+lengths, gradient checkpointing and paged 8-bit AdamW, and plans each candidate (an ``auto``
+generation chunk resolved for each).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import math
 from typing import Any, Iterable, Optional
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.memory.chunks import resolve_generation_chunk
 from homerlhf.memory.components import Assumptions
-from homerlhf.memory.planner import Plan, Suggestion, plan
+from homerlhf.memory.plans import Plan, Suggestion, build_plan
 from homerlhf.memory.shapes import ModelShape
 
 
@@ -62,6 +64,8 @@ def candidate_overrides(cfg: RunConfig) -> Iterable[tuple[tuple[float, float], d
             over["ppo.micro_batch_size"] = micro
         if chunk != cfg.rollout.chunk_size:
             over["rollout.chunk_size"] = chunk
+            if isinstance(cfg.rollout.generation_chunk, int):  # an explicit generation chunk halves alike
+                over["rollout.generation_chunk"] = max(1, cfg.rollout.generation_chunk * chunk // cfg.rollout.chunk_size)
         if scale != 1.0:
             over["rollout.max_prompt_len"] = _round_len(cfg.rollout.max_prompt_len * scale)
             over["rollout.max_new_tokens"] = _round_len(cfg.rollout.max_new_tokens * scale)
@@ -94,7 +98,8 @@ def suggest(
     for cost, over in candidate_overrides(cfg):
         if best is not None and cost >= best[0]:
             continue
-        trial = plan(apply_overrides(cfg, over), shape, budget, assumptions=assumptions, with_suggestion=False)
+        candidate = resolve_generation_chunk(apply_overrides(cfg, over), shape, budget, assumptions=assumptions)
+        trial = build_plan(candidate, shape, budget, assumptions=assumptions)
         if trial.fits:
             best = (cost, over, trial)
     if best is None:

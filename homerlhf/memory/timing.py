@@ -4,7 +4,7 @@ Pure functions on a ``RunConfig`` and :class:`Throughputs` (tokens/s measured by
 cached per machine and model, or the documented defaults of :func:`default_throughputs`). Nothing
 is loaded or timed here; the placements compared are :mod:`homerlhf.memory.placement`. What the trainer does (:mod:`homerlhf.ppo.collect`), and so what is counted:
 
-- the batch is generated ``rollout.chunk_size`` prompts at a time;
+- the batch is generated ``rollout.generation_chunk`` prompts at a time (default ``rollout.chunk_size``);
 - after each chunk's generation, its reference log-probs and then its scores are *submitted*: a
   llama.cpp worker (``llamacpp``) computes them in its own process while the trainer goes on, one
   request at a time per worker; an ``adapter_off`` reference or an ``adapter``/``hf`` reward model
@@ -36,6 +36,7 @@ PHASE_TITLES = {
 }
 RATES = ("worker_ref", "worker_reward", "llama_gen", "trainer_gen", "trainer_forward", "trainer_train")
 DEFAULT_SOURCE = "default, not measured"
+GPU_SOURCE = "measured on NVIDIA H200 (2026-11-30)"
 
 
 @dataclass
@@ -48,7 +49,10 @@ class Throughputs:
     ``generate`` on the trainer device at the run's chunk size, generated tokens; ``trainer_forward``:
     one no-grad forward of the policy (NF4 base + LoRA), tokens; ``trainer_train``: one forward +
     backward, tokens. ``source``: where the figures come from (a bench date and machine, or
-    :data:`DEFAULT_SOURCE`)."""
+    :data:`DEFAULT_SOURCE`). ``gen_chunk``: the chunk a GPU's ``trainer_gen`` was measured at. A GPU
+    decode step of an NF4 + LoRA model is bound by kernel launches, its time about the same whatever
+    the chunk, so the model scales that figure by chunk / ``gen_chunk`` (capped at the forward rate);
+    0: taken at the run's own chunk, not scaled (the CPU's figures)."""
 
     worker_ref: dict[int, float]
     worker_reward: dict[int, float]
@@ -57,6 +61,7 @@ class Throughputs:
     trainer_forward: dict[int, float]
     trainer_train: dict[int, float]
     source: str = DEFAULT_SOURCE
+    gen_chunk: int = 0
 
     def rate(self, kind: str, threads: int) -> float:
         """Tokens/s of ``kind`` at ``threads``: the measured figure, else the nearest measured one
@@ -70,6 +75,16 @@ class Throughputs:
         nearest = min(table, key=lambda t: (abs(t - threads), -t))
         return table[nearest] if nearest == 0 or threads == 0 else table[nearest] * threads / nearest
 
+    def generation_rate(self, threads: int, chunk: int) -> float:
+        """Generated tokens/s of the trainer's own ``generate`` at ``chunk`` prompts at once: the
+        figure as measured, or on a GPU (``gen_chunk``) scaled by chunk / ``gen_chunk`` up to the
+        forward rate (a decode step cannot outrun a forward over as many tokens)."""
+        rate = self.rate("trainer_gen", threads)
+        if not self.gen_chunk:
+            return rate
+        scaled = rate * chunk / self.gen_chunk
+        return min(scaled, self.rate("trainer_forward", threads)) if self.trainer_forward else scaled
+
     def to_dict(self) -> dict[str, Any]:
         return {k: ({str(t): v for t, v in val.items()} if isinstance(val, dict) else val)
                 for k, val in asdict(self).items()}
@@ -77,20 +92,33 @@ class Throughputs:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Throughputs":
         rates = {k: {int(t): float(v) for t, v in data[k].items()} for k in RATES}
-        return cls(**rates, source=str(data.get("source", DEFAULT_SOURCE)))
+        return cls(**rates, source=str(data.get("source", DEFAULT_SOURCE)), gen_chunk=int(data.get("gen_chunk", 0)))
 
 
 # ---- defaults -----------------------------------------------------------------------------------------
-# Effective FLOP/s of each kind of work, used when nothing is measured (a token through a model
-# costs 2 x its matmul parameters in FLOPs; forward + backward 3x that). CPU figures: per physical
-# core, from `homerlhf bench` of a 250 M Qwen3-shaped stand-in at 1 thread on our shared 2-core EPYC
-# VM (2026-11-30, load average 11-20; docs/time.md), rounded; "gen" is per sequence (a chunk of c
-# generates c times as fast), "llama_gen" per engine. GPU figures: NOT measured (no GPU run has
-# calibrated them); orders of magnitude for a 24 GB consumer card with a bitsandbytes NF4 base.
+# Effective FLOP/s of each kind of work (a token through a model costs 2 x its matmul parameters in
+# FLOPs; forward + backward 3x that). CPU figures: per physical core, from `homerlhf bench` of a 250 M
+# Qwen3-shaped stand-in at 1 thread on our shared 2-core EPYC VM (2026-11-30, load average 11-20;
+# docs/time.md), rounded; "gen" is per sequence (a chunk of c generates c times as fast), "llama_gen"
+# per engine; not measured on the machine a plan is for.
 CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 0.25e9, "forward": 28e9, "train": 33e9,
                       "gen": 0.35e9}
-GPU_FLOPS = {"forward": 40e12, "train": 25e12}
-GPU_GEN_TOKENS_PER_S_7B = 20.0  # one sequence; a batch of c runs c times as many until compute-bound
+# GPU figures, measured on an NVIDIA H200 (2026-11-30; CUDA 13, torch 2.11, bitsandbytes 0.50.2) with
+# Qwen2.5-7B (random weights) in NF4 + LoRA r 16 on the 4090 preset's settings (32 prompts of 512 + 256
+# tokens, chunk 16, micro-batch 4, adapter-off reference, docs/time.md):
+# - scoring 4.5-4.7 s = 3 no-grad forwards (reference, actor, critic) x 32 x 768 tokens: 16,000 tokens/s,
+#   x 2 x 7.07 G matmul parameters = 2.27e14 FLOP/s;
+# - update 11.3 s = 2 forward + backward passes (actor, critic) x 32 x 768 tokens: 4,350 tokens/s,
+#   x 3 x 2 x 7.07 G = 1.85e14 FLOP/s;
+# - generation 42-44 s = 2 chunks x 256 decode steps: 84 ms a step, 3.0 ms for each of its 28 layers
+#   (the prefill included). A decode step is bound by kernel launches (bitsandbytes dequantize + matmul
+#   and two LoRA matmuls per linear), not by FLOPs or bandwidth: its time follows the layer count, not the
+#   chunk or the width. Qwen2.5-1.5B (also 28 layers) took 19-22 s for 256 steps at chunk 16 (75-86 ms).
+# Compute-bound work scales to other models by FLOPs, generation by layers; other cards are slower
+# (a 24 GB consumer card has a fraction of the H200's FLOPs): `homerlhf bench` there measures its own.
+GPU_FLOPS = {"forward": 2.27e14, "train": 1.85e14}
+GPU_DECODE_S_PER_LAYER = 3.0e-3
+GPU_MEASURED_CHUNK = 16
 
 
 def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
@@ -99,31 +127,39 @@ def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
     return shape.linear_weight_params + (shape.vocab_size * shape.hidden_size if lm_head else 0)
 
 
+def gpu_trainer_rates(shape: ModelShape) -> dict[str, dict[int, float]]:
+    """The trainer's tokens/s on a GPU from the H200 measurements (:data:`GPU_FLOPS`,
+    :data:`GPU_DECODE_S_PER_LAYER`): generation at :data:`GPU_MEASURED_CHUNK` prompts at once."""
+    flops = 2.0 * matmul_params(shape)
+    return {"trainer_gen": {0: GPU_MEASURED_CHUNK / (shape.num_layers * GPU_DECODE_S_PER_LAYER)},
+            "trainer_forward": {0: GPU_FLOPS["forward"] / flops},
+            "trainer_train": {0: GPU_FLOPS["train"] / (3 * flops)}}
+
+
 def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throughputs:
-    """Tokens/s from :data:`CPU_FLOPS_PER_CORE` / :data:`GPU_FLOPS` for ``shape``: marked
-    :data:`DEFAULT_SOURCE`, for a plan on a machine (or model) that was never benched."""
+    """Tokens/s for ``shape`` when this machine was never benched: the CPU's from
+    :data:`CPU_FLOPS_PER_CORE`, a GPU trainer's from the H200 measurements (:func:`gpu_trainer_rates`).
+    Marked :data:`DEFAULT_SOURCE` on a CPU card, and with :data:`GPU_SOURCE` for the GPU's on a GPU card."""
     flops = 2.0 * matmul_params(shape)
     backbone = 2.0 * matmul_params(shape, lm_head=False)
     threads = range(1, cores + 1)
     per_core = CPU_FLOPS_PER_CORE
+    gen_chunk, source = 0, DEFAULT_SOURCE
     if cfg.card.device == "cpu":
+        chunk = cfg.rollout.generation_chunk if isinstance(cfg.rollout.generation_chunk, int) else cfg.rollout.chunk_size
         trainer = {
-            "trainer_gen": {t: t * per_core["gen"] / flops * cfg.rollout.chunk_size for t in threads},
+            "trainer_gen": {t: t * per_core["gen"] / flops * chunk for t in threads},
             "trainer_forward": {t: t * per_core["forward"] / flops for t in threads},
             "trainer_train": {t: t * per_core["train"] / (3 * flops) for t in threads},
         }
     else:
-        per_seq = GPU_GEN_TOKENS_PER_S_7B * 2 * 7e9 / flops
-        trainer = {
-            "trainer_gen": {0: min(per_seq * cfg.rollout.chunk_size, GPU_FLOPS["forward"] / flops)},
-            "trainer_forward": {0: GPU_FLOPS["forward"] / flops},
-            "trainer_train": {0: GPU_FLOPS["train"] / (3 * flops)},
-        }
+        trainer, gen_chunk = gpu_trainer_rates(shape), GPU_MEASURED_CHUNK
+        source = f"GPU: {GPU_SOURCE}; CPU workers: {DEFAULT_SOURCE}"
     return Throughputs(
         worker_ref={t: t * per_core["worker"] / flops for t in threads},
         worker_reward={t: t * per_core["reward_worker"] / backbone for t in threads},
         llama_gen={t: t * per_core["llama_gen"] / flops for t in threads},
-        **trainer,
+        **trainer, source=source, gen_chunk=gen_chunk,
     )
 
 
@@ -199,7 +235,8 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
                    cores: int, logical: Optional[int] = None) -> IterationTime:
     """Predicted seconds of one iteration of ``cfg`` under ``placement`` (default: the config's own).
 
-    Per chunk of c sequences of L = prompt + new tokens: generation c x new / gen rate; reference and
+    Per generation chunk of c sequences (``rollout.generation_chunk``, resolved) of L = prompt + new
+    tokens: generation c x new / gen rate (:meth:`Throughputs.generation_rate`); reference and
     reward c x L / their rate (a worker's, or the trainer's forward rate on the device); old
     log-probs / values forwards x c x L / forward rate. The update: epochs x forwards x B x L /
     train rate. The rollout stage's wall clock follows the trainer's chunk loop (see the module
@@ -210,8 +247,9 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
     trainer_t = threads["trainer"]
     ro = cfg.rollout
     length = ro.max_prompt_len + ro.max_new_tokens
+    gen_chunk = ro.generation_chunk_size
     gen_rate = (rates.rate("llama_gen", threads["llama_engine"]) if placement.engine == "llamacpp"
-                else rates.rate("trainer_gen", trainer_t))
+                else rates.generation_rate(trainer_t, gen_chunk))
     forward = rates.rate("trainer_forward", trainer_t)
 
     def seconds(role: str, backend: str, tokens: int) -> tuple[float, bool]:
@@ -225,8 +263,8 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
     busy = dict.fromkeys(PHASES, 0.0)
     where = {"generation": "trainer", "policy_scoring": "trainer", "update": "trainer"}
     t = ref_free = rm_free = 0.0
-    for start in range(0, ro.batch_size, ro.chunk_size):
-        c = min(ro.chunk_size, ro.batch_size - start)
+    for start in range(0, ro.batch_size, gen_chunk):
+        c = min(gen_chunk, ro.batch_size - start)
         gen = c * ro.max_new_tokens / gen_rate
         t += gen
         busy["generation"] += gen

@@ -1,6 +1,7 @@
 """Stages 1 and 2 of a PPO iteration: rollout and scoring, overlapped.
 
-Prompts are generated ``rollout.chunk_size`` at a time; chunk k's reference log-probs and scores
+Prompts are generated ``rollout.generation_chunk`` (default ``rollout.chunk_size``) at a time and
+scored on the GPU ``rollout.chunk_size`` at a time; chunk k's reference log-probs and scores
 are submitted to their backends (CPU workers) before chunk k's old log-probs and values are
 computed and chunk k+1 is generated, so CPU scoring runs while the GPU works.
 
@@ -42,11 +43,32 @@ class StageTimes:
 
 @dataclass
 class RolloutState:
-    """What survives between chunks and iterations: the rollout chunk in use and the OOM redos."""
+    """What survives between chunks and iterations: the rollout chunks in use and the OOM redos.
+
+    ``chunk_size`` is the scoring chunk; ``generation_chunk`` the prompts generated at once when set
+    apart from it (``rollout.generation_chunk``), each halved by an OOM in its own phase. None: the one
+    ``chunk_size`` for both, which an OOM in either halves."""
 
     chunk_size: int
     oom_retries_generation: int = 0
     oom_retries_scoring: int = 0
+    generation_chunk: Optional[int] = None
+
+    @property
+    def generating(self) -> int:
+        return self.generation_chunk or self.chunk_size
+
+
+def rollout_state(cfg: RunConfig, shape=None) -> RolloutState:
+    """A fresh state at the configured chunks; an ``auto`` generation chunk (not resolved when the run
+    started) is planned for ``shape`` (the policy's) on the config's card, or is ``chunk_size`` without one."""
+    gen = cfg.rollout.generation_chunk
+    if gen == "auto":
+        from homerlhf.memory.chunks import planned_generation_chunk
+
+        gen = planned_generation_chunk(cfg, shape) if shape is not None else None
+    gen = gen or cfg.rollout.chunk_size
+    return RolloutState(cfg.rollout.chunk_size, generation_chunk=None if gen == cfg.rollout.chunk_size else gen)
 
 
 def phase(meter, name: str):
@@ -82,16 +104,20 @@ def score_in_chunks(policy, batch: RolloutBatch, state: RolloutState) -> tuple[T
 
 
 def generate_chunk(engine: RolloutEngine, prompts, seeds, cfg: RunConfig, state: RolloutState) -> RolloutBatch:
-    """The rollout of the next ``state.chunk_size`` of ``prompts`` by ``engine`` (fewer after an OOM:
+    """The rollout of the next ``state.generating`` of ``prompts`` by ``engine`` (fewer after an OOM:
     it halves)."""
     from homerlhf.memory.oom import halved_after_oom
 
     while True:
-        n = min(len(prompts), state.chunk_size)
+        n = min(len(prompts), state.generating)
         try:
             return engine.generate(prompts[:n], cfg.rollout, seeds=None if seeds is None else seeds[:n])
         except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
-            state.chunk_size = halved_after_oom(exc, n, "generation")
+            halved = halved_after_oom(exc, n, "generation")
+            if state.generation_chunk is None:
+                state.chunk_size = halved
+            else:
+                state.generation_chunk = halved
             state.oom_retries_generation += 1
 
 
@@ -121,7 +147,7 @@ def collect_experience(
     """
     times = times if times is not None else StageTimes()
     engine = engine if engine is not None else HFEngine(policy)
-    state = state if state is not None else RolloutState(cfg.rollout.chunk_size)
+    state = state if state is not None else rollout_state(cfg)
     pending, start = [], 0
     while start < len(prompts):
         t0 = time.perf_counter()

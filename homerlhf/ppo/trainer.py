@@ -4,8 +4,7 @@
 normaliser, data cursor) and its ``step`` calls the stages in order, each a function that can be
 called and tested alone: :func:`homerlhf.ppo.collect.collect_experience` (rollout and scoring,
 overlapped), :func:`homerlhf.ppo.advantages.compute_advantages`, :func:`homerlhf.ppo.update.ppo_update`
-and :func:`homerlhf.ppo.metrics.iteration_metrics`. The math comes from ``homerlhf.ppo.math``;
-nothing here re-derives it.
+and :func:`homerlhf.ppo.metrics.iteration_metrics`; the math is ``homerlhf.ppo.math``'s, never re-derived here.
 
 Backward and gradient clipping go through an ``accelerate.Accelerator`` (built for the card's
 device), the one place a later multi-GPU launch would hook into; the policy's weights are placed
@@ -36,7 +35,7 @@ from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages
 from homerlhf.ppo.asynchronous import rollouts_ahead
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
-from homerlhf.ppo.collect import RolloutState, StageTimes, collect_experience, phase
+from homerlhf.ppo.collect import StageTimes, collect_experience, phase, rollout_state
 from homerlhf.ppo.distributed import SINGLE, Ranks, check_data_parallel, gather_batch, global_mean
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
@@ -68,8 +67,7 @@ class PPOTrainer:
     ``prompts``: tokenised prompts (lists of ids), sampled without replacement in a seeded order.
     ``rows``: each prompt's dataset row (indexed like ``prompts``), handed to the reward with it.
     ``run_dir``: where metrics, samples and checkpoints go (None: keep metrics in memory only).
-    ``engine``: what samples the rollouts (default: the actor's own ``generate``); it is synced with
-    the actor before every rollout.
+    ``engine``: what samples the rollouts (default: the actor's own ``generate``), synced with the actor first.
     ``ranks``: data parallel over processes (:mod:`homerlhf.ppo.distributed`): this rank rolls out
     and trains on its slice of each global batch; rank 0 alone writes metrics and checkpoints.
     """
@@ -109,7 +107,8 @@ class PPOTrainer:
         self.data_epoch = 0
         self.data_cursor = 0
         self.update_state = UpdateState(cfg.ppo.micro_batch_size)
-        self.rollout_state = RolloutState(cfg.rollout.chunk_size)
+        self.shape = policy_shape(policy, cfg.model.name_or_path)
+        self.rollout_state = rollout_state(cfg, self.shape)  # an auto generation chunk planned for this card
         self.guard = NonFiniteGuard(cfg.training.max_nonfinite_steps)
         # The stage installs the signal handlers; a bare trainer only stops when asked in code.
         self.stop = stop if stop is not None else StopRequested()
@@ -120,7 +119,6 @@ class PPOTrainer:
         self.writer = (MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir and ranks.is_main
                        else None)
         self.meter = PhaseMeter(policy.device)
-        self.shape = policy_shape(policy, cfg.model.name_or_path)
         self.total_iterations = cfg.ppo.iterations  # what train() runs to: the last samples nothing ahead
         self.ahead = rollouts_ahead(cfg, ranks, self.engine, reference, reward, self.rollout_state, self.prompts,
                                     self.rows, self.run_dir, policy)  # async: the batch sampled ahead, else None
@@ -156,6 +154,7 @@ class PPOTrainer:
             "data_cursor": self.data_cursor,
             "micro_batch_size": self.update_state.micro_batch_size,
             "rollout_chunk_size": self.rollout_state.chunk_size,
+            "rollout_generation_chunk": self.rollout_state.generation_chunk,
         }
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -327,6 +326,7 @@ class PPOTrainer:
         self.data_cursor = int(counters["data_cursor"])
         self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
         self.rollout_state.chunk_size = int(counters.get("rollout_chunk_size", self.rollout_state.chunk_size))
+        self.rollout_state.generation_chunk = counters.get("rollout_generation_chunk")  # None before there was one
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
             for group in (optimizer.param_groups if optimizer is not None else []):

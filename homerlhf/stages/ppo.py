@@ -114,8 +114,10 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     from homerlhf.ppo.distributed import check_data_parallel, current_ranks
     from homerlhf.ppo.stopping import StopRequested
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.stages.autoplan import resolve_for_run
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
+    cfg = resolve_for_run(cfg, resume, reward_given=reward is not None)  # auto placement and generation chunk
     check_run(cfg)  # before any weight is read or run dir is written
     check_trainable_sharded(cfg)
     ranks = current_ranks()

@@ -8,11 +8,12 @@ from its shape: throughput depends on the shape, not on the weights' values):
   a placement would give them (:func:`homerlhf.memory.threads.split_threads`);
 - the llamacpp rollout engine generating (its threads: ``rollout.engine_threads`` or all cores);
 - the policy (NF4 base + LoRA, as the trainer loads it) generating with HF ``generate``, one
-  no-grad forward, one forward + backward, on the trainer device (CPU: at each thread share).
+  no-grad forward, one forward + backward, on the trainer device (CPU: at each thread share; a GPU:
+  a generation chunk at the run's lengths, its figure scaled by chunk in the time model).
 
 The figures go to a JSON file in the cache (``bench/``), keyed by the machine (CPU model,
-physical cores, torch and its device) and the model's shape and dtypes, where ``homerlhf plan``
-finds them (:func:`cached_throughputs`).
+physical cores, torch, its device and the GPU's name) and the model's shape and dtypes, where
+``homerlhf plan`` and a run's ``auto`` placement find them (:func:`cached_throughputs`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from homerlhf.memory.threads import physical_cores, run_thread_shares, split_thr
 from homerlhf.memory.timing import RATES, Throughputs
 
 QUICK_PROMPT, QUICK_NEW, QUICK_SEQS = 24, 12, 4
+QUICK_GPU_NEW = 16  # decode steps a quick bench times on a GPU
 
 
 # ---- the cache ----------------------------------------------------------------------------------------
@@ -46,12 +48,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def gpu_name(device: str) -> Optional[str]:
+    """The GPU a ``cuda`` trainer runs on (its name is part of the cache key), None elsewhere."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
+
+
 def machine_info(device: str) -> dict[str, Any]:
     """What the figures depend on besides the model: CPU, physical cores, torch, the GPU."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
-    return {"cpu": cpu_name(), "cores": physical_cores(), "torch": torch.__version__, "device": device, "gpu": gpu}
+    return {"cpu": cpu_name(), "cores": physical_cores(), "torch": torch.__version__, "device": device,
+            "gpu": gpu_name(device)}
+
+
+def source_label(device: str, kind: str, quick: bool) -> str:
+    """Where measured figures come from: the date, the GPU (a ``cuda`` trainer's) and the CPU."""
+    gpu = gpu_name(device)
+    machine = f"{gpu} + {cpu_name()}" if gpu else cpu_name()
+    return (f"measured {time.strftime('%Y-%m-%d')} on {machine} ({physical_cores()} cores)"
+            + ("" if kind == "model" else ", stand-in") + (", quick" if quick else ""))
 
 
 def model_info(cfg: RunConfig, shape: ModelShape) -> dict[str, Any]:
@@ -154,14 +171,18 @@ def _ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def best_seconds(fn: Callable[[], Any], repeat: int = 2) -> float:
+def best_seconds(fn: Callable[[], Any], repeat: int = 2, sync: Optional[Callable[[], None]] = None) -> float:
     """Best seconds of ``repeat`` calls of ``fn()`` after a warm-up call (the first call allocates
-    buffers; the best of a few is the least disturbed by other processes)."""
+    buffers; the best of a few is the least disturbed by other processes). ``sync``: waits for the
+    work ``fn`` queued (``torch.cuda.synchronize`` on a GPU, whose kernels run asynchronously)."""
+    sync = sync or (lambda: None)
     fn()
+    sync()
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -197,37 +218,40 @@ def worker_rate(role: str, model: Path, threads: int, prompts, responses, f32_kv
     return len(prompts) * ctx / seconds
 
 
-def trainer_rates(policy, cfg: RunConfig, prompts, responses) -> dict[str, float]:
-    """Tokens/s of the policy on its device: HF generation (generated tokens, chunk of ``prompts``),
-    a no-grad actor forward and an actor forward + backward (prompt + response tokens)."""
+def trainer_rates(policy, cfg: RunConfig, prompts, responses, gen_new: Optional[int] = None,
+                  train_rows: Optional[int] = None) -> dict[str, float]:
+    """Tokens/s of the policy on its device: HF generation (generated tokens, chunk of ``prompts``,
+    ``gen_new`` new tokens each, default the responses' length), a no-grad actor forward and an actor
+    forward + backward (of the first ``train_rows`` sequences; prompt + response tokens)."""
     import torch
 
     from homerlhf.ppo.engines import HFEngine
     from homerlhf.ppo.rollout import pad_sequences
 
     new = len(responses[0])
-    rollout = cfg.rollout.model_copy(update={"max_new_tokens": new, "max_prompt_len": len(prompts[0])})
+    sync = torch.cuda.synchronize if policy.device.type == "cuda" else None
+    rollout = cfg.rollout.model_copy(update={"max_new_tokens": gen_new or new, "max_prompt_len": len(prompts[0])})
     engine = HFEngine(policy)
     steps = []
-    gen_s = best_seconds(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]))
+    gen_s = best_seconds(lambda: steps.append(engine.generate(prompts, rollout).response_ids.shape[1]), sync=sync)
     p_ids, p_mask = pad_sequences(prompts, policy.tokenizer.pad_token_id, "left", policy.device)
     r_ids, r_mask = pad_sequences(responses, policy.tokenizer.pad_token_id, "right", policy.device)
     ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
+    rows = train_rows or len(ids)
 
     def forward():
         with torch.no_grad():
             policy.actor_logprobs(ids, mask, new)
 
     def train():
-        logprobs, _ = policy.actor_logprobs(ids, mask, new)
+        logprobs, _ = policy.actor_logprobs(ids[:rows], mask[:rows], new)
         logprobs.sum().backward()
         policy.model.zero_grad(set_to_none=True)
 
     policy.model.train()
-    fwd_s, train_s = best_seconds(forward), best_seconds(train)
-    tokens = ids.numel()
-    return {"trainer_gen": len(prompts) * steps[-1] / gen_s, "trainer_forward": tokens / fwd_s,
-            "trainer_train": tokens / train_s}
+    fwd_s, train_s = best_seconds(forward, sync=sync), best_seconds(train, sync=sync)
+    return {"trainer_gen": len(prompts) * steps[-1] / gen_s, "trainer_forward": ids.numel() / fwd_s,
+            "trainer_train": ids[:rows].numel() / train_s}
 
 
 def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool = False,
@@ -237,7 +261,8 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
 
     ``quick``: QUICK_SEQS sequences of QUICK_PROMPT + QUICK_NEW tokens at the config's own thread
     shares (tiny counts: under a minute on 2 cores for the tiny models); else a rollout chunk at the
-    run's lengths, at every thread share a placement could give."""
+    run's lengths, at every thread share a placement could give. A policy on a GPU is timed on
+    :func:`gpu_inputs` either way (tiny counts would time kernel launches, not the card)."""
     from tqdm.auto import tqdm
 
     cached = None if force else cached_throughputs(cfg, shape)
@@ -247,8 +272,7 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
     n = min(ro.chunk_size, QUICK_SEQS) if quick else ro.chunk_size
     p_len, r_len = (min(ro.max_prompt_len, QUICK_PROMPT), min(ro.max_new_tokens, QUICK_NEW)) if quick \
         else (ro.max_prompt_len, ro.max_new_tokens)
-    cores = physical_cores()
-    worker_threads, trainer_threads = thread_plan(cfg, cores, quick)
+    worker_threads, trainer_threads = thread_plan(cfg, physical_cores(), quick)
     prompts, responses = _ids(n, p_len, min(shape.vocab_size, 512), 0), _ids(n, r_len, min(shape.vocab_size, 512), 1)
     rates: dict[str, dict[int, float]] = {k: {} for k in RATES}
     steps = ["prepare models"] + [f"{role} worker, {t} threads" for role in ("ref", "reward") for t in worker_threads] \
@@ -267,11 +291,13 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
             rates[f"worker_{role}"][t] = worker_rate(role, path, t, prompts, responses, kv)
             bar.update(1)
     policy = _load_policy(cfg, model_dir)
+    gpu = gpu_inputs(cfg, shape, quick) if policy.device.type == "cuda" else None
     try:
         for t in trainer_threads:
             step(f"policy on {cfg.card.device}" + (f", {t} threads" if t else ""))
             with _torch_threads(t):
-                for key, value in trainer_rates(policy, cfg, prompts, responses).items():
+                measured = trainer_rates(policy, cfg, *gpu) if gpu else trainer_rates(policy, cfg, prompts, responses)
+                for key, value in measured.items():
                     rates[key][t] = value
             bar.update(1)
         step("llamacpp engine")
@@ -280,14 +306,27 @@ def bench(cfg: RunConfig, shape: ModelShape, *, quick: bool = False, force: bool
         bar.update(1)
     finally:
         bar.close()
-    source = (f"measured {time.strftime('%Y-%m-%d')} on {cpu_name()} ({cores} cores)" + ("" if kind == "model" else ", stand-in")
-              + (", quick" if quick else ""))
-    result = Throughputs(**rates, source=source)
+    result = Throughputs(**rates, source=source_label(cfg.card.device, kind, quick), gen_chunk=len(gpu[0]) if gpu else 0)
     details = {"model_dir": str(model_dir), "kind": kind, "sequences": n, "prompt_len": p_len, "new_tokens": r_len,
-               "quick": quick, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "quick": quick, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "gpu_trainer": None if gpu is None else {"sequences": len(gpu[0]), "new_tokens": gpu[2],
+                                                        "train_rows": gpu[3]}}
     path = _save(cfg, shape, result, details)
     say(f"[homerlhf] bench: saved to {path}")
     return result, path, True
+
+
+def gpu_inputs(cfg: RunConfig, shape: ModelShape, quick: bool) -> tuple[list, list, int, int]:
+    """(prompts, responses, new tokens to generate, rows to train on) for timing a policy on a GPU: a
+    generation chunk of sequences at the run's lengths, QUICK_GPU_NEW decode steps when ``quick`` (a
+    step costs about the same from the first to the last), forward + backward on a micro-batch as the
+    update runs it."""
+    ro = cfg.rollout
+    n = ro.generation_chunk if isinstance(ro.generation_chunk, int) else ro.chunk_size
+    vocab = min(shape.vocab_size, 512)
+    prompts, responses = _ids(n, ro.max_prompt_len, vocab, 0), _ids(n, ro.max_new_tokens, vocab, 1)
+    new = min(ro.max_new_tokens, QUICK_GPU_NEW) if quick else ro.max_new_tokens
+    return prompts, responses, new, min(n, cfg.ppo.micro_batch_size)
 
 
 def _ref_gguf(cfg: RunConfig, model_dir: Path) -> Path:

@@ -26,11 +26,12 @@ def test_applying_the_suggestion_makes_the_plan_fit():
     assert plan_tab.verdict_markdown(fixed).startswith("**✅ fits")
 
 
-def test_a_tight_plan_is_flagged_unverified_with_the_suggestion_that_restores_the_margin():
-    cfg = plan_tab.resolved_config("4090", "", "model.name_or_path=Qwen2.5-7B", None)
-    plan = plan_tab.compute_plan(cfg, 14.5)  # peak 13.21 GiB: under the card, 8.9% free
+def test_a_tight_plan_is_flagged_with_the_suggestion_that_restores_the_margin():
+    named = "ref.backend=llamacpp\nreward.backend=llamacpp\nrollout.generation_chunk=null"
+    cfg = plan_tab.resolved_config("4090", "", "model.name_or_path=Qwen2.5-7B\n" + named, None)
+    plan = plan_tab.compute_plan(cfg, 14.5)  # peak 14.09 GiB: under the card, 2.8% free
     text = plan_tab.verdict_markdown(plan)
-    assert plan.status == "tight" and text.startswith("**⚠️ tight (unverified)")
+    assert plan.status == "tight" and text.startswith("**⚠️ tight on GPU (14.5 GiB)")
     assert "**Suggestion** that restores the margin" in text and plan_tab.suggestion_overrides(plan)
 
 
@@ -85,7 +86,8 @@ def test_the_plan_shows_seconds_per_phase_and_the_placement_recommendation():
     cfg = plan_tab.resolved_config("4090", "", "", None)
     plan = plan_tab.compute_plan(cfg, None)
     text = plan_tab.time_markdown(plan)
-    assert text.startswith("**Time per iteration** (ref llamacpp, reward llamacpp, rollout hf)")
+    # The preset's placement is auto: the plan shows the one a run would take, the fastest that fits.
+    assert text.startswith("**Time per iteration** (ref adapter_off, reward adapter, rollout hf)")
     for phase in ("| generation |", "| reference log-probs |", "| reward scoring |", "| old log-probs / values |",
                   "| update |"):
         assert phase in text

@@ -27,3 +27,14 @@ def rates() -> Throughputs:
         trainer_gen={1: 4.0, 2: 8.0}, trainer_forward={1: 20.0, 2: 40.0}, trainer_train={1: 10.0, 2: 20.0},
         source="hand-made",
     )
+
+
+# The 4090 preset with its placement and generation chunk named (llama.cpp workers, the rollout
+# chunk): the tests that pin memory figures of fixed settings.
+NAMED = ["ref.backend=llamacpp", "reward.backend=llamacpp", "rollout.generation_chunk=null"]
+
+
+@pytest.fixture
+def preset_named():
+    """``preset_named(name, *overrides)``: a GPU preset with the settings it has ``auto`` named (:data:`NAMED`)."""
+    return lambda name="4090", *extra: load_config(name, None, NAMED + list(extra))

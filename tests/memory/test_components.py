@@ -113,3 +113,56 @@ def test_an_adapter_reward_adds_its_lora_and_head_and_no_base(tiny_llama_dir, ti
     assert comps["LoRA reward + score head"] == 40_370_176 * 4 + 3_584 * 4
     without = persistent_components(load_config("4090"), BUILTIN_SHAPES["Qwen/Qwen2.5-7B"], Assumptions())
     assert set(comps) - {c.name for c in without} == {"LoRA reward + score head"}
+
+
+def _allocator_peak(fn) -> int:
+    """The most bytes CPU tensors made inside ``fn`` held at once: the profiler's allocator events."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        events = json.loads(open(f"{tmp}/trace.json").read())["traceEvents"]
+    return max([e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"] + [0])
+
+
+def test_the_mlp_transient_matches_the_allocator_under_lora_and_with_adapters_off(tmp_path):
+    """A Qwen2 MLP of a 4-bit base (bf16 compute, fp32 residual after prepare_model_for_kbit_training)
+    with peft LoRA on every linear, run without grad on 4 x 256 tokens: its peak is 4 a I per token
+    (act(gate), the base output's defensive clone, LoRA B's output times its scale, their sum); with
+    the adapters off, 3 a I (act(gate), up, their product). a = 4 bytes, I = 1024. The weights are
+    small (64 x 1024), so their dequantized copies stay under 0.1% of these."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen2Config
+
+    from homerlhf.memory.components import forward_layer_transient_per_token
+    from homerlhf.memory.shapes import shape_from_config
+
+    config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=1024, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=bnb, device_map="cpu",
+                                                 dtype=torch.bfloat16)
+    model = get_peft_model(prepare_model_for_kbit_training(model, use_gradient_checkpointing=False),
+                           LoraConfig(r=8, target_modules="all-linear"))
+    model.eval()
+    mlp = model.get_base_model().model.layers[0].mlp
+    x = torch.randn(4, 256, 64)  # fp32: the normed residual stream
+    with torch.no_grad():
+        mlp(x)  # warm-up
+        lora = _allocator_peak(lambda: mlp(x))
+        with model.disable_adapter():
+            base = _allocator_peak(lambda: mlp(x))
+    shape = shape_from_config(config.to_dict(), "probe", "local")
+    per_token = {flag: forward_layer_transient_per_token(shape, 4, 2, flag) - 2 * 4 * 64 for flag in (True, False)}
+    tokens = 4 * 256
+    assert per_token == {True: 4 * 4 * 1024, False: 3 * 4 * 1024}  # the MLP dominates at these sizes
+    assert lora == pytest.approx(tokens * per_token[True], rel=1e-3)
+    assert base == pytest.approx(tokens * per_token[False], rel=1e-3)

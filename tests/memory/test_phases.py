@@ -71,8 +71,8 @@ def _totals(cfg, shape=QWEN7):
         ("rollout.batch_size", [16, 32, 64, 128], set()),
     ],
 )
-def test_estimates_grow_with_batch_and_length(key, values, grows):
-    base = load_config("4090", overrides=["ppo.mini_batch_size=16", "rollout.batch_size=128"])
+def test_estimates_grow_with_batch_and_length(key, values, grows, preset_named):
+    base = preset_named("4090", "ppo.mini_batch_size=16", "rollout.batch_size=128")
     series = [_totals(apply_overrides(base, {key: v})) for v in values]
     for before, after in zip(series, series[1:]):
         for phase in PHASES:

@@ -62,12 +62,12 @@ def test_predicted_peaks_for_logging():
     assert peaks == {p.name: p.allocated_gib for p in plan(cfg, QWEN7).phases}
 
 
-def test_fits_needs_ten_percent_of_the_card_free_until_calibrated():
+def test_fits_needs_ten_percent_of_the_card_free(preset_named):
     from homerlhf.memory.planner import MARGIN
     from homerlhf.memory.render import suggestion_line
     from homerlhf.memory.search import apply_overrides
 
-    cfg, shape = load_config("4090"), resolve_shape("Qwen/Qwen2.5-7B")
+    cfg, shape = preset_named(), resolve_shape("Qwen/Qwen2.5-7B")
     peak = plan(cfg, shape, 24).peak_gib
     assert MARGIN == 0.10
     # The margin is met exactly at card = peak / 0.9: a hair above fits, a hair below is tight.
@@ -75,9 +75,10 @@ def test_fits_needs_ten_percent_of_the_card_free_until_calibrated():
     assert roomy.status == "fits" and roomy.fits is True and roomy.suggestion is None
     tight = plan(cfg, shape, peak / 0.9 - 0.01)
     assert tight.status == "tight" and tight.fits is False
-    assert tight.verdict().startswith(f"tight (unverified) on GPU ({peak / 0.9 - 0.01:g} GiB): peak {peak:.2f} GiB")
+    assert tight.verdict().startswith(f"tight on GPU ({peak / 0.9 - 0.01:g} GiB): peak {peak:.2f} GiB")
     assert "GiB headroom (9.9% of the card)" in tight.verdict()
-    assert "not yet calibrated on a GPU, so a fit needs 10% of the card free" in tight.verdict()
+    assert "within 5% of peaks measured on an H200, not on this card" in tight.verdict()
+    assert "a fit needs 10% of the card free" in tight.verdict()
     # Its suggestion restores the margin, and the plan it gives fits.
     sug = tight.suggestion
     assert sug is not None and sug.peak_gib <= 0.9 * tight.gpu_gib

@@ -33,14 +33,14 @@ def test_workers_never_take_more_than_the_cores_between_them():
                 assert got.worker * workers + got.trainer >= cores - workers  # at most a remainder idles
 
 
-def test_run_shares_follow_the_config():
+def test_run_shares_follow_the_config(preset_named):
     cfg = load_config("cpu-tiny", None, [])
     assert local_worker_roles(cfg) == ["ref", "reward"]
     assert run_thread_shares(cfg, cores=16) == ThreadShares(5, 6)
     remote = load_config("cpu-tiny", None, ["ref.url=http://cpu-box:8601", "reward.backend=hf"])
     assert local_worker_roles(remote) == []
     assert run_thread_shares(remote, cores=16) == ThreadShares(0, 16)
-    gpu = load_config("4090", None, [])
+    gpu = preset_named()  # its workers on llama.cpp
     assert run_thread_shares(gpu, cores=16) == ThreadShares(8, 0)
 
 

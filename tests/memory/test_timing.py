@@ -70,3 +70,40 @@ def test_rates_scale_linearly_from_the_nearest_measured_thread_count():
     assert rates.rate("worker_reward", 3) == pytest.approx(150.0)
     assert rates.rate("trainer_gen", 0) == 7.0
     assert Throughputs.from_dict(rates.to_dict()) == rates
+
+
+def test_the_gpu_rates_give_back_the_h200_measurements():
+    """The GPU defaults are the H200 runs' figures (docs/time.md): the time model gives back each
+    measured phase of the 7B PPO run and, from the same per-layer decode cost, the 1.5B GRPO run's
+    generation (also 28 layers)."""
+    from homerlhf.config import load_config
+    from homerlhf.memory.shapes import BUILTIN_SHAPES
+    from homerlhf.memory.timing import GPU_SOURCE, default_throughputs
+
+    def run(model, *extra):  # as scripts/validate_memory_gpu.py runs it; the reward an in-process function
+        cfg = load_config("4090", None, ["rollout.batch_size=32", "rollout.chunk_size=16", "rollout.generation_chunk=null",
+                                          "ppo.mini_batch_size=16", "ppo.epochs=1", *extra])
+        rates = default_throughputs(BUILTIN_SHAPES[model], cfg, cores=2)
+        return iteration_time(cfg, rates, Placement("adapter_off", "function", "hf"), cores=2, logical=2), rates
+
+    it, rates = run("Qwen/Qwen2.5-7B")
+    assert GPU_SOURCE in rates.source and rates.gen_chunk == 16
+    # generation 42-44 s: 2 chunks x 256 steps x 28 layers x 3.0 ms
+    assert it.phases["generation"] == pytest.approx(2 * 256 * 28 * 3.0e-3) and 42 <= it.phases["generation"] <= 44
+    # scoring 4.5-4.7 s: reference + actor + critic forwards of 32 x 768 tokens
+    assert 4.5 <= it.phases["reference"] + it.phases["policy_scoring"] <= 4.7
+    assert it.update_s == pytest.approx(11.3, rel=0.01)  # 2 passes x 32 x 768 tokens, forward + backward
+    grpo, _ = run("Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=16")
+    assert 19 <= grpo.phases["generation"] <= 22  # one chunk of 16: 256 steps
+
+
+def test_a_gpu_generation_figure_scales_with_the_chunk_up_to_the_forward_rate():
+    rates = Throughputs(worker_ref={}, worker_reward={}, llama_gen={}, trainer_gen={0: 200.0},
+                        trainer_forward={0: 1000.0}, trainer_train={0: 300.0}, gen_chunk=16)
+    # A launch-bound decode step takes as long for 40 rows as for 16: 40 / 16 x 200 tokens/s.
+    assert rates.generation_rate(0, 40) == pytest.approx(500.0)
+    assert rates.generation_rate(0, 8) == pytest.approx(100.0)
+    assert rates.generation_rate(0, 160) == pytest.approx(1000.0)  # never above a forward over as many tokens
+    cpu = Throughputs(**{**rates.__dict__, "gen_chunk": 0})
+    assert cpu.generation_rate(0, 40) == 200.0  # a CPU figure is the run's own chunk's
+    assert Throughputs.from_dict(rates.to_dict()) == rates

@@ -114,3 +114,23 @@ def test_other_errors_pass_through(setup):
             _collect(setup, RolloutState(4), None)
     finally:
         del policy.actor_logprobs_and_values
+
+
+def test_a_generation_chunk_of_its_own_halves_alone_and_scoring_keeps_its_chunk(setup):
+    """``rollout.generation_chunk`` apart from ``rollout.chunk_size``: 8 prompts generated at once and
+    scored 2 at a time; an OOM in generation halves the generation chunk only, and the samples are the
+    ones the shared chunk gives."""
+    cfg, policy, prompts = setup
+    seeds = sample_seeds(cfg.seed, 5, len(prompts))
+    shared = _responses(_collect(setup, RolloutState(4), seeds))
+    generated = _fail_first(policy, "generate", times=1)
+    scored = _fail_first(policy, "actor_logprobs_and_values", times=0)
+    try:
+        state = RolloutState(2, generation_chunk=8)
+        apart = _collect(setup, state, seeds)
+    finally:
+        del policy.generate, policy.actor_logprobs_and_values
+    assert generated == [8, 4, 4]  # 8: OOM -> 4, then the 4 left
+    assert scored == [2, 2, 2, 2]  # each generated chunk scored in pieces of the scoring chunk
+    assert (state.generation_chunk, state.chunk_size, state.oom_retries_generation) == (4, 2, 1)
+    assert _responses(apart) == shared

@@ -113,6 +113,9 @@ def test_fp16_compute_keeps_trainable_weights_and_adam_states_fp32(fp16_run):
                             scaler=scaler)
     assert stats["skipped"] == 0.0 and math.isfinite(stats["grad_norm_actor"]) and stats["grad_norm_actor"] > 0
     assert max(float((p.detach() - b).abs().max()) for p, b in zip(trainable, before)) > 1e-5
+    # The step's gradients stay until the next update zeroes them: the memory plan counts them through
+    # generation and scoring (homerlhf.memory.components:held_gradients).
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainable)
     moments = [s[k] for opt in (actor_opt, critic_opt) for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
     assert len(moments) == 2 * len(trainable) and {t.dtype for t in moments} == {torch.float32}
 
@@ -154,6 +157,7 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     assert not math.isfinite(stats["grad_norm_actor"]) and math.isfinite(stats["policy_loss"])
     assert stats["skipped"] == 1.0 and scaler.get_scale() == 2.0**39 and guard.in_row == 0
     assert all(torch.equal(a, s) for a, s in zip(after, start))
+    assert all(p.grad is None for p in params)  # a skipped step drops its gradients: none held after it
 
 
 def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly_one(tiny_llama_dir, ppo_cfg, prompt_ids):

@@ -66,5 +66,32 @@ def test_plan_without_figures_says_the_defaults_are_not_measured():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "time per iteration" in text and "reference log-probs" in text and "old log-probs / values" in text
-    assert "(default, not measured)" in text and "critical path" in text
+    assert "(GPU: measured on NVIDIA H200 (2026-11-30); CPU workers: default, not measured)" in text
+    assert "critical path" in text
     assert "placements compared" in text and ("recommended: --set" in text or "is the fastest that fits" in text)
+
+
+def test_gpu_figures_are_cached_per_gpu_with_the_chunk_they_were_measured_at(monkeypatch):
+    """On a CUDA machine the GPU's name is part of the machine's key and of the figures' label: what
+    one card measured is not another card's. (No GPU here: the name is what torch would report.)"""
+    from homerlhf.workers import bench as bench_mod
+
+    cfg = load_config("4090", None, ["model.name_or_path=builtin:tiny-qwen2"])
+    shape = shape_for(cfg)
+    gpu = {"name": "NVIDIA H200"}
+    monkeypatch.setattr(bench_mod, "gpu_name", lambda device: gpu["name"] if device == "cuda" else None)
+    rates = Throughputs(worker_ref={8: 10.0}, worker_reward={8: 5.0}, llama_gen={16: 2.0}, trainer_gen={0: 190.0},
+                        trainer_forward={0: 16_000.0}, trainer_train={0: 4_350.0},
+                        source=bench_mod.source_label("cuda", "model", quick=True), gen_chunk=16)
+    assert rates.source.startswith("measured ") and " on NVIDIA H200 + " in rates.source
+    assert rates.source.endswith(", quick")
+    path = _save(cfg, shape, rates, {"note": "test"})
+    assert json.loads(path.read_text())["machine"]["gpu"] == "NVIDIA H200"
+    assert cached_throughputs(cfg, shape) == rates  # gen_chunk included
+    gpu["name"] = "NVIDIA GeForce RTX 4090"
+    assert cached_throughputs(cfg, shape) is None  # another card: measure it there
+    path.unlink()
+    # What a GPU's trainer is timed on: a chunk at the run's lengths, 16 decode steps when quick, one
+    # micro-batch through forward + backward.
+    prompts, responses, new, rows = bench_mod.gpu_inputs(cfg, shape, quick=True)
+    assert (len(prompts), len(prompts[0]), len(responses[0]), new, rows) == (16, 512, 256, 16, 4)

@@ -1,0 +1,65 @@
+"""The generation chunk the memory plan affords: the 4090 / Qwen2.5-7B plan by hand, the cap at the
+batch, the margin, and a run whose other phases already sit above the margin."""
+
+from __future__ import annotations
+
+import pytest
+
+from homerlhf.config import load_config
+from homerlhf.memory.chunks import planned_generation_chunk
+from homerlhf.memory.components import GIB, kv_bytes_per_token
+from homerlhf.memory.planner import plan
+from homerlhf.memory.shapes import BUILTIN_SHAPES
+
+QWEN7 = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
+
+
+def test_the_4090_plan_of_qwen25_7b_generates_40_prompts_at_once_within_the_card():
+    cfg = load_config("4090")  # rollout.generation_chunk: auto; batch 64, 512 + 256 tokens
+    # K and V x 28 layers x 4 KV heads x 128 x 4 bytes: the 4-bit base's residual stream is fp32, and
+    # so are the k/v projections' outputs the cache keeps. 112 KiB a token, 84 MiB a 768-token sequence.
+    assert kv_bytes_per_token(QWEN7, 4) == 2 * 28 * 4 * 128 * 4 == 114_688
+    assert planned_generation_chunk(cfg, QWEN7) == 40
+    p = plan(cfg, QWEN7)
+    assert p.generation["chunk"] == p.settings["rollout.generation_chunk"] == 40
+    gen = {c.name: c.bytes for c in p.phase("generation").components}
+    # The static cache of the captured decode loop, allocated before the prefill: 40 x 768 tokens.
+    assert gen["KV cache (static)"] == 40 * 768 * 114_688  # 3.28 GiB
+    assert p.phase("generation").total_gib <= 0.9 * 24 and p.status == "fits"
+    # The next multiple of 8 would eat into the margin.
+    above = plan(load_config("4090", None, ["rollout.generation_chunk=48"]), QWEN7)
+    assert above.phase("generation").total_gib > 0.9 * 24
+    # Scoring and the update keep their own sizes: the same bytes as with the chunk of 16.
+    sixteen = plan(load_config("4090", None, ["rollout.generation_chunk=16"]), QWEN7)
+    for name in ("scoring", "update"):
+        assert p.phase(name).total_bytes == sixteen.phase(name).total_bytes
+
+
+@pytest.mark.parametrize("preset, model, batch, chunk", [
+    ("a100-80g", "Qwen/Qwen2.5-0.5B", 20, 20),  # everything fits: the whole batch at once, not 16
+    ("4090", "Qwen/Qwen2.5-0.5B", 4, 4),  # below 8: the batch
+    ("cpu-tiny", None, 32, 16),  # no GPU budget: the configured chunk
+])
+def test_the_chunk_is_capped_at_the_batch_and_is_the_configured_one_on_a_cpu(preset, model, batch, chunk):
+    cfg = load_config(preset, None, [f"rollout.batch_size={batch}", f"ppo.mini_batch_size={min(batch, 4)}",
+                                     "ppo.micro_batch_size=1", "rollout.generation_chunk=auto"])
+    shape = BUILTIN_SHAPES[model] if model else None
+    if shape is None:
+        from homerlhf.memory.render import shape_for
+
+        shape = shape_for(cfg)
+    assert planned_generation_chunk(cfg, shape) == chunk
+
+
+def test_with_other_phases_above_the_margin_the_chunk_may_reach_their_peak_but_not_raise_it():
+    # Workers on llama.cpp, a 14.5 GiB card: scoring peaks at 14.09 GiB, more than 90% of the card.
+    named = ["ref.backend=llamacpp", "reward.backend=llamacpp"]
+    auto = load_config("4090", None, named)
+    p = plan(auto, QWEN7, 14.5, with_suggestion=False)
+    chunk = p.generation["chunk"]
+    scoring = p.phase("scoring").total_bytes
+    assert scoring > 0.9 * 14.5 * GIB and p.status == "tight"
+    assert p.phase("generation").total_bytes <= scoring  # the peak stays where it was
+    bigger = plan(load_config("4090", None, named + [f"rollout.generation_chunk={chunk + 8}"]), QWEN7, 14.5,
+                  with_suggestion=False)
+    assert bigger.phase("generation").total_bytes > scoring and chunk >= 8

@@ -1,0 +1,67 @@
+"""``auto`` settings resolved when a run starts: the choice by hand-made rates and its printed line, a
+resumed run's choice kept, a ready reward backend left alone, and the resolved values recorded in the
+run's config.yaml."""
+
+from __future__ import annotations
+
+import pytest
+
+from homerlhf.config import from_yaml_file, load_config
+from homerlhf.memory.render import shape_for
+from homerlhf.memory.timing import Throughputs
+from homerlhf.stages.autoplan import has_auto, resolve_auto
+
+# The small PPO shape of tests/memory/conftest.py: 4 sequences in chunks of 2, 6 + 4 tokens, 1 epoch.
+SMALL = ["rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_prompt_len=6", "rollout.max_new_tokens=4",
+         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1"]
+RATES = Throughputs(worker_ref={1: 10.0}, worker_reward={1: 5.0}, llama_gen={2: 1.0}, trainer_gen={1: 4.0, 2: 8.0},
+                    trainer_forward={1: 20.0, 2: 40.0}, trainer_train={1: 10.0, 2: 20.0}, source="hand-made")
+
+
+def _auto(*extra):
+    return load_config("cpu-tiny", None, SMALL + ["ref.backend=auto", "reward.backend=auto", *extra])
+
+
+def test_the_choice_is_printed_and_resolved(monkeypatch):
+    monkeypatch.setattr("homerlhf.memory.threads.physical_cores", lambda: 2)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    said = []
+    cfg = resolve_auto(_auto(), rates=RATES, rewards=["llamacpp", "adapter", "hf"], say=said.append)
+    # tests/memory/test_timing.py derives these timelines by hand: everything on the trainer, 10 s.
+    assert (cfg.ref.backend, cfg.reward.backend, cfg.rollout.engine) == ("adapter_off", "adapter", "hf")
+    assert not has_auto(cfg)
+    assert said[0] == "[homerlhf] placement auto: ref adapter_off, reward adapter, rollout hf: 10.0 s per iteration " \
+                      "(hand-made)"
+    assert said[1].startswith("[homerlhf]   alternatives that fit: ref adapter_off, reward hf, rollout hf 10.0 s")
+    # A reward that is only a llama.cpp export: the reference's worker keeps up (18 s against 20 s).
+    gguf_only = resolve_auto(_auto(), rates=RATES, rewards=["llamacpp"], say=said.append)
+    assert (gguf_only.ref.backend, gguf_only.reward.backend) == ("llamacpp", "llamacpp")
+    named = load_config("cpu-tiny", None, SMALL)
+    assert resolve_auto(named, rates=RATES, say=said.append) is named  # nothing auto: as it is
+
+
+def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone():
+    saved = load_config("cpu-tiny", None, SMALL + ["ref.backend=llamacpp", "reward.backend=hf", "reward.model=x",
+                                                   "rollout.generation_chunk=4"])
+    cfg = resolve_auto(_auto("rollout.generation_chunk=auto"), saved=saved, rates=RATES, say=pytest.fail)
+    assert (cfg.ref.backend, cfg.reward.backend, cfg.rollout.generation_chunk) == ("llamacpp", "hf", 4)
+    given = resolve_auto(_auto(), rates=RATES, reward_given=True, say=lambda line: None)
+    assert given.reward.backend == "auto" and given.ref.backend == "adapter_off"
+
+
+def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, tmp_path, capsys):
+    from homerlhf.stages.ppo import run_ppo
+    from homerlhf.tiny import build_sequence_classifier
+
+    rm = build_sequence_classifier(tmp_path / "rm", arch="llama", seed=3)  # an HF classifier: llamacpp or hf
+    cfg = load_config("cpu-tiny", overrides=[
+        f"model.name_or_path={tiny_llama_dir}", "ref.backend=auto", "reward.backend=auto", f"reward.model={rm}",
+        "rollout.batch_size=2", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_len=24",
+        "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.iterations=1", "logging.progress=false",
+        "logging.tensorboard=false", "rollout.truncation_penalty=null"])
+    run_ppo(cfg, out_dir=tmp_path / "run")
+    out = capsys.readouterr().out
+    saved = from_yaml_file(tmp_path / "run" / "config.yaml")
+    assert saved.ref.backend in ("llamacpp", "adapter_off") and saved.reward.backend in ("llamacpp", "hf")
+    line = f"placement auto: ref {saved.ref.backend}, reward {saved.reward.backend}, rollout hf: "
+    assert line in out and "s per iteration" in out
