@@ -49,16 +49,22 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}")
     prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens")
     logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers")
+    # sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole cache, in
+    # each layer of a decode step (transformers' use_gqa_in_sdpa): the step's largest transient at long T.
+    kv_repeat = 2 * b * t * shape.q_dim * a if shape.kv_dim < shape.q_dim else 0
+    step = b * per_token + kv_repeat
+    decoder = _decoder(cfg, assumptions)
     moments = {}
-    if assumptions.decoder in ("hf", "any"):
+    if decoder in ("hf", "any"):
         moments["prefill"] = [Component("KV cache", "kv_cache", b * p * kv, note=f"{b} x {p} prompt tokens"),
                               prefill_act, logits]
         moments["last decode step"] = [
             Component("KV cache", "kv_cache", b * t * kv * (shape.num_layers + 1) // shape.num_layers,
                       note=f"{b} x {t} tokens, {kv_note}; + one layer's while torch.cat grows it"),
-            Component("decode activations", "activations", int(b * per_token)), logits]
-    if assumptions.decoder in ("static", "any"):
-        pool = b * per_token + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
+            Component("decode activations", "activations", int(step), note="one layer, K/V repeated over the cache"),
+            logits]
+    if decoder in ("static", "any"):
+        pool = step + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
         moments["prefill (static cache)"] = [static_kv, prefill_act, logits]
         moments["decode step (static cache)"] = [
             static_kv, Component("CUDA-graph pool", "activations", int(pool),
@@ -68,6 +74,14 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
         in_pool = name == "decode step (static cache)"  # the captured step's dequantized weight is in its pool
         comps.extend(([dequant] if dequant and not in_pool else []) + held_gradients(cfg, shape, assumptions))
     return _largest(moments)
+
+
+def _decoder(cfg, assumptions) -> str:
+    """The decoder the generation phase is planned for: the assumption, narrowed by ``rollout.decoder``
+    when the config names one (``auto`` may fall back from the captured loop to HF generate: both)."""
+    if assumptions.decoder != "any":
+        return assumptions.decoder
+    return cfg.rollout.decoder if cfg.rollout.decoder in ("hf", "static") else "any"
 
 
 def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
