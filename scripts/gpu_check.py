@@ -57,8 +57,10 @@ COMMON = ("ref.backend=adapter_off", "reward.backend=function", "reward.function
 SEVEN_B = ("rollout.batch_size=16", "ppo.mini_batch_size=16")  # the 4090 preset's chunk, lengths and micro-batch
 SMALL = ("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_prompt_len=256", "rollout.max_new_tokens=128",
          "ppo.mini_batch_size=8")
+# rollout.decoder=static: the loop a GPU run samples with (``auto`` there), eager on the CPU.
 SMOKE = ("card.device=cpu", "quant.compute_dtype=fp32", "rollout.batch_size=4", "rollout.chunk_size=2",
-         "rollout.max_prompt_len=16", "rollout.max_new_tokens=3", "ppo.mini_batch_size=4", "ppo.micro_batch_size=2")
+         "rollout.max_prompt_len=16", "rollout.max_new_tokens=3", "ppo.mini_batch_size=4", "ppo.micro_batch_size=2",
+         "rollout.decoder=static")
 # The CPU smoke's model: the case's architecture (type, tied embeddings, biases) at a tiny size.
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=16)
@@ -282,7 +284,8 @@ def line(entry: dict) -> str:
         parts.append(f"reserved {entry['max_reserved_gib']:.2f}")
     parts.append(f"s/iteration {s['time_iteration_s']:.1f} (generation {s['time_generation_s']:.1f}, "
                  f"scoring {s['time_scoring_s']:.1f}, update {s['time_update_s']:.1f})")
-    parts.append(f"{entry['tokens_per_s'].get('tokens_per_s_generation', 0):.0f} tokens/s generated")
+    parts.append(f"{entry['tokens_per_s'].get('tokens_per_s_generation', 0):.0f} tokens/s generated"
+                 + (f" ({entry['decoder']})" if entry.get("decoder") else ""))
     if entry["kind"] == "resume":
         parts.append(f"resumed from {entry['resumed_from']}: state equal ({entry['state_entries']} entries)")
     if entry["kind"] == "cli":

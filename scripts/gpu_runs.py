@@ -121,7 +121,21 @@ def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
         if on_cuda:
             reserved = max(reserved, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
     return {"rows": rows, "measured_gib": dict(trainer.meter.peaks()),
-            "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None}
+            "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer)}
+
+
+def decoder_used(trainer) -> str:
+    """What sampled the rollouts (``rollout.decoder``): HF ``generate``, the static loop with its step
+    captured as a CUDA graph (or eager on the CPU), or HF ``generate`` after the loop declined, and why."""
+    from homerlhf.models.static_decode import resolve_decoder
+
+    policy = trainer.policy
+    if resolve_decoder(trainer.cfg.rollout.decoder, policy.device) == "hf":
+        return "hf generate"
+    declined = policy.static_decoder.off_reason
+    if declined is not None:
+        return f"hf generate (static loop declined: {declined})"
+    return "static loop, captured" if policy.device.type == "cuda" else "static loop, eager"
 
 
 def snapshot(trainer) -> dict:

@@ -40,6 +40,8 @@ def test_cpu_smoke_runs_every_case_and_writes_their_figures(tmp_path):
         assert all(case["seconds"][k] > 0 for k in ("time_generation_s", "time_scoring_s", "time_update_s"))
         assert case["tokens_per_s"]["tokens_per_s_generation"] > 0
         assert case["settings"]["ref.backend"] == "adapter_off" and case["overrides"]
+        if case["kind"] != "cli":  # the loop a GPU run samples with (rollout.decoder auto), here eager
+            assert case["decoder"] == "static loop, eager"
     by_name = {case["case"]: case for case in report["cases"]}
     assert by_name["grpo-1.5b"]["settings"]["algorithm"] == "grpo" and by_name["rloo-1.5b"]["settings"]["algorithm"] == "rloo"
     assert by_name["ppo-fp16-1.5b"]["settings"]["quant.compute_dtype"] == "fp16"
