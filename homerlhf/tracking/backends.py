@@ -3,8 +3,8 @@ highest step the tracker already holds for it), ``log`` a step's metrics and sam
 ``close``. Each imports its tracker when it is built, never before.
 
 A step is logged once: the session (:mod:`.session`) only hands a tracker steps above its
-``last_step``. TensorBoard can hide what it holds beyond a resumed run's first step (``purge_step``)
-and so logs the redone steps again; the others cannot rewrite a step and keep what they had.
+``last_step``. None of them can rewrite a step (TensorBoard's ``purge_step`` is not applied by every
+reader of its files), so the steps a killed run logged after its last checkpoint keep their first values.
 """
 
 from __future__ import annotations
@@ -61,12 +61,9 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = info.run_dir / "tensorboard"
-        resumed = any(log_dir.glob("events.out.tfevents.*"))
-        # Events this run wrote after its checkpoint are hidden from step first_step on, then redone.
-        purge = info.first_step if resumed and info.first_step > 1 else None
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge)
-        self.last_step = info.first_step - 1 if resumed else 0
-        if not resumed:
+        self.last_step = _last_event_step(log_dir)
+        self.writer = SummaryWriter(str(log_dir))
+        if not self.last_step:
             params = "\n".join(f"    {key}: {value}" for key, value in info.params.items())
             self.writer.add_text("config", params, 0)
 
@@ -82,6 +79,15 @@ class TensorBoardTracker:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _last_event_step(log_dir: Path) -> int:
+    """The highest step of any summary in the event files of ``log_dir`` (0: none)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = [event.step for path in sorted(log_dir.glob("events.out.tfevents.*"))
+             for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
+    return max(steps, default=0)
 
 
 class TrackioTracker:

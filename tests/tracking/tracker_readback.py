@@ -1,6 +1,6 @@
 """Reading a run back from each tracker's own local files, as a user's tools would find it.
 
-- TensorBoard: its ``EventAccumulator`` (which applies ``purge_step`` as the dashboard does);
+- TensorBoard: the ``EventAccumulator`` its dashboard loads runs with (the plugin one);
 - Trackio: its SQLite database (``<dir>/<project>.db``, table ``metrics``), read with sqlite3: the
   trackio module binds its directory at import, once per process;
 - W&B: the run's transaction logs (``homerlhf.tracking.wandb_log``: W&B has no reader of its own);
@@ -25,7 +25,7 @@ def _nested():
 
 
 def tensorboard_values(log_dir: Path) -> dict:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
     acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
