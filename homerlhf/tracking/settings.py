@@ -148,9 +148,10 @@ def run_params(cfg, run_name: str) -> dict[str, object]:
     flat: dict[str, object] = {"run_name": run_name}
 
     def walk(prefix: str, node) -> None:
-        for key, value in node.items():
+        items = node.items() if isinstance(node, dict) else enumerate(node)  # a list: reward.components.0. ...
+        for key, value in items:
             dotted = f"{prefix}{key}"
-            if isinstance(value, dict) and value:
+            if isinstance(value, dict) and value or isinstance(value, list) and any(isinstance(v, dict) for v in value):
                 walk(dotted + ".", value)
             elif key == "token" and value:
                 flat[dotted] = "<redacted>"
