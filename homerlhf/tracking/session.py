@@ -29,11 +29,20 @@ Backlog = Callable[[int], Iterable[tuple[int, dict[str, Any], list[dict]]]]
 
 
 def read_state(run_dir: str | Path) -> dict[str, Any]:
-    """``RUN_DIR/tracking.json``: ``{"run_name", "project", "ids": {tracker: id}, "places": {...}}``, or {}."""
+    """``RUN_DIR/tracking.json``: ``{"run_name", "project", "ids": {tracker: id}, "places": [line]}``, or {}."""
     try:
         return json.loads((Path(run_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def run_tracking_line(run_dir: str | Path, logging_cfg=None) -> Optional[str]:
+    """Where the run in ``run_dir`` is tracked: the places its trackers started with (``tracking.json``),
+    else those its config names (``logging_cfg``), else None."""
+    places = read_state(run_dir).get("places")
+    if places is not None:
+        return "tracking: " + ("; ".join(places) if places else "metrics.jsonl only")
+    return settings.tracking_line(logging_cfg, Path(run_dir)) if logging_cfg is not None else None
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -73,10 +82,10 @@ class TrackerSession:
                     log.warning("%s did not start (%s: %s); the run goes on without it (metrics.jsonl has "
                                 "every step)", name, type(exc).__name__, exc)
         finally:  # the ids of whatever started, so a resume continues those runs
-            places = {p.name: p.where for p in settings.places(self.cfg.logging, self.run_dir)}
+            places = [p.line() for p in settings.places(self.cfg.logging, self.run_dir)
+                      if p.name in {t.name for t in self.trackers}]
             _write_state(self.run_dir, {"run_name": run_name, "project": info.project, "ids": info.ids,
                                         "places": places})
-        log.info(settings.tracking_line(self.cfg.logging, self.run_dir))
 
     def log(self, step: int, row: dict[str, Any], samples: list[dict], backlog: Backlog) -> None:
         """Step ``step`` (its metrics ``row`` and ``samples``) to every tracker that lacks it; at the
