@@ -188,10 +188,11 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
-        if samples:  # one table artifact, the rows of every step appended
+        if samples:  # one table artifact, the rows of every step appended (read back first: no progress bar)
             rows = _sample_rows(step, samples)
-            self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(SAMPLE_COLUMNS)},
-                                  "samples.json")
+            with scoped_env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
+                self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(SAMPLE_COLUMNS)},
+                                      "samples.json")
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

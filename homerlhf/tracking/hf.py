@@ -3,9 +3,10 @@
 
 The integrations take their places from environment variables, so :func:`hf_trackers` sets them for
 the stage only: ``TENSORBOARD_LOGGING_DIR``, ``WANDB_DIR`` / ``WANDB_MODE`` / ``WANDB_PROJECT``,
-``MLFLOW_TRACKING_URI`` / ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_DIR`` (each left alone where the user
-set it). Trackio goes through a callback of ours rather than ``report_to``: the integration's
-``trackio.init`` starts a dashboard server inside a notebook (a public share link on Colab).
+``MLFLOW_TRACKING_URI`` / ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_DIR`` (a tracking URI, a Trackio
+directory or a W&B mode the user set stands). Trackio goes through a callback of ours rather than
+``report_to``: the integration's ``trackio.init`` starts a dashboard server inside a notebook (a
+public share link on Colab).
 """
 
 from __future__ import annotations
@@ -30,19 +31,16 @@ def trainer_args(cfg, out: Path) -> dict[str, Any]:
 
 
 def _environment(cfg, out: Path, names: tuple[str, ...]) -> dict[str, str | None]:
-    import os
-
     env: dict[str, str | None] = {}
     if "tensorboard" in names:
         env["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
     if "wandb" in names:
-        env.update(WANDB_DIR=os.environ.get("WANDB_DIR") or str(out), WANDB_MODE=settings.wandb_mode(),
-                   WANDB_PROJECT=os.environ.get("WANDB_PROJECT") or cfg.logging.project,
+        env.update(WANDB_DIR=str(out), WANDB_MODE=settings.wandb_mode(), WANDB_PROJECT=cfg.logging.project,
                    WANDB__DISABLE_META="true")  # no command line (a --set token) in the run's files
     if "mlflow" in names:
         uri = settings.mlflow_uri(out)
         env.update(MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE="true" if uri.startswith("file:") else None,
-                   MLFLOW_EXPERIMENT_NAME=os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.logging.project)
+                   MLFLOW_EXPERIMENT_NAME=cfg.logging.project)
     if "trackio" in names:
         env["TRACKIO_DIR"] = str(settings.trackio_dir(out))
     return env
