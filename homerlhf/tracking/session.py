@@ -91,26 +91,27 @@ class TrackerSession:
         """Step ``step`` (its metrics ``row`` and ``samples``) to every tracker that lacks it; at the
         first call, each tracker first gets ``backlog(its last step)``: the steps after the last one
         it holds, up to and including ``step``, from the run's own log."""
-        if self.trackers is None:
+        first = self.trackers is None
+        if first:
             self._start(step)
-            for tracker in self.trackers:
-                for old_step, old_row, old_samples in backlog(tracker.last_step):
-                    tracker.log(old_step, numeric(old_row), old_samples)
-                tracker.last_step = max(tracker.last_step, step)
-            return
         for tracker in list(self.trackers):
-            if step > tracker.last_step:
-                try:
-                    tracker.log(step, numeric(row), samples)
-                except Exception as exc:  # noqa: BLE001 - a tracker's failure must not end the run
-                    self._drop(tracker, exc)
-                    continue
-                tracker.last_step = step
+            steps = backlog(tracker.last_step) if first else [(step, row, samples)] if step > tracker.last_step else []
+            try:
+                for each_step, each_row, each_samples in steps:
+                    tracker.log(each_step, numeric(each_row), each_samples)
+            except Exception as exc:  # noqa: BLE001 - a tracker's failure must not end the run
+                self._drop(tracker, exc)
+                continue
+            tracker.last_step = max(tracker.last_step, step)
 
     def _drop(self, tracker, exc: BaseException) -> None:
         log.warning("%s failed (%s: %s); the run goes on without it (metrics.jsonl has every step)",
                     tracker.name, type(exc).__name__, exc)
         self.trackers.remove(tracker)
+        try:
+            tracker.close()
+        except Exception:  # noqa: BLE001 - it failed already; closing is a courtesy
+            pass
 
     def close(self) -> None:
         """Finish every tracker's run (W&B: also its service process); a failure is a warning."""

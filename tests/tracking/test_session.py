@@ -9,6 +9,10 @@ each tracker's own local files (``tracker_readback.py``):
   tracker can rewrite a step, so each keeps iteration 3 as first logged: equal to ``metrics.jsonl``
   (which holds the redone iteration 3) but for the wall-clock figures (the runs are deterministic:
   one thread).
+
+And in process, fast, with TensorBoard: the session's bookkeeping across a simulated kill and resume
+(steps a tracker holds are skipped, steps it lost are filled in from ``metrics.jsonl``), and a tracker
+that fails to start is dropped with a warning while the run goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from homerlhf.config import load_config
 
 from tracker_readback import WALL_TIME, all_values
 
@@ -199,3 +205,54 @@ def test_kill9_and_resume_log_each_step_once(models, tmp_path, offline_trackers)
 
     with sqlite3.connect(out / "trackio" / "homerlhf.db") as con:
         assert {name for (name,) in con.execute("SELECT DISTINCT run_name FROM metrics")} == {ids["run_name"]}
+
+
+# -- the session's bookkeeping, in process, with TensorBoard (fast) ----------------------------------
+def _row(step: int, value: float) -> dict:
+    return {"iteration": step, "score_mean": value, "time_iteration_s": 0.5, "peak_mem_kind": "cpu_rss"}
+
+
+@pytest.mark.parametrize("events_lost", [False, True])
+def test_a_resumed_writer_fills_in_and_skips_so_each_step_is_logged_once(tmp_path, events_lost):
+    """Steps 1..3 logged, the process gone without closing (as after kill -9), the logs cut back to a
+    checkpoint at 2 (as --resume does), then 3..4 logged again (3 redone as 30.0): TensorBoard holds
+    1..4 once each, step 3 as first logged; when the kill lost its events (deleted here, as W&B loses
+    what it buffered), steps 1..2 are filled in from metrics.jsonl and 3 is the redone one."""
+    from homerlhf.ppo.checkpoint import log_offsets
+    from homerlhf.ppo.metrics import MetricsWriter
+    from homerlhf.ppo.resuming import truncate_logs
+    from tracker_readback import tensorboard_values
+
+    cfg = load_config("cpu-tiny", overrides=["logging.report_to=tensorboard"])
+    writer = MetricsWriter(tmp_path, cfg)
+    for step in (1, 2):
+        writer.log(_row(step, float(step)), [{"prompt": "p", "response": "r", "score": 0.0, "truncated": False}])
+    offsets = log_offsets(tmp_path)  # the checkpoint at 2
+    writer.log(_row(3, 3.0))
+    writer.trackers.trackers[0].writer.close()  # what a kill leaves: the events on disk, nothing closed
+    if events_lost:
+        for events in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+            events.unlink()
+    truncate_logs(tmp_path, offsets)
+
+    resumed = MetricsWriter(tmp_path, cfg)
+    for step, value in ((3, 30.0), (4, 4.0)):
+        resumed.log(_row(step, value))
+    resumed.close()
+    values = tensorboard_values(tmp_path / "tensorboard")
+    assert dict(values["score_mean"]) == {1: [1.0], 2: [2.0], 3: [30.0 if events_lost else 3.0], 4: [4.0]}
+    assert "peak_mem_kind" not in values  # a string: metrics.jsonl only
+    assert {step: len(v) for step, v in values["samples/text_summary"].items()} == {1: 1, 2: 1}
+
+
+def test_a_tracker_that_fails_is_dropped_and_the_run_goes_on(tmp_path, caplog):
+    from homerlhf.ppo.metrics import MetricsWriter, read_metrics
+
+    (tmp_path / "tensorboard").write_text("a file where TensorBoard wants its directory")
+    writer = MetricsWriter(tmp_path, load_config("cpu-tiny", overrides=["logging.report_to=tensorboard"]))
+    writer.log(_row(1, 1.0))
+    writer.log(_row(2, 2.0))
+    writer.close()
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert "tensorboard did not start" in caplog.text
+    assert json.loads((tmp_path / "tracking.json").read_text())["places"] == []
