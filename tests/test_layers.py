@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("data", "tiny"),  # tiny builds its tokenizer from the builtin task's corpus (data.builtin)
     ("models",),  # incl. models.registry: model names resolved to directories
-    ("ppo", "memory"),
+    ("ppo", "memory", "tracking"),  # tracking: experiment trackers, for PPO and the TRL stages
     ("workers",),
     ("stages", "doctor"),  # doctor checks a machine with the workers and models below it
     ("app",),

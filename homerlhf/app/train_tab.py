@@ -69,9 +69,21 @@ def _worker_token(cfg, run_dir, role: str) -> Optional[str]:
 
 def status_markdown(status: runs.RunStatus) -> str:
     text = f"**Run:** `{status.run_dir}` — {status.message()}"
+    tracking = tracking_markdown(Path(status.run_dir))
+    if tracking:
+        text += f"\n\n{tracking}"
     if status.state == "crashed":
         text += "\n\nThe log below shows why. Fix the setting it names and start again."
     return text
+
+
+def tracking_markdown(run_dir: Path) -> str:
+    """Where the run is tracked (``logging.report_to``): each tracker, its local dir or URL, how to look."""
+    from homerlhf.tracking.session import run_tracking_line
+
+    cfg = runs.run_config(run_dir)
+    line = run_tracking_line(run_dir, cfg.logging if cfg is not None else None)
+    return f"**Tracking:** {line.removeprefix('tracking: ')}" if line else ""
 
 
 def poll(run_dir: str, last_n: int = -1) -> tuple:

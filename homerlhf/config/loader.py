@@ -131,9 +131,9 @@ REDACTED = "<redacted>"
 def redacted_dump(config: RunConfig) -> dict:
     """``config`` as plain data, every worker token replaced by :data:`REDACTED`: what may be written."""
     data = config.model_dump(mode="json")
-    for role in ("ref", "reward"):
-        if data[role].get("token"):
-            data[role]["token"] = REDACTED
+    for section in (data["ref"], data["reward"], *data["reward"].get("components", [])):
+        if section.get("token"):
+            section["token"] = REDACTED
     return data
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from homerlhf.config.rollout import RolloutConfig
 from homerlhf.config.section import Section
@@ -256,10 +256,31 @@ class TrainingConfig(_Section):
     )
 
 
+TrackerName = Literal["tensorboard", "trackio", "wandb", "mlflow", "none"]
+
+
 class LoggingConfig(_Section):
-    tensorboard: bool = Field(True, description="Also write TensorBoard events if installed.")
+    report_to: Optional[list[TrackerName]] = Field(
+        None, description="Experiment trackers every stage logs to (the HF Trainer's names): tensorboard, trackio, "
+        "wandb, mlflow, or none; a list or one comma-separated string. None: tensorboard when installed "
+        "(none when logging.tensorboard is false). Offline and under the run dir unless you set WANDB_MODE, "
+        "MLFLOW_TRACKING_URI or TRACKIO_DIR (README, 'Experiment trackers').")
+    tensorboard: Optional[bool] = Field(
+        None, description="Old switch, read only while report_to is unset: false = no tracker, true = TensorBoard.")
+    project: str = Field("homerlhf", description="Project (W&B, Trackio) or experiment (MLflow) the runs go to.")
+    run_name: Optional[str] = Field(None, description="Run name in the trackers (default: the run dir's name "
+                                    "and its start time).")
     samples_per_iteration: int = Field(4, ge=0, description="Sample generations logged per iteration.")
     progress: bool = Field(True, description="Show a progress bar.")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value):
+        """'wandb,mlflow' -> ['wandb', 'mlflow']; 'none' alone or not at all."""
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if isinstance(items, list) and "none" in items and len(items) > 1:
+            raise ValueError(f"logging.report_to: 'none' means no tracker, so it cannot go with others ({items})")
+        return items
 
 
 class CheckpointConfig(_Section):

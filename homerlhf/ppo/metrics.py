@@ -1,5 +1,5 @@
 """Per-iteration metrics: the row of one iteration (``iteration_metrics``), written as one JSON line
-in ``RUN_DIR/metrics.jsonl`` (+ TensorBoard), and the samples.
+in ``RUN_DIR/metrics.jsonl`` (and to the experiment trackers of ``logging.report_to``), and the samples.
 
 Metric names are stable and snake_case; ``METRIC_DESCRIPTIONS`` says what each one means (in the
 order rows are written) and ``docs/ppo_details.md`` documents every name in it.
@@ -22,6 +22,8 @@ from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.importance import importance_metrics
 from homerlhf.ppo.math import explained_variance, masked_mean
+from homerlhf.tracking.session import TrackerSession
+from homerlhf.tracking.settings import report_to
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
     "iteration": "PPO iteration number, starting at 1.",
@@ -239,44 +241,49 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends a row per iteration to ``metrics.jsonl`` and samples to ``samples.jsonl``."""
+    """Appends a row per iteration to ``metrics.jsonl`` and its samples to ``samples.jsonl``, and hands
+    both to the run's experiment trackers (``logging.report_to``, :mod:`homerlhf.tracking`)."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+    def __init__(self, run_dir: str | Path, cfg=None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # TensorBoard is optional: metrics.jsonl is the record
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        names = report_to(cfg.logging) if cfg is not None else ()
+        self.trackers = TrackerSession(names, self.run_dir, cfg) if names else None
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any], samples: Iterable[dict[str, Any]] = ()) -> None:
+        """Row and samples of one iteration: to the two logs, then to the trackers (the iteration as the step)."""
         unknown = {key for key in row if not is_documented(key)}
         if unknown:  # a name must be documented before it is logged
             raise KeyError(f"undocumented metric names: {sorted(unknown)}")
+        samples = list(samples)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
-        if self._tb is not None:
-            step = int(row["iteration"])
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and key != "iteration" and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        self.log_samples(int(row["iteration"]), samples)
+        if self.trackers is not None:
+            self.trackers.log(int(row["iteration"]), row, samples, self._backlog)
 
     def log_samples(self, iteration: int, samples: Iterable[dict[str, Any]]) -> None:
         with self.samples_path.open("a") as fh:
             for sample in samples:
                 fh.write(json.dumps({"iteration": iteration, **{k: _clean(v) for k, v in sample.items()}}) + "\n")
 
+    def _backlog(self, after: int) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+        """The logged iterations after ``after``, each with its samples: what a tracker that holds
+        iterations up to ``after`` lacks (after a resume, the logs are cut back to the checkpoint)."""
+        samples: dict[int, list[dict[str, Any]]] = {}
+        if self.samples_path.exists():
+            for line in self.samples_path.read_text().splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    samples.setdefault(record.pop("iteration"), []).append(record)
+        return [(row["iteration"], row, samples.get(row["iteration"], []))
+                for row in read_metrics(self.run_dir) if row["iteration"] > after]
+
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -116,8 +116,7 @@ class PPOTrainer:
         self._iteration_start: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
         self._dropped_iteration = False
         self.history: list[dict[str, Any]] = []
-        self.writer = (MetricsWriter(self.run_dir, cfg.logging.tensorboard) if self.run_dir and ranks.is_main
-                       else None)
+        self.writer = MetricsWriter(self.run_dir, cfg) if self.run_dir and ranks.is_main else None  # rank 0 logs
         self.meter = PhaseMeter(policy.device)
         self.total_iterations = cfg.ppo.iterations  # what train() runs to: the last samples nothing ahead
         self.ahead = rollouts_ahead(cfg, ranks, self.engine, reference, reward, self.rollout_state, self.prompts,
@@ -290,12 +289,10 @@ class PPOTrainer:
         return row
 
     def record(self, row: dict[str, Any], exp: Experience) -> None:
-        """Keep the row; write it and the iteration's samples to the run dir."""
+        """Keep the row; write it and the iteration's samples to the run dir and the trackers."""
         self.history.append(row)
         if self.writer is not None:
-            self.writer.log(row)
-            self.writer.log_samples(self.iteration, sample_records(exp, self.policy.tokenizer,
-                                                                   self.cfg.logging.samples_per_iteration))
+            self.writer.log(row, sample_records(exp, self.policy.tokenizer, self.cfg.logging.samples_per_iteration))
 
     def checkpoint(self) -> Optional[Path]:
         """Write the full checkpoint of the state after ``self.iteration`` (see ``homerlhf.ppo.checkpoint``)."""

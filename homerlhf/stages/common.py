@@ -1,6 +1,7 @@
 """What the SFT and reward stages share: the base model and its tokenizer, model loading (4-bit or
-not), LoRA, trainer arguments, training, saving (an adapter merged into the full-precision base),
-and the run directory's files.
+not), LoRA, trainer arguments, training (reporting to ``logging.report_to``:
+:mod:`homerlhf.tracking.hf`), saving (an adapter merged into the full-precision base), and the run
+directory's files.
 
 A TRL stage is: claim the run dir, load and check the data (before any model is built), resolve the
 base (:func:`open_base`), fit rows to ``max_len``, then :func:`train_and_save` with the stage's own
@@ -19,6 +20,8 @@ import torch
 
 from homerlhf.errors import UserError
 from homerlhf.models.precision import cast_trainable, trainable_dtype, trainer_precision_flags
+from homerlhf.tracking import hf
+from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
 
 Method = Literal["qlora", "lora", "full"]
 
@@ -50,7 +53,7 @@ def prepare_out(out: Path, marker: str, overwrite: bool) -> Path:
     """The SFT / reward output dir, empty of an earlier run unless ``overwrite``."""
     return claim_run_dir(out, (marker, "model"), overwrite,
                          f"{out} already holds a run; pass --overwrite or choose another --out",
-                         removals=("adapter", "gguf", "trainer"))
+                         removals=("adapter", "gguf", "trainer", *TRACKER_DIRS))
 
 
 def on_cuda(cfg) -> bool:
@@ -174,8 +177,8 @@ def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
         **trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg)),
         save_strategy="no",
         eval_strategy="no",
-        report_to="none",
-        logging_steps=10,
+        **hf.trainer_args(cfg, out),  # logging.report_to, the run's name and project
+        logging_steps=min(10, section.max_steps) if section.max_steps else 10,  # a short run logs its loss too
         disable_tqdm=not cfg.logging.progress,
         dataloader_num_workers=0,
     )
@@ -206,10 +209,14 @@ def train_and_save(make_trainer: Callable[[], Any], method: Method, cfg, out: Pa
     base's ``from_pretrained`` for the merge. Returns the summary entries: ``evaluate``'s, then
     steps, losses, seconds and the directories.
     """
-    trainer = make_trainer()
-    match_trainable_dtype(trainer.model, cfg, method)  # before train() builds the optimizer
-    with Timer() as timer:
-        result = trainer.train()
+    print(tracking_line(cfg.logging, out))
+    with hf.hf_trackers(cfg, out) as callbacks:  # the trackers' places under OUT, for the stage only
+        trainer = make_trainer()
+        for callback in callbacks:
+            trainer.add_callback(callback)
+        match_trainable_dtype(trainer.model, cfg, method)  # before train() builds the optimizer
+        with Timer() as timer:
+            result = trainer.train()
     final_loss = train_loss(trainer) or float(result.training_loss)
     report = dict(evaluate(trainer.model)) if evaluate else {}
     report.update(steps=result.global_step, train_loss=final_loss,

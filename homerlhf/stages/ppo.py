@@ -21,6 +21,7 @@ from homerlhf.models.registry import resolve_model
 from homerlhf.ppo.backends import RewardBackend
 from homerlhf.stages.data_parallel import build_scorers, watch_launcher
 from homerlhf.stages.scorers import build_engine
+from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
 
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
@@ -33,7 +34,7 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     return claim_run_dir(run_dir, RUN_MARKERS, overwrite,
                          f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
                          "--overwrite to replace it, or choose another --out",
-                         removals=("samples.jsonl", "tensorboard"))
+                         removals=("samples.jsonl", *TRACKER_DIRS))
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
@@ -125,6 +126,8 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     watch_launcher(ranks)
     run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
+    if ranks.is_main:
+        print(tracking_line(cfg.logging, run_dir))
     seed_everything(cfg.seed)
 
     model_path = resolve_model(cfg.model.name_or_path)

@@ -6,7 +6,8 @@ download would fail later with its own message). ``reward.backend: adapter`` als
 files' headers and a few bytes per tensor (:mod:`homerlhf.models.fingerprint`), of builtin models
 once built. Each refusal is one line naming the architecture, what is supported and the
 switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
-reward model.
+reward model. The trackers of ``logging.report_to`` are looked up (not imported): one that is not
+installed is a line naming the pip command.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from homerlhf.errors import UserError
+from homerlhf.tracking.settings import check_installed
 
 if TYPE_CHECKING:  # pragma: no cover
     from homerlhf.config.schema import RunConfig
@@ -153,7 +155,9 @@ def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
 
 
 def check_run(cfg: "RunConfig") -> None:
-    """Every role of a PPO run (policy, reference, reward) can load or serve its model."""
+    """Every role of a PPO run (policy, reference, reward) can load or serve its model, and every
+    tracker of ``logging.report_to`` is installed."""
+    check_installed(cfg.logging)
     seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
     policy_config = _check_policy(cfg)
     if cfg.ref.backend == "llamacpp" and not cfg.ref.url:
@@ -195,8 +199,10 @@ def check_reward_adapters(cfg: "RunConfig") -> None:
 
 def check_reward_stage(cfg: "RunConfig", base: str) -> None:
     """``homerlhf reward`` from ``base``: a sequence classifier transformers has, and, with
-    ``rm.export_gguf``, one the GGUF export takes: checked before training, not after."""
+    ``rm.export_gguf``, one the GGUF export takes: checked before training, not after. Its trackers are installed."""
     from homerlhf.models.support import check_loadable
+
+    check_installed(cfg.logging)
 
     config = model_config(base, cfg.model.revision)
     if config is None:
@@ -212,8 +218,10 @@ def check_reward_stage(cfg: "RunConfig", base: str) -> None:
 
 
 def check_sft_stage(cfg: "RunConfig", base: str) -> None:
-    """``homerlhf sft`` from ``base``: a causal LM transformers has."""
+    """``homerlhf sft`` from ``base``: a causal LM transformers has; its trackers are installed."""
     from homerlhf.models.support import check_loadable
+
+    check_installed(cfg.logging)
 
     config = model_config(base, cfg.model.revision)
     if config is not None:

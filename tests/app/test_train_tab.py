@@ -69,3 +69,18 @@ def test_worker_status_of_a_running_run(tmp_path, health_url, monkeypatch):
     assert table["ref"][1:4] == ["llamacpp", "-", "starting"]  # no address announced yet
     stopped = runs.RunStatus(tmp_path, "finished")
     assert train_tab.worker_table(tmp_path, stopped)[1][3] == "run not running"
+
+
+def test_the_status_says_where_the_run_is_tracked(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = load_config("cpu-tiny", None, ["logging.report_to=[tensorboard,mlflow]"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    status = train_tab.poll(str(tmp_path))[0]  # not started yet: the places its config names
+    assert (f"**Tracking:** tensorboard: {tmp_path}/tensorboard (view: tensorboard --logdir {tmp_path}/tensorboard); "
+            f"mlflow: {(tmp_path / 'mlruns').as_uri()}") in status
+    # Once its trackers started, the places they started with (tracking.json), whatever the app's environment.
+    (tmp_path / "tracking.json").write_text(json.dumps({"places": ["mlflow: http://127.0.0.1:5000 (view: the web app)"]}))
+    assert "**Tracking:** mlflow: http://127.0.0.1:5000 (view: the web app)" in train_tab.poll(str(tmp_path))[0]
+    (tmp_path / "config.yaml").write_text(to_yaml(load_config("cpu-tiny", None, [])))
+    (tmp_path / "tracking.json").unlink()
+    assert "**Tracking:** metrics.jsonl only (logging.report_to: none)" in train_tab.poll(str(tmp_path))[0]

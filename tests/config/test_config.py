@@ -151,3 +151,12 @@ def test_bad_reward_settings_name_the_reward(overrides, fragment):
     with pytest.raises(UserError) as info:
         load_config("cpu-tiny", overrides=overrides)
     assert fragment in str(info.value)
+
+
+def test_config_yaml_redacts_the_token_of_every_reward_component():
+    from homerlhf.config import to_yaml
+
+    cfg = load_config("cpu-tiny", overrides=[
+        "reward.components=[{backend: llamacpp, model: builtin:demo-rm, name: rm2, url: 'http://127.0.0.1:9', token: secret-c}]"])
+    text = to_yaml(cfg)
+    assert "secret-c" not in text and "token: <redacted>" in text

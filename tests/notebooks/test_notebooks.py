@@ -113,6 +113,10 @@ def test_quickstart_runs_the_cpu_pipeline(tmp_path, monkeypatch):
     assert (run_dir / "checkpoints" / "iter_000002" / "actor" / "adapter_config.json").is_file()
     assert (tmp_path / "runs" / "quickstart" / "reward" / "reward_run.json").is_file()
     assert (tmp_path / "runs" / "quickstart" / "sft" / "sft_run.json").is_file()
+    # Where the run is tracked (TensorBoard, installed by the test extra), and its events are there.
+    ppo_dir = "runs/quickstart/ppo"  # as the notebook names it, relative to its directory
+    assert f"tracking: tensorboard: {ppo_dir}/tensorboard (view: tensorboard --logdir {ppo_dir}/tensorboard)" in text
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
     assert _images(nb) >= 3  # memory plan, reward/KL plot, all-metrics figure
     # The chat answered both messages, actor and reference, each scored by the reward model.

@@ -11,7 +11,8 @@ processes with ``accelerate launch`` (gloo), with the real llama.cpp reference a
   with lr 2e-3 we see ~4e-6 at most;
 - ``kill -9`` of the launcher leaves no process of the run (ranks and workers) behind, and
   ``--resume`` continues, on one process and then on two, to the same weights as the straight run;
-- no process of any run outlives it.
+- no process of any run outlives it;
+- process 0 alone reports to the experiment trackers (TensorBoard here: one event file, each step once).
 
 Slow: two 2-process runs, one 1-process run, a killed run and two resumes; 4 to 7 minutes on 2 shared
 cores, depending on their load.
@@ -60,7 +61,7 @@ def _train(models, out: Path, gpus: int) -> subprocess.Popen:
         "rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=6", "ppo.mini_batch_size=2",
         "ppo.micro_batch_size=1", "ppo.epochs=1", "ppo.score_norm=true", "ppo.adaptive_kl=true",
         "logging.progress=false", "logging.samples_per_iteration=1", "checkpoint.every=1", "checkpoint.keep=5",
-        f"ppo.iterations={N}",
+        f"ppo.iterations={N}", "logging.report_to=tensorboard",
     ]
     argv = ["train", "--preset", "cpu-tiny", "--out", str(out), "--gpus", str(gpus)]
     return _cli(argv + [x for o in overrides for x in ("--set", o)])
@@ -134,6 +135,13 @@ def test_two_processes_train_like_one_with_the_same_global_batch(runs):
     assert _max_diff(start, _weights(one, N)) > 100 * TOLERANCE  # the weights did move
     rows_one, rows_two = _rows(one), _rows(two)
     assert [r["iteration"] for r in rows_two] == list(range(1, N + 1))  # one metrics row per iteration
+    # Process 0 alone reports to the trackers: one TensorBoard event file, each iteration once.
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    (events,) = (two / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("score_mean")] == list(range(1, N + 1))
     for a, b in zip(rows_one, rows_two):
         # The same samples, scored by the same workers: the global batch's metrics, not one rank's.
         assert b["response_length_mean"] == a["response_length_mean"]
