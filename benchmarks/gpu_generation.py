@@ -126,11 +126,7 @@ def planned_chunk(args, cfg, model_dir: Path) -> tuple[int, str]:
     """The generation chunk to compare at, and where it came from."""
     if args.chunk is not None:
         return args.chunk, "--chunk"
-    try:
-        from homerlhf.memory.chunks import planned_generation_chunk
-    except ImportError as exc:
-        fallback = 4 * args.hf_chunk
-        return fallback, f"{fallback} = 4 x --hf-chunk: no planner ({exc}); pass --chunk"
+    from homerlhf.memory.chunks import planned_generation_chunk
     from homerlhf.memory.shapes import resolve_shape
 
     return int(planned_generation_chunk(cfg, resolve_shape(str(model_dir)), args.cap_gib)), "planner"

@@ -21,7 +21,26 @@ GIB = 2**30
 
 def build_random_checkpoint(shape, out_dir: Path, seed: int = 0, device: str = "cuda") -> Path:
     """``shape``'s architecture with random weights (bf16 on a GPU, fp32 on the CPU), initialised on
-    ``device``, saved into ``out_dir`` with the tiny tokenizer (its ids as pad/eos/bos)."""
+    ``device``, saved into ``out_dir`` with the tiny tokenizer (its ids as pad/eos/bos).
+
+    With ``$HOMERLHF_GPU_MODELS`` set (``scripts/gpu_session.sh`` sets it), a GPU checkpoint is kept
+    there by shape and seed, and the next script of the session loads it instead of building it again
+    (a 7B: ~30 s saved); it is written under another name and renamed, so a killed build is never reused."""
+    import os
+
+    shared = os.environ.get("HOMERLHF_GPU_MODELS")
+    if shared and device == "cuda":
+        out_dir = Path(shared) / f"{shape.name.replace('/', '--')}-seed{seed}"
+        if (out_dir / "config.json").is_file():
+            return out_dir
+        final, out_dir = out_dir, out_dir.with_name(out_dir.name + ".partial")
+        _save_random_checkpoint(shape, out_dir, seed, device)
+        out_dir.rename(final)
+        return final
+    return _save_random_checkpoint(shape, out_dir, seed, device)
+
+
+def _save_random_checkpoint(shape, out_dir: Path, seed: int, device: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -23,6 +23,23 @@ def _isolated_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gpu_session_smoke(tmp_path_factory):
+    """``bash scripts/gpu_session.sh --cpu-smoke`` run once: what a GPU session runs (scripts/gpu_check.py,
+    then benchmarks/gpu_generation.py), each in its CPU smoke mode. Returns the finished process and
+    its ``$OUT`` folder."""
+    import subprocess
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("gpu-session-out")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OUT=str(out), CUDA_VISIBLE_DEVICES="")
+    env.pop("HOMERLHF_GPU_MODELS", None)
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_session.sh"), "--cpu-smoke"], capture_output=True,
+                          text=True, timeout=1200, env=env, cwd=out)
+    return done, out
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     from homerlhf.tiny import build_causal_lm
 

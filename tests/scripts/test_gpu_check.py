@@ -26,12 +26,12 @@ def run(*args, out: Path):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=900, env=env)
 
 
-def test_cpu_smoke_runs_every_case_and_writes_their_figures(tmp_path):
-    done = run("--cpu-smoke", out=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("ok ", "FAIL "))]
+def test_cpu_smoke_runs_every_case_and_writes_their_figures(gpu_session_smoke):
+    done, out = gpu_session_smoke  # scripts/gpu_session.sh --cpu-smoke: this script first
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [ln for ln in (out / "gpu_check.log").read_text().splitlines() if ln.startswith(("ok ", "FAIL "))]
     assert [ln.split()[:2] for ln in lines] == [["ok", name] for name in CASES]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())  # $OUT/gpu_check.json by default
+    report = json.loads((out / "gpu_check.json").read_text())
     assert report["mode"] == "cpu-smoke"
     assert {"torch", "transformers", "peft", "bitsandbytes"} <= set(report)
     for case in report["cases"]:

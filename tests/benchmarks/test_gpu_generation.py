@@ -6,9 +6,6 @@ mode, one line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +14,11 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_generation.py"
 
 
-def test_cpu_smoke_runs_every_part(tmp_path):
-    out = tmp_path / "smoke.json"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HOMERLHF_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+def test_cpu_smoke_runs_every_part(gpu_session_smoke):
+    done, out = gpu_session_smoke  # scripts/gpu_session.sh --cpu-smoke: after scripts/gpu_check.py
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu_generation.py exit: 0" in done.stdout
+    report = json.loads((out / "gpu_generation.json").read_text())
     (row,) = report["models"]
     assert row["planned_chunk"] == 4 and row["chunk_source"] == "--chunk"
     assert set(row["rates"]) == {"hf@2", "hf@4", "static@4"}
@@ -39,7 +34,7 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     static, hf = row["iteration"]["static"], row["iteration"]["hf"]
     assert static["decoder"] == "static" and static["time_iteration_s"] > 0 and static["rollout_chunk_size"] == 4
     assert hf["predicted"] and hf["chunk"] == 2
-    assert "PPO iteration, static @ chunk 4" in proc.stdout
+    assert "PPO iteration, static @ chunk 4" in (out / "gpu_generation.log").read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
