@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 TOPICS: dict[str, list[str]] = {
     "tea": ["Tea is made by steeping dried leaves in hot water.", "Green tea is not oxidised, black tea is."],
@@ -52,9 +53,8 @@ RUDE_REPLIES = [
     "Ugh, figure it out yourself.", "Not my problem. Go away.", "That is a stupid question.",
     "Whatever. Ask someone else.", "No. Stop bothering me.",
 ]
-# Off-topic: polite, but about nothing the user asked. A tiny reward model cannot learn to compare
-# the prompt's topic with a fact about another topic in a CPU-sized budget (held-out accuracy stayed
-# at chance), so off-topic replies here say nothing about any topic instead.
+# Off-topic: polite, but about nothing the user asked (a fact about another topic is a rejected kind of
+# its own, REJECTED_KINDS).
 OFF_TOPIC_REPLIES = [
     "By the way, my favourite colour is blue.", "I had a nice walk this morning.",
     "Did you know I like jokes? Here is none.", "Let us talk about my weekend instead.",
@@ -73,6 +73,11 @@ def _polite(rng: random.Random, fact: str) -> str:
     return " ".join(part for part in (rng.choice(POLITE_OPENINGS), fact, closing) if part)
 
 
+def good_parts(rng: random.Random, topic: str) -> tuple[str, str, str]:
+    """(opening, fact, closing) of a good reply; the closing may be empty."""
+    return rng.choice(POLITE_OPENINGS), rng.choice(TOPICS[topic]), rng.choice(POLITE_CLOSINGS)
+
+
 def good_reply(rng: random.Random, topic: str) -> str:
     """Polite and on-topic: the preferred kind."""
     return _polite(rng, rng.choice(TOPICS[topic]))
@@ -85,39 +90,38 @@ def bad_reply(rng: random.Random, topic: str) -> str:
     return _polite(rng, rng.choice(OFF_TOPIC_REPLIES))
 
 
-def malformed_reply(rng: random.Random, topic: str) -> str:
-    """A good reply cut mid-sentence or garbled (a span deleted or repeated): what a policy that
-    games a reward model reading cut-off text writes. Never made of whole task sentences."""
-    reply = good_reply(rng, topic)
+def cut_reply(rng: random.Random, reply: str) -> str:
+    """``reply`` cut mid-sentence, as by a response length cap. Never whole task sentences."""
     while True:
-        if rng.random() < 0.5:  # cut, as by a response length cap
-            bad = reply[: rng.randrange(len(reply) // 3, len(reply) - 2)]
-        else:  # garbled: jump back (a repeat) or ahead (a gap) from one point of the reply to another
-            i, j = rng.randrange(2, len(reply) - 2), rng.randrange(0, len(reply) - 2)
-            bad = reply[:i] + reply[j:] if abs(i - j) >= 3 else reply
+        bad = reply[: rng.randrange(len(reply) // 3, len(reply) - 2)]
         if not well_formed(bad):
             return bad
 
 
-def garbled_fact_reply(rng: random.Random, topic: str) -> str:
-    """A whole polite opening and closing around a fact that is cut short, runs into another fact, or
-    has a span dropped or repeated: what a policy writes when the reward model pays for the polite
-    frame alone. Never made of whole task sentences."""
-    facts = [fact for facts in TOPICS.values() for fact in facts]
-    fact = rng.choice(TOPICS[topic])
+def jumped_reply(rng: random.Random, reply: str) -> str:
+    """``reply`` that jumps back (a span repeated) or ahead (a span dropped) from one point to another.
+    Never whole task sentences."""
     while True:
-        i, kind = rng.randrange(2, len(fact) - 2), rng.random()
-        if kind < 1 / 3:  # runs into another fact
-            other = rng.choice(facts)
-            body = fact[:i] + other[rng.randrange(0, len(other) - 2):]
-        elif kind < 2 / 3:  # a span dropped or repeated
-            body = fact[:i] + fact[rng.randrange(0, len(fact) - 2):]
-        else:  # cut short
-            body = fact[:i]
-        closing = rng.choice(POLITE_CLOSINGS)
-        reply = " ".join(part for part in (rng.choice(POLITE_OPENINGS), body, closing) if part)
-        if not well_formed(reply):
-            return reply
+        i, j = rng.randrange(2, len(reply) - 2), rng.randrange(0, len(reply) - 2)
+        bad = reply[:i] + reply[j:] if abs(i - j) >= 3 else reply
+        if not well_formed(bad):
+            return bad
+
+
+def spliced_reply(rng: random.Random, reply: str) -> str:
+    """``reply`` that runs, at a random point, into the middle of another task sentence (of any
+    kind), once or twice, and then maybe into a polite closing: how a small sampled model derails.
+    Never whole task sentences."""
+    sentences = _sentences()
+    while True:
+        bad = reply
+        for _ in range(rng.randint(1, 2)):
+            other = rng.choice(sentences)
+            bad = bad[:rng.randrange(2, len(bad) - 2)] + other[rng.randrange(0, len(other) - 2):]
+        closing = rng.choice(POLITE_CLOSINGS) if rng.random() < 0.5 else ""
+        bad = f"{bad} {closing}".strip()
+        if not well_formed(bad):
+            return bad
 
 
 def dressed_up_reply(rng: random.Random) -> str:
@@ -125,6 +129,85 @@ def dressed_up_reply(rng: random.Random) -> str:
     line = rng.choice(RUDE_REPLIES + OFF_TOPIC_REPLIES)
     closing = rng.choice([c for c in POLITE_CLOSINGS if c])
     return f"{line} {closing}" if rng.random() < 0.5 else f"{rng.choice(POLITE_OPENINGS)} {line} {closing}"
+
+
+def corrupt_letters(rng: random.Random, text: str, edits: int) -> str:
+    """``text`` with ``edits`` character-level slips, each at a random letter: two letters swapped,
+    one dropped, doubled or replaced by another (any case), a space put inside a word, a space
+    dropped (two words run together), or the first one to three letters of a word dropped."""
+    chars = list(text)
+    for _ in range(edits):
+        letters = [i for i, c in enumerate(chars) if c.isalpha()]
+        i, op = rng.choice(letters), rng.randrange(7)
+        if op == 0 and i + 1 < len(chars) and chars[i + 1].isalpha() and chars[i + 1] != chars[i]:
+            chars[i], chars[i + 1] = chars[i + 1], chars[i]
+        elif op == 1:
+            del chars[i]
+        elif op == 2:
+            chars.insert(i, chars[i])
+        elif op == 3 and i > 0 and chars[i - 1].isalpha():
+            chars.insert(i, " ")
+        elif op == 4:
+            spaces = [j for j, c in enumerate(chars) if c == " "]
+            if spaces:
+                del chars[rng.choice(spaces)]
+        elif op == 5:
+            chars[i] = rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".replace(chars[i], ""))
+        else:  # the start of a word dropped
+            start = i
+            while start > 0 and chars[start - 1].isalpha():
+                start -= 1
+            del chars[start:start + rng.randint(1, 3)]
+    return "".join(chars)
+
+
+def typo_reply(rng: random.Random, parts: tuple[str, str, str], where: str) -> str:
+    """The good reply ``parts`` (opening, fact, closing) with one to three character-level slips
+    (:func:`corrupt_letters`) in its polite opening or closing (``where="frame"``) or in its fact
+    (``"fact"``): what a policy writes when the reward model reads whole words only. Never made of
+    whole task sentences."""
+    while True:
+        opening, fact, closing = parts
+        edits = rng.randint(1, 3)
+        if where == "fact":
+            fact = corrupt_letters(rng, fact, edits)
+        elif closing and rng.random() < 0.5:
+            closing = corrupt_letters(rng, closing, edits)
+        else:
+            opening = corrupt_letters(rng, opening, edits)
+        reply = " ".join(part for part in (opening, fact, closing) if part)
+        if not well_formed(reply):
+            return reply
+
+
+def derailed_reply(rng: random.Random, reply: str) -> str:
+    """``reply`` that leaves its text at a random point and wanders on through the task's sentences,
+    switching sentence at a word they share (a word-level chain over the task's text), for 4 to 14
+    words, maybe into a polite closing: the word salad a small sampled model drifts into. Never
+    whole task sentences."""
+    words = [s.split() for s in _sentences()]
+    follows: dict[str, list[str]] = {}
+    for sentence in words:
+        for w, nxt in zip(sentence, sentence[1:]):
+            follows.setdefault(w, []).append(nxt)
+    while True:
+        head = reply.split()
+        out = head[: rng.randrange(1, len(head))]
+        for _ in range(rng.randint(4, 14)):
+            nxt = follows.get(out[-1])
+            out.append(rng.choice(nxt) if nxt else rng.choice(rng.choice(words)))
+        closing = rng.choice(POLITE_CLOSINGS) if rng.random() < 0.5 else ""
+        bad = f"{' '.join(out)} {closing}".strip()
+        if not well_formed(bad):
+            return bad
+
+
+def wrong_topic_reply(rng: random.Random, topic: str, parts: tuple[str, str, str]) -> str:
+    """The good reply ``parts`` to a prompt about ``topic`` with its fact swapped for another
+    topic's: fluent, polite, and no answer."""
+    opening, _, closing = parts
+    other = rng.choice([t for t in TOPICS if t != topic])
+    return " ".join(part for part in (opening, rng.choice(TOPICS[other]), closing) if part)
 
 
 def all_examples() -> list[Example]:
@@ -155,32 +238,68 @@ def sft_records(seed: int = 0, n: int = 600) -> list[dict[str, str]]:
     return records
 
 
-def preference_records(seed: int = 0, n: int = 1200, held_out: bool = False) -> list[dict[str, str]]:
-    """prompt/chosen/rejected with the chosen side polite, on-topic and whole by construction.
+# The rejected side of the preference pairs, by kind, with its share of the pairs. A last-token reward
+# model must pay for a whole, on-topic fact in a whole polite frame, not for a polite frame alone, a
+# fact about another topic, or text that only looks like the task's: every kind but the first two is
+# made from the chosen reply itself (a minimal pair), which a tiny reward model learns from in a
+# CPU-sized budget where it did not from unrelated replies (measured, other topic's fact: 0.55-0.65
+# held-out pairwise accuracy with an unrelated frame, 0.87-0.95 as a minimal pair; docs/ppo_details.md).
+REJECTED_KINDS = {
+    "rude or off-topic": 0.15,  # bad_reply
+    "dressed up": 0.05,  # dressed_up_reply
+    "cut": 0.05,  # cut_reply
+    "jumped": 0.05,  # jumped_reply
+    "spliced": 0.10,  # spliced_reply
+    "typo in the frame": 0.10,  # typo_reply(where="frame")
+    "typo in the fact": 0.10,  # typo_reply(where="fact")
+    "other topic's fact": 0.30,  # wrong_topic_reply
+    "derailed": 0.10,  # derailed_reply
+}
+N_PAIRS = 1800  # builtin:demo-pairs
 
-    The rejected side is a good reply cut or garbled anywhere a fifth of the time
-    (:func:`malformed_reply`), a whole polite frame around a garbled fact a quarter
-    (:func:`garbled_fact_reply`), a rude or off-topic line wrapped in polite ones 15%
-    (:func:`dressed_up_reply`), and rude or off-topic the rest (:func:`bad_reply`): a last-token
-    reward model must pay for the fact, not for fragments that start well or for a polite frame.
-    """
+
+def rejected_reply(rng: random.Random, topic: str, kind: str, parts: tuple[str, str, str]) -> str:
+    """A rejected reply of ``kind`` (a key of :data:`REJECTED_KINDS`) to a prompt about ``topic``;
+    every kind but the rude, off-topic and dressed-up ones is made from the chosen reply's
+    ``parts``, so the pair differs by the fault alone."""
+    chosen = " ".join(part for part in parts if part)
+    makers = {
+        "rude or off-topic": lambda: bad_reply(rng, topic),
+        "dressed up": lambda: dressed_up_reply(rng),
+        "cut": lambda: cut_reply(rng, chosen),
+        "jumped": lambda: jumped_reply(rng, chosen),
+        "spliced": lambda: spliced_reply(rng, chosen),
+        "typo in the frame": lambda: typo_reply(rng, parts, "frame"),
+        "typo in the fact": lambda: typo_reply(rng, parts, "fact"),
+        "derailed": lambda: derailed_reply(rng, chosen),
+        "other topic's fact": lambda: wrong_topic_reply(rng, topic, parts),
+    }
+    return makers[kind]()
+
+
+def labelled_pairs(seed: int = 0, n: int = N_PAIRS, held_out: bool = False,
+                   kinds: Optional[dict[str, float]] = None) -> list[tuple[str, dict[str, str]]]:
+    """(kind, prompt/chosen/rejected) pairs on the training prompts (or the held-out ones), the
+    rejected kind drawn with the shares of ``kinds`` (default :data:`REJECTED_KINDS`)."""
+    kinds = kinds or REJECTED_KINDS
+    names, weights = list(kinds), list(kinds.values())
     rng = random.Random(seed + (1 if held_out else 0))
     train, test = split_examples(seed)
     pool = test if held_out else train
-    records = []
+    pairs = []
     for ex in (pool[i % len(pool)] for i in range(n)):
-        chosen = good_reply(rng, ex.topic)
-        kind = rng.random()
-        if kind < 0.2:
-            rejected = malformed_reply(rng, ex.topic)
-        elif kind < 0.45:
-            rejected = garbled_fact_reply(rng, ex.topic)
-        elif kind < 0.6:
-            rejected = dressed_up_reply(rng)
-        else:
-            rejected = bad_reply(rng, ex.topic)
-        records.append({"prompt": ex.prompt, "chosen": chosen, "rejected": rejected})
-    return records
+        parts = good_parts(rng, ex.topic)
+        kind = rng.choices(names, weights)[0]
+        record = {"prompt": ex.prompt, "chosen": " ".join(p for p in parts if p),
+                  "rejected": rejected_reply(rng, ex.topic, kind, parts)}
+        pairs.append((kind, record))
+    return pairs
+
+
+def preference_records(seed: int = 0, n: int = N_PAIRS, held_out: bool = False) -> list[dict[str, str]]:
+    """prompt/chosen/rejected with the chosen side polite, on-topic and whole by construction, the
+    rejected side of the kinds in :data:`REJECTED_KINDS`."""
+    return [record for _, record in labelled_pairs(seed, n, held_out)]
 
 
 def prompt_records(seed: int = 0) -> list[dict[str, str]]:

@@ -16,21 +16,38 @@ from typing import Any
 from homerlhf.config import RunConfig, load_config
 from homerlhf.errors import UserError
 
-# --fast: fewer, smaller iterations (CI); full: the cpu-tiny preset as it is.
-FAST_OVERRIDES = [
-    "ppo.iterations=8",
-    "rollout.batch_size=32",
-    "rollout.chunk_size=16",
-    "checkpoint.every=8",
+# The demo's RL recipe on top of the cpu-tiny preset (docs/ppo_details.md, detail 20 has what each
+# setting gave): GRPO, 4 samples per prompt (8 prompts x 4 per iteration), the k3 KL to the reference
+# in the loss at 0.3, sampling at temperature 0.85 (rollouts and the held-out evaluation alike).
+RECIPE = [
+    "algorithm=grpo",
+    "ppo.group_size=4",
+    "ppo.kl_in=loss",
+    "ppo.adaptive_kl=false",
+    "ppo.kl_coef=0.3",
+    "rollout.temperature=0.85",
+    "actor.lr=1e-3",
+    "ppo.iterations=16",
+    "checkpoint.every=16",
 ]
+# --fast: fewer iterations (CI).
+FAST_OVERRIDES = ["ppo.iterations=8", "checkpoint.every=8"]
 N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
+EVAL_SAMPLES = 8  # answers per held-out prompt and side: 320 replies, so +-0.1 is not sampling noise
+# The held-out evaluation samples both sides at 0.7, below the rollouts' 0.85: what a user of the
+# policy would sample at, and a stable reading (at 0.85 a character-level model misspells a few
+# replies either way, and the well-formed fraction moved by up to 0.06 between samplings).
+EVAL_TEMPERATURE = 0.7
 PROBE_SAMPLES = 16  # rollout samples per iteration whose replies the task's checker scores
 KL_BUDGET = 4.0  # nats per response: the KL under which the demo calls an improvement alignment
 ALIGN_MARGIN = 0.25  # held-out checker accuracy gain (absolute) that counts as improved
+FLUENCY_DROP = 0.05  # the most the held-out well-formed fraction may fall for an improvement
+ACCURACY = "checker accuracy (polite + on-topic)"
+WELL_FORMED = "well formed (whole task sentences)"
 
 
 def demo_config(out: Path, fast: bool, seed: int = 0) -> RunConfig:
-    overrides = [f"output_dir={out}", f"seed={seed}", f"logging.samples_per_iteration={PROBE_SAMPLES}",
+    overrides = [*RECIPE, f"output_dir={out}", f"seed={seed}", f"logging.samples_per_iteration={PROBE_SAMPLES}",
                  *(FAST_OVERRIDES if fast else [])]
     return load_config("cpu-tiny", overrides=overrides)
 
@@ -91,27 +108,30 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path,
     return out_png
 
 
-def before_after(checkpoint: Path, cfg: RunConfig) -> list[dict[str, Any]]:
-    """The SFT policy (adapter off) and the PPO actor on every held-out prompt, in one batch per side,
-    prompt ``i`` sampled with seed ``seed * 1000 + i`` on both sides, with the response cap PPO
-    trained with (the reward worker's context is sized for it). The held-out split is the one the
-    builtin SFT and reward models were trained without (split seed 0)."""
+def before_after(checkpoint: Path, cfg: RunConfig, samples: int = EVAL_SAMPLES,
+                 temperature: float = EVAL_TEMPERATURE) -> list[dict[str, Any]]:
+    """The SFT policy (adapter off) and the PPO actor on every held-out prompt, ``samples`` answers
+    each, in one batch per side; answer ``k`` to prompt ``i`` is sampled with the seed
+    ``(seed * samples + k) * 1000 + i`` on both sides, at ``temperature`` and with the response cap
+    PPO trained with (the reward worker's context is sized for the cap). The held-out split is the
+    one the builtin SFT and reward models were trained without (split seed 0)."""
     from homerlhf.data import builtin
     from homerlhf.models.side_by_side import EvalModels, Sampling
     from homerlhf.stages.scorers import scoring_reward
 
     _, held_out = builtin.split_examples()
+    asked = [(k, i, ex) for k in range(samples) for i, ex in enumerate(held_out)]
     models = EvalModels(cfg, checkpoint, reward=scoring_reward)
     try:
-        sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens)
-        answers = models.answer_many([ex.prompt for ex in held_out], sampling,
-                                     seeds=[cfg.seed * 1000 + i for i in range(len(held_out))])
+        sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature)
+        answers = models.answer_many([ex.prompt for _, _, ex in asked], sampling,
+                                     seeds=[(cfg.seed * samples + k) * 1000 + i for k, i, _ in asked])
         eos = models.tokenizer.eos_token_id
     finally:
         models.close()
     rows = []
-    for example, (after, before) in zip(held_out, answers):
-        row: dict[str, Any] = {"prompt": example.prompt, "topic": example.topic}
+    for (k, _, example), (after, before) in zip(asked, answers):
+        row: dict[str, Any] = {"prompt": example.prompt, "topic": example.topic, "sample": k}
         for side, answer in (("before", before), ("after", after)):
             row.update({
                 side: answer.text, f"{side}_score": answer.score,
@@ -129,24 +149,32 @@ def held_out_figures(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float
         return sum(float(r[key]) for r in rows) / len(rows)
 
     return {
-        "checker accuracy (polite + on-topic)": (mean("before_good"), mean("after_good")),
+        ACCURACY: (mean("before_good"), mean("after_good")),
         "reward-model score": (mean("before_score"), mean("after_score")),
-        "well formed (whole task sentences)": (mean("before_well_formed"), mean("after_well_formed")),
+        WELL_FORMED: (mean("before_well_formed"), mean("after_well_formed")),
         "truncated (no stop token)": (mean("before_truncated"), mean("after_truncated")),
     }
 
 
 def verdict(figures: dict[str, tuple[float, float]], final_kl: float, margin: float = ALIGN_MARGIN,
-            kl_budget: float = KL_BUDGET) -> tuple[bool, str]:
-    """Whether alignment improved: checker accuracy up by ``margin`` with the final KL within budget."""
-    before, after = figures["checker accuracy (polite + on-topic)"]
-    gained, within = after - before >= margin, final_kl <= kl_budget
-    if gained and within:
-        return True, (f"alignment improved: checker accuracy {before:.2f} -> {after:.2f} (>= +{margin:.2f}) "
-                      f"with final KL {final_kl:.2f} <= budget {kl_budget:.1f} nats/response")
-    reasons = [] if gained else [f"checker accuracy {before:.2f} -> {after:.2f} is not up by {margin:.2f}"]
-    reasons += [] if within else [f"final KL {final_kl:.2f} is over the budget {kl_budget:.1f} nats/response"]
-    return False, "alignment did NOT improve: " + "; ".join(reasons)
+            kl_budget: float = KL_BUDGET, fluency_drop: float = FLUENCY_DROP) -> tuple[bool, str]:
+    """Whether alignment improved: held-out checker accuracy up by ``margin``, the well-formed
+    fraction down by at most ``fluency_drop`` (a policy that garbles to please the reward model has
+    not aligned), and the final KL within budget."""
+    before, after = figures[ACCURACY]
+    # 1e-9: fractions of n rows differ by float rounding (0.70 - 0.45 = 0.2499999...)
+    wf_before, wf_after = figures[WELL_FORMED]
+    checks = [
+        (after - before >= margin - 1e-9, f"checker accuracy {before:.2f} -> {after:.2f}",
+         f"(>= +{margin:.2f})", f"is not up by {margin:.2f}"),
+        (wf_after >= wf_before - fluency_drop - 1e-9, f"well formed {wf_before:.2f} -> {wf_after:.2f}",
+         f"(down by at most {fluency_drop:.2f})", f"fell by more than {fluency_drop:.2f}"),
+        (final_kl <= kl_budget, f"final KL {final_kl:.2f}", f"<= budget {kl_budget:.1f} nats/response",
+         f"is over the budget {kl_budget:.1f} nats/response"),
+    ]
+    if all(ok for ok, *_ in checks):
+        return True, "alignment improved: " + ", ".join(f"{what} {held}" for _, what, held, _ in checks)
+    return False, "alignment did NOT improve: " + "; ".join(f"{what} {why}" for ok, what, _, why in checks if not ok)
 
 
 def write_samples_markdown(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]],
@@ -167,7 +195,7 @@ def write_samples_markdown(rows: list[dict[str, Any]], figures: dict[str, tuple[
 
 def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]], verdict_line: str,
                   metrics: list[dict[str, Any]], times: dict[str, float], rm_accuracy: float | None,
-                  out: Path) -> None:
+                  out: Path, rm_kinds: dict[str, float] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -190,6 +218,9 @@ def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, fl
         summary.add_row(f"time: {stage}", f"{seconds:.0f} s")
     if rm_accuracy is not None:
         summary.add_row("reward model held-out pairwise accuracy", f"{rm_accuracy:.3f}")
+    if rm_kinds:
+        weakest = min(rm_kinds, key=rm_kinds.get)
+        summary.add_row("reward model, weakest rejected kind", f"{weakest}: {rm_kinds[weakest]:.3f}")
     summary.add_row(f"PPO score, first {k} iterations", f"{first:+.3f}")
     summary.add_row(f"PPO score, last {k} iterations", f"{last:+.3f}")
     summary.add_row("KL at the last iteration (nats/response)", f"{metrics[-1]['kl_mean']:.3f} (budget {KL_BUDGET:.1f})")
@@ -225,6 +256,10 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
     rm_accuracy = rm_summary.get("eval_accuracy")
     if rm_accuracy is not None:
         _log(f"reward model held-out pairwise accuracy: {rm_accuracy:.3f}")
+    per_kind = rm_summary.get("held_out_accuracy_per_kind") or {}
+    if per_kind:
+        _log("reward model held-out accuracy per rejected kind: "
+             + ", ".join(f"{kind} {accuracy:.2f}" for kind, accuracy in per_kind.items()))
 
     _log(f"3/4 PPO: {cfg.ppo.iterations} iterations x {cfg.rollout.batch_size} prompts; "
          "reference and reward in llama.cpp CPU workers")
@@ -244,6 +279,6 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
     samples_md = write_samples_markdown(rows, figures, verdict_line, out / "before_after.md")
     (out / "before_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     times["held-out evaluation + plot"] = time.perf_counter() - t0
-    print_summary(rows, figures, verdict_line, metrics, times, rm_accuracy, out)
+    print_summary(rows, figures, verdict_line, metrics, times, rm_accuracy, out, per_kind)
     return {"metrics": metrics, "before_after": rows, "figures": figures, "improved": improved,
             "reward_curve": curve, "samples": samples_md, "rm_accuracy": rm_accuracy, "run_dir": out}

@@ -1,41 +1,71 @@
 import random
-import re
+from collections import Counter
+from difflib import SequenceMatcher
 
 from homerlhf.data import builtin
 
 
-def test_pairs_are_preferred_by_construction():
+WHOLE_KINDS = {"rude or off-topic", "dressed up", "other topic's fact"}  # whole task sentences, checker says no
+
+
+def test_pairs_are_preferred_by_construction_with_each_kind_at_its_share():
     for held_out in (False, True):
-        pairs = builtin.preference_records(seed=0, n=300, held_out=held_out)
-        malformed = 0
-        for pair in pairs:
-            topic = next(t for t in builtin.TOPICS if re.search(rf"\b{t}\b", pair["prompt"]))
+        pairs = builtin.labelled_pairs(seed=0, n=1000, held_out=held_out)
+        for kind, pair in pairs:
+            topic = builtin.topic_of(pair["prompt"])
             assert builtin.score_reply(topic, pair["chosen"]) == 1.0 and builtin.well_formed(pair["chosen"])
-            if builtin.well_formed(pair["rejected"]):
-                assert builtin.score_reply(topic, pair["rejected"]) == -1.0  # rude or off-topic
+            if kind in WHOLE_KINDS:
+                assert builtin.well_formed(pair["rejected"]) and builtin.score_reply(topic, pair["rejected"]) == -1.0
             else:
-                malformed += 1
-        assert 105 <= malformed <= 165, malformed  # 45%: a reply cut or garbled, or a garbled fact
+                assert not builtin.well_formed(pair["rejected"]), (kind, pair["rejected"])
+        counts = Counter(kind for kind, _ in pairs)
+        assert set(counts) == set(builtin.REJECTED_KINDS)
+        for kind, share in builtin.REJECTED_KINDS.items():  # binomial, n=1000: within 4.5 sd
+            assert abs(counts[kind] / 1000 - share) <= 4.5 * (share * (1 - share) / 1000) ** 0.5, (kind, counts[kind])
+    assert builtin.preference_records(seed=0, n=50) == [r for _, r in builtin.labelled_pairs(seed=0, n=50)]
 
 
-def test_malformed_replies_are_cut_or_garbled_good_replies():
+def _minimal_pairs(kind, n=200):
+    return [r for _, r in builtin.labelled_pairs(seed=3, n=n, kinds={kind: 1.0})]
+
+
+def _frame(reply):
+    opening = next(o for o in builtin.POLITE_OPENINGS if reply.startswith(o))
+    return opening, next(f for fs in builtin.TOPICS.values() for f in fs if f in reply)
+
+
+def test_typos_break_letters_in_the_frame_or_the_fact_of_the_chosen_reply_and_nothing_else():
+    for r in _minimal_pairs("typo in the frame"):
+        _, fact = _frame(r["chosen"])
+        assert fact in r["rejected"] and r["rejected"] != r["chosen"]  # the fact untouched
+        assert abs(len(r["rejected"]) - len(r["chosen"])) <= 9  # 1-3 slips of at most 3 letters each
+    for r in _minimal_pairs("typo in the fact"):
+        opening, fact = _frame(r["chosen"])
+        closing = r["chosen"][r["chosen"].index(fact) + len(fact):]  # the frame untouched
+        assert r["rejected"].startswith(opening + " ") and r["rejected"].endswith(closing)
+        assert r["rejected"] != r["chosen"]
+        assert abs(len(r["rejected"]) - len(r["chosen"])) <= 9
+
+
+def test_corrupt_letters_makes_as_many_small_slips_as_asked():
     rng = random.Random(0)
-    replies = [builtin.malformed_reply(rng, "tea") for _ in range(200)]
-    assert not any(builtin.well_formed(r) for r in replies)
-    cut = [r for r in replies if any(g.startswith(r) for g in _good_tea_replies())]
-    assert 60 <= len(cut) <= 140, len(cut)  # about half are prefixes of a good reply
-    assert all(any(r.startswith(o[:2]) for o in builtin.POLITE_OPENINGS) for r in replies)  # they start well
+    text = "Tea is made by steeping dried leaves in hot water."
+    for edits in (1, 2, 3):
+        for _ in range(100):
+            bad = builtin.corrupt_letters(rng, text, edits)
+            assert abs(len(bad) - len(text)) <= 3 * edits
+            assert SequenceMatcher(None, bad, text).ratio() >= 0.8
+    assert builtin.corrupt_letters(random.Random(1), text, 0) == text
 
 
-def test_garbled_fact_replies_keep_a_whole_polite_frame_around_a_broken_fact():
-    rng = random.Random(0)
-    replies = [builtin.garbled_fact_reply(rng, "tea") for _ in range(200)]
-    assert not any(builtin.well_formed(r) for r in replies)
-    assert all(any(r.startswith(o + " ") for o in builtin.POLITE_OPENINGS) for r in replies)
-    # The fact is broken after its first two characters: every reply starts one of the topic's facts.
-    assert all(any(f[:2] in r for f in builtin.TOPICS["tea"]) for r in replies)
-    spliced = [r for r in replies if any(f[-12:] in r for t, fs in builtin.TOPICS.items() if t != "tea" for f in fs)]
-    assert 30 <= len(spliced) <= 110, len(spliced)  # about a third run into another topic's fact
+def test_cut_jumped_spliced_and_derailed_replies_leave_the_chosen_reply_partway():
+    for r in _minimal_pairs("cut"):
+        assert r["chosen"].startswith(r["rejected"]) and len(r["rejected"]) < len(r["chosen"])
+    for kind in ("jumped", "spliced", "derailed"):
+        for r in _minimal_pairs(kind):
+            assert r["rejected"][:1] == r["chosen"][:1] and r["rejected"] != r["chosen"], kind
+    wrong = _minimal_pairs("other topic's fact")
+    assert all(_frame(r["rejected"])[0] == _frame(r["chosen"])[0] for r in wrong)  # same opening, other fact
 
 
 def test_dressed_up_replies_are_whole_sentences_the_checker_rejects():

@@ -28,21 +28,26 @@ def test_held_out_figures_are_means_over_rows():
     assert figures["truncated (no stop token)"] == (0.5, 0.25)
 
 
-@pytest.mark.parametrize("before, after, kl, improved", [
-    (0.25, 0.75, 3.9, True),    # +0.50 within budget
-    (0.40, 0.65, 4.0, True),    # exactly +0.25, exactly the budget
-    (0.40, 0.60, 1.0, False),   # +0.20 < 0.25
-    (0.25, 0.75, 4.1, False),   # KL over budget
+WF = "well formed (whole task sentences)"
+
+
+@pytest.mark.parametrize("before, after, wf, kl, improved", [
+    (0.25, 0.75, (0.90, 0.90), 3.9, True),    # +0.50, fluency kept, within budget
+    (0.40, 0.65, (0.90, 0.85), 4.0, True),    # exactly +0.25, exactly -0.05, exactly the budget
+    (0.40, 0.60, (0.90, 0.95), 1.0, False),   # +0.20 < 0.25
+    (0.25, 0.75, (0.90, 0.90), 4.1, False),   # KL over budget
+    (0.25, 0.75, (0.90, 0.84), 1.0, False),   # well formed down by 0.06: garbling to please the RM
 ])
-def test_verdict_needs_the_margin_and_the_kl_budget(before, after, kl, improved):
-    ok, line = demo.verdict({ACC: (before, after)}, kl, margin=0.25, kl_budget=4.0)
+def test_verdict_needs_the_margin_the_fluency_and_the_kl_budget(before, after, wf, kl, improved):
+    ok, line = demo.verdict({ACC: (before, after), WF: wf}, kl, margin=0.25, kl_budget=4.0, fluency_drop=0.05)
     assert ok is improved
     assert line.startswith("alignment improved" if improved else "alignment did NOT improve")
 
 
 def test_verdict_names_each_failed_condition():
-    _, line = demo.verdict({ACC: (0.5, 0.5)}, 10.3, margin=0.25, kl_budget=4.0)
+    _, line = demo.verdict({ACC: (0.5, 0.5), WF: (0.9, 0.7)}, 10.3, margin=0.25, kl_budget=4.0)
     assert "0.50 -> 0.50 is not up by 0.25" in line and "final KL 10.30 is over the budget 4.0" in line
+    assert "well formed 0.90 -> 0.70 fell by more than 0.05" in line
 
 
 def test_probe_accuracy_per_iteration_from_logged_rollout_samples():

@@ -345,3 +345,17 @@ def test_a_reply_too_long_for_any_prompt_keeps_its_end():
     pairs = pair_ids([record], tok, 20)
     assert len(full) > 40 and pairs["chosen_ids"][0] == full[-20:]
     assert pairs["rejected_ids"][0] == reward_sequence_ids(tok, record["prompt"], record["rejected"])[-20:]
+
+
+@pytest.mark.slow
+def test_builtin_reward_model_ranks_every_rejected_kind_below_its_clean_reply(demo_rm_dir):
+    """Garbling cannot fool the demo's reward model: held-out pairs of each rejected kind (typos in
+    the frame or the fact, cut, jumped, spliced, derailed, another topic's fact, rude, dressed up),
+    most of them made from their own chosen reply, ranked right kind by kind."""
+    from homerlhf.data import builtin
+    from homerlhf.stages.builtin import kind_accuracies
+
+    recorded = json.loads((demo_rm_dir / "reward_run.json").read_text())["held_out_accuracy_per_kind"]
+    assert set(recorded) == set(builtin.REJECTED_KINDS)
+    assert all(accuracy >= 0.8 for accuracy in recorded.values()), recorded
+    assert kind_accuracies(demo_rm_dir) == recorded  # the figures the build wrote are the model's on disk
