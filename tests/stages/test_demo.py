@@ -1,4 +1,5 @@
-"""`homerlhf demo --fast` as a user runs it: a subprocess, offline, CPU, real llama.cpp workers."""
+"""`homerlhf demo --fast` as a user runs it: a subprocess, offline, CPU, real llama.cpp workers, under the
+default kernels and under AVX2 ones (another CPU's numerics)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import psutil
 import pytest
 
 
-def _worker_processes():
+def _worker_processes(*markers: str):
+    """homerlhf worker processes whose command line names one of ``markers`` (this test's run
+    directory or model cache): other sessions on the machine may run workers of their own."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "homerlhf" in cmd and " worker " in f" {cmd} ":
+        if "homerlhf" in cmd and " worker " in f" {cmd} " and any(m in cmd for m in markers):
             found.append(proc)
     return found
 
@@ -23,7 +26,8 @@ def _worker_processes():
 @pytest.mark.slow
 def test_demo_fast_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    before = {p.pid for p in _worker_processes()}
+    markers = (str(tmp_path), os.environ.get("HOMERLHF_CACHE", str(tmp_path)))
+    before = {p.pid for p in _worker_processes(*markers)}
     proc = subprocess.run(
         [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--seed", "0", "--out", str(out)],
         capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -47,27 +51,55 @@ def test_demo_fast_end_to_end(tmp_path):
     # Every held-out prompt, answered before and after PPO, scored by the checker, the RM and fluency.
     keys = {"before", "after", "before_score", "after_score", "before_good", "after_good",
             "before_well_formed", "after_well_formed", "before_truncated", "after_truncated"}
-    assert len(pairs) >= 40 and all(keys <= set(p) for p in pairs)
-    # Alignment, not reward hacking, in the direction the demo's verdict asks (checker accuracy
-    # +0.25, KL <= 4 nats/response, truncated <= 0.2) with looser margins for 8 iterations: the
-    # task's own checker improves on the held-out prompts, replies stay mostly whole sentences and
-    # end with a stop token, and KL stays bounded.
+    assert all(keys <= set(p) for p in pairs)
+    # Alignment, not reward hacking, as the verdict asks, recomputed from its rows: the task's own
+    # checker up by 0.25 on 8 answers to each of the 40 held-out prompts, replies as whole task
+    # sentences down by at most 0.05, none cut by the cap, KL within 4 nats/response.
     def mean(key):
         return sum(float(p[key]) for p in pairs) / len(pairs)
 
-    assert mean("after_good") > mean("before_good"), (mean("before_good"), mean("after_good"))
-    assert mean("after_well_formed") >= 0.5, mean("after_well_formed")
-    assert mean("after_truncated") <= 0.3, mean("after_truncated")
-    assert rows[-1]["kl_mean"] <= 6.0, rows[-1]["kl_mean"]
+    assert len(pairs) == 320
+    assert mean("after_good") - mean("before_good") >= 0.25, (mean("before_good"), mean("after_good"))
+    assert mean("after_well_formed") >= mean("before_well_formed") - 0.05
+    assert mean("after_truncated") <= 0.05, mean("after_truncated")
+    assert rows[-1]["kl_mean"] <= 4.0, rows[-1]["kl_mean"]
     md = (out / "before_after.md").read_text()
     assert "| prompt | before PPO" in md and "| checker accuracy (polite + on-topic) |" in md
     assert "homerlhf demo summary" in proc.stdout
-    assert "alignment improved" in proc.stdout or "alignment did NOT improve" in proc.stdout
+    assert [line for line in proc.stdout.splitlines() if line.startswith("alignment ")][0].startswith("alignment improved")
 
-    assert {p.pid for p in _worker_processes()} - before == set()
+    assert {p.pid for p in _worker_processes(*markers)} - before == set()
 
     # A second demo into the same directory refuses to overwrite it, in one line.
     again = subprocess.run([sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "--overwrite" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_demo_fast_improves_with_its_models_built_under_avx2_kernels(tmp_path):
+    """Another CPU's numerics on this one: ``ATEN_CPU_CAPABILITY=avx2`` switches PyTorch to the AVX2
+    kernels of a machine without AVX-512, and a model cache of its own makes the subprocess build the
+    SFT and reward models under them too."""
+    out = tmp_path / "demo"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "HOMERLHF_CACHE": str(tmp_path / "cache"),
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--seed", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch CPU kernels: AVX2" in proc.stderr + proc.stdout  # the setting took
+    assert any((tmp_path / "cache" / "builtin").glob("demo-rm-*")), "the reward model was not built here"
+
+    verdict = [line for line in proc.stdout.splitlines() if line.startswith("alignment ")]
+    assert len(verdict) == 1 and verdict[0].startswith("alignment improved"), verdict or proc.stdout[-2000:]
+    # The verdict's conditions, from the rows it was computed on: the checker up by 0.25, whole-sentence
+    # replies down by at most 0.05, on 8 answers to each of the 40 held-out prompts per side.
+    rows = [json.loads(line) for line in (out / "before_after.jsonl").read_text().splitlines()]
+    assert len(rows) == 320
+
+    def mean(key):
+        return sum(float(r[key]) for r in rows) / len(rows)
+
+    assert mean("after_good") - mean("before_good") >= 0.25, (mean("before_good"), mean("after_good"))
+    assert mean("after_well_formed") >= mean("before_well_formed") - 0.05
