@@ -31,7 +31,7 @@ RECIPE = [
     "checkpoint.every=16",
 ]
 # --fast changes nothing here: the recipe is already 16 short iterations (about 30 s), and fewer fall
-# short of the verdict's +0.25 (measured, seed 0-1, both CPU settings: 8 iterations +0.20 to +0.22,
+# short of the verdict's +0.25 (measured, seed 0-1, both CPU settings: 8 iterations +0.21 to +0.24,
 # 12 iterations +0.21 to +0.30; docs/ppo_details.md, detail 20). It still shortens --algorithm runs.
 FAST_OVERRIDES: list[str] = []
 N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
