@@ -65,3 +65,31 @@ def loss_scaler(compute: torch.dtype, device: str | torch.device) -> torch.amp.G
     no-op: ``scale`` returns the loss, ``step`` calls ``optimizer.step()``)."""
     device_type = torch.device(device).type
     return torch.amp.GradScaler(device_type, enabled=compute == torch.float16)
+
+
+def release_finished_accelerate_state(mixed_precision: str) -> None:
+    """Let a stage start with its own ``mixed_precision`` in a process where another already ran.
+
+    accelerate keeps one process-wide state and refuses a second ``Accelerator`` with another mixed
+    precision: a reward stage on CUDA (``fp16``/``bf16`` autocast, TRL) followed by PPO
+    (``mixed_precision="no"``, ours) in one Python process, as in a notebook, stopped at PPO's start
+    with "AcceleratorState has already been initialized". Stages run one after another, so the
+    earlier stage's state is finished and is dropped. Under a distributed group (data parallel)
+    nothing is dropped: that state is the group's, and every stage of a rank uses one precision."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if not shared or shared.get("_mixed_precision", "no") == mixed_precision:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    AcceleratorState._reset_state()
+
+
+def unmixed_accelerator(cpu: bool):
+    """PPO's ``accelerate.Accelerator``: backward and clipping only, ``mixed_precision="no"`` since
+    mixed precision is ours (this module; accelerate's would scale the loss a second time)."""
+    from accelerate import Accelerator
+
+    release_finished_accelerate_state("no")
+    return Accelerator(cpu=cpu, mixed_precision="no")

@@ -30,7 +30,7 @@ from homerlhf.memory.peaks import PhaseMeter
 from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import policy_shape
 from homerlhf.models.policy import compute_dtype
-from homerlhf.models.precision import loss_scaler
+from homerlhf.models.precision import loss_scaler, unmixed_accelerator
 from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.asynchronous import rollouts_ahead
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
@@ -76,7 +76,6 @@ class PPOTrainer:
                  prompts: Sequence[Sequence[int]], run_dir: Optional[str | Path] = None, *, accelerator=None,
                  stop: Optional[StopRequested] = None, engine: Optional[RolloutEngine] = None,
                  rows: Optional[Sequence[dict]] = None, ranks: Ranks = SINGLE):
-        from accelerate import Accelerator
 
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
@@ -93,8 +92,7 @@ class PPOTrainer:
             raise ValueError(f"{len(rows)} dataset rows for {len(self.prompts)} prompts")
         self.rows = list(rows) if rows is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        # Mixed precision is ours (models.precision): accelerate's would scale the loss a second time.
-        self.accelerator = accelerator or Accelerator(cpu=cfg.card.device == "cpu", mixed_precision="no")
+        self.accelerator = accelerator or unmixed_accelerator(cpu=cfg.card.device == "cpu")
         self.scaler = loss_scaler(compute_dtype(cfg.quant, cfg.card.device), policy.device)
         wd = cfg.training.weight_decay
         self.actor_opt = build_optimizer(cfg.actor.optimizer, policy.actor_parameters(), cfg.actor.lr, wd)

@@ -19,7 +19,8 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import torch
 
 from homerlhf.errors import UserError
-from homerlhf.models.precision import cast_trainable, trainable_dtype, trainer_precision_flags
+from homerlhf.models.precision import (cast_trainable, release_finished_accelerate_state, trainable_dtype,
+                                       trainer_precision_flags)
 from homerlhf.tracking import hf
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
 
@@ -211,6 +212,8 @@ def train_and_save(make_trainer: Callable[[], Any], method: Method, cfg, out: Pa
     """
     print(tracking_line(cfg.logging, out))
     with hf.hf_trackers(cfg, out) as callbacks:  # the trackers' places under OUT, for the stage only
+        flags = trainer_precision_flags(stage_compute_dtype(cfg, method), on_cuda(cfg))
+        release_finished_accelerate_state(next((name for name, on in flags.items() if on), "no"))
         trainer = make_trainer()
         for callback in callbacks:
             trainer.add_callback(callback)

@@ -60,3 +60,27 @@ def test_bf16_compute_keeps_what_trains_today(tmp_path):
     assert {n: p.dtype for n, p in model.named_parameters() if p.requires_grad} == before
     cast_trainable(model, BF16, all_trainable=True)
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {BF16}
+
+
+def test_ppo_accelerator_starts_after_a_stage_with_other_mixed_precision_in_the_same_process():
+    """A notebook runs the reward stage (TRL, fp16/bf16 autocast on CUDA) and then PPO (ours, "no") in
+    one process; accelerate keeps one state per process and refused the second precision. CPU shows
+    it with bf16, which accelerate accepts there."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from homerlhf.models.precision import release_finished_accelerate_state, unmixed_accelerator
+
+    AcceleratorState._reset_state()
+    try:
+        Accelerator(cpu=True, mixed_precision="bf16")  # what the earlier stage's trainer left behind
+        with pytest.raises(ValueError, match="already been initialized"):
+            Accelerator(cpu=True, mixed_precision="no")  # accelerate alone: the crash at PPO's start
+        accelerator = unmixed_accelerator(cpu=True)
+        assert accelerator.mixed_precision == "no" and AcceleratorState().mixed_precision == "no"
+        release_finished_accelerate_state("bf16")  # and back: a later stage gets its own precision
+        assert Accelerator(cpu=True, mixed_precision="bf16").mixed_precision == "bf16"
+        release_finished_accelerate_state("bf16")  # the same precision keeps the state as it is
+        assert AcceleratorState._shared_state and AcceleratorState().mixed_precision == "bf16"
+    finally:
+        AcceleratorState._reset_state()
