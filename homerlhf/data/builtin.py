@@ -68,9 +68,14 @@ class Example:
     prompt: str
 
 
+def joined(parts) -> str:
+    """A reply from its (opening, fact, closing) parts; an empty part (a closing) adds no space."""
+    return " ".join(part for part in parts if part)
+
+
 def _polite(rng: random.Random, fact: str) -> str:
     closing = rng.choice(POLITE_CLOSINGS)
-    return " ".join(part for part in (rng.choice(POLITE_OPENINGS), fact, closing) if part)
+    return joined((rng.choice(POLITE_OPENINGS), fact, closing))
 
 
 def good_parts(rng: random.Random, topic: str) -> tuple[str, str, str]:
@@ -175,7 +180,7 @@ def typo_reply(rng: random.Random, parts: tuple[str, str, str], where: str) -> s
             closing = corrupt_letters(rng, closing, edits)
         else:
             opening = corrupt_letters(rng, opening, edits)
-        reply = " ".join(part for part in (opening, fact, closing) if part)
+        reply = joined((opening, fact, closing))
         if not well_formed(reply):
             return reply
 
@@ -207,7 +212,7 @@ def wrong_topic_reply(rng: random.Random, topic: str, parts: tuple[str, str, str
     topic's: fluent, polite, and no answer."""
     opening, _, closing = parts
     other = rng.choice([t for t in TOPICS if t != topic])
-    return " ".join(part for part in (opening, rng.choice(TOPICS[other]), closing) if part)
+    return joined((opening, rng.choice(TOPICS[other]), closing))
 
 
 def all_examples() -> list[Example]:
@@ -262,7 +267,7 @@ def rejected_reply(rng: random.Random, topic: str, kind: str, parts: tuple[str, 
     """A rejected reply of ``kind`` (a key of :data:`REJECTED_KINDS`) to a prompt about ``topic``;
     every kind but the rude, off-topic and dressed-up ones is made from the chosen reply's
     ``parts``, so the pair differs by the fault alone."""
-    chosen = " ".join(part for part in parts if part)
+    chosen = joined(parts)
     makers = {
         "rude or off-topic": lambda: bad_reply(rng, topic),
         "dressed up": lambda: dressed_up_reply(rng),
@@ -290,7 +295,7 @@ def labelled_pairs(seed: int = 0, n: int = N_PAIRS, held_out: bool = False,
     for ex in (pool[i % len(pool)] for i in range(n)):
         parts = good_parts(rng, ex.topic)
         kind = rng.choices(names, weights)[0]
-        record = {"prompt": ex.prompt, "chosen": " ".join(p for p in parts if p),
+        record = {"prompt": ex.prompt, "chosen": joined(parts),
                   "rejected": rejected_reply(rng, ex.topic, kind, parts)}
         pairs.append((kind, record))
     return pairs
