@@ -9,6 +9,10 @@ training loss and evaluation, the ``hf`` reward backend and the app's Evaluate t
 backend). The ``adapter`` reward backend (:mod:`homerlhf.models.reward_adapter`) pools with
 :func:`pooled_hidden` on the policy's backbone. The llama.cpp worker pools the same position: it
 gets unpadded sequences and reads their last token.
+
+The reward stage's training batches are scored in groups of rows of similar length, each cut to the
+columns it uses (:func:`grouped_sequence_scores`): the same scores and gradients in exact arithmetic,
+fewer padded positions; :func:`score_sequences` batches sequences sorted by length for the same reason.
 """
 
 from __future__ import annotations
@@ -52,6 +56,35 @@ def sequence_scores(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return inner.score(pooled_hidden(backbone, input_ids, attention_mask)).squeeze(-1)
 
 
+# Rows per length group of a training batch: on the demo's reward batches (64 rows) real tokens go from
+# 66% to 88% of the positions computed; measured, groups of 16 train faster than groups of 8.
+GROUP_ROWS = 16
+
+
+def by_length_groups(attention_mask: Tensor, rows: int = GROUP_ROWS) -> list[tuple[Tensor, slice]]:
+    """The rows of a padded batch in groups of about ``rows`` by real length, each with the columns
+    its rows use: ``(row indices, columns)``. Every column outside holds padding in every row of the
+    group, so dropping it changes no score (positions come from the mask, padding is masked)."""
+    order = torch.argsort(attention_mask.sum(-1), stable=True)
+    groups = []
+    for idx in order.tensor_split(max(1, attention_mask.shape[0] // rows)):
+        used = attention_mask[idx].any(0).nonzero().flatten().tolist()
+        groups.append((idx, slice(used[0], used[-1] + 1) if used else slice(0, 0)))
+    return groups
+
+
+def grouped_sequence_scores(model, input_ids: Tensor, attention_mask: Tensor, rows: int = GROUP_ROWS) -> Tensor:
+    """:func:`sequence_scores` of a padded batch computed group by group (:func:`by_length_groups`),
+    in the batch's row order: the same scores as one pass in exact arithmetic, a quarter fewer
+    token positions on the demo's reward batches. Gradients flow when the caller enables them."""
+    groups = by_length_groups(attention_mask, rows)
+    if len(groups) == 1:
+        return sequence_scores(model, input_ids, attention_mask)
+    scores = torch.cat([sequence_scores(model, input_ids[idx, cols], attention_mask[idx, cols]) for idx, cols in groups])
+    order = torch.cat([idx for idx, _ in groups])
+    return scores[torch.argsort(order)]
+
+
 def padded_batches(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int, device):
     """Unpadded token sequences as right-padded ``(input_ids, attention_mask)`` (b, L) batches."""
     from torch.nn.utils.rnn import pad_sequence
@@ -65,8 +98,12 @@ def padded_batches(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: 
 
 @torch.no_grad()
 def score_sequences(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 32) -> Tensor:
-    """Scores (n,) float32 on the CPU of unpadded token sequences, ``batch_size`` at a time."""
+    """Scores (n,) float32 on the CPU of unpadded token sequences, in their order, scored
+    ``batch_size`` at a time from the shortest up (a batch pads to its longest sequence)."""
     device = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     scores = [sequence_scores(model, ids, mask).float().cpu()
-              for ids, mask in padded_batches(sequences, pad_id, batch_size, device)]
-    return torch.cat(scores) if scores else torch.zeros(0)
+              for ids, mask in padded_batches([sequences[i] for i in order], pad_id, batch_size, device)]
+    if not scores:
+        return torch.zeros(0)
+    return torch.cat(scores)[torch.argsort(torch.tensor(order))]

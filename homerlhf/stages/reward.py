@@ -32,7 +32,7 @@ from homerlhf.data.replies import reward_sequence_ids
 from homerlhf.data.tokens import fit_length, fit_prompt, prompt_ids
 from homerlhf.models.fingerprint import base_fingerprint
 from homerlhf.models.registry import resolve_model_dir
-from homerlhf.models.scores import score_sequences, sequence_scores
+from homerlhf.models.scores import grouped_sequence_scores, score_sequences
 from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
 
@@ -124,7 +124,7 @@ def _last_token_reward_trainer():
             inner = self.accelerator.unwrap_model(model)
 
             def forward(input_ids, attention_mask, **_):
-                return SimpleNamespace(logits=sequence_scores(inner, input_ids, attention_mask).unsqueeze(-1))
+                return SimpleNamespace(logits=grouped_sequence_scores(inner, input_ids, attention_mask).unsqueeze(-1))
 
             return super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
 

@@ -75,3 +75,55 @@ def test_peft_wrapped_classifier_scores_through_its_adapter_and_head(pad_is_eos_
     got = score_sequences(model, [seq], pad_id=1)
     torch.testing.assert_close(got, torch.tensor([_alone(merged, seq)]), atol=1e-5, rtol=0)
     assert abs(got.item() - _alone(pad_is_eos_classifier, seq)) > 1e-3  # the adapter and head count
+
+
+def test_length_groups_cover_every_row_once_with_only_the_columns_they_use():
+    from homerlhf.models.scores import by_length_groups
+
+    # Right padding, real lengths 3, 1, 5, 2, 4, 1 (width 5); groups of 2 rows by length.
+    lengths = [3, 1, 5, 2, 4, 1]
+    mask = torch.tensor([[1] * n + [0] * (5 - n) for n in lengths])
+    groups = by_length_groups(mask, rows=2)
+    assert [idx.tolist() for idx, _ in groups] == [[1, 5], [3, 0], [4, 2]]
+    assert [(cols.start, cols.stop) for _, cols in groups] == [(0, 1), (0, 3), (0, 5)]
+    # Left padding: the used columns sit at the right end.
+    left = mask.flip(-1)
+    assert [(cols.start, cols.stop) for _, cols in by_length_groups(left, rows=2)] == [(4, 5), (2, 5), (0, 5)]
+    assert len(by_length_groups(mask, rows=16)) == 1  # fewer rows than a group: one pass
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_grouped_scores_and_their_gradients_match_one_padded_pass(pad_is_eos_classifier, side):
+    import copy
+
+    from homerlhf.models.scores import grouped_sequence_scores
+
+    torch.manual_seed(0)
+    lengths = [9, 3, 14, 5, 11, 4, 7, 2]
+    width = max(lengths)
+    rows = [torch.randint(2, 60, (n,)).tolist() for n in lengths]
+    pad = [[1] * (width - len(r)) for r in rows]
+    ids = torch.tensor([r + p if side == "right" else p + r for r, p in zip(rows, pad)])
+    mask = torch.tensor([[1] * len(r) + [0] * len(p) if side == "right" else [0] * len(p) + [1] * len(r)
+                         for r, p in zip(rows, pad)])
+    weights = torch.linspace(-1.0, 1.0, len(rows))  # a loss that weighs every row differently
+    results = []
+    for score in (sequence_scores, lambda m, i, a: grouped_sequence_scores(m, i, a, rows=2)):
+        model = copy.deepcopy(pad_is_eos_classifier)
+        scores = score(model, ids, mask)
+        (scores * weights).sum().backward()
+        results.append((scores.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, torch.tensor([_alone(pad_is_eos_classifier, r) for r in rows]), atol=1e-5, rtol=0)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_score_sequences_returns_scores_in_input_order_whatever_the_batching(pad_is_eos_classifier):
+    model = pad_is_eos_classifier
+    seqs = [[5, 9, 33, 40, 41, 1], [5, 1], [7, 8, 9, 10, 11, 12, 13, 1], [6, 7, 1], [9, 9, 9, 9, 1]]
+    want = torch.tensor([_alone(model, s) for s in seqs])
+    for batch_size in (1, 2, 5):
+        torch.testing.assert_close(score_sequences(model, seqs, pad_id=1, batch_size=batch_size), want,
+                                   atol=1e-5, rtol=0)
