@@ -106,6 +106,13 @@ class BehaviourLogprobs:
         self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
+    def keep_steps(self, steps: int) -> None:
+        """Forget every step after the first ``steps``: a loop that checks for the end only every few
+        steps (:mod:`homerlhf.models.static_decode`) may have run on after its last row stopped."""
+        if steps < len(self._taken) + (self._pending is not None):
+            # Step s's log-prob is in ``_taken`` once step s + 1 ran (its input showed the token).
+            self._taken, self._pending = self._taken[:steps], None
+
     def taken(self, response_ids):
         """(B, T) log-probs of ``response_ids`` (B, T), the generated block; T must be the steps taken."""
         import torch

@@ -11,49 +11,57 @@ the capture is done by hand here.
 The loop is HF's sampling loop, step for step, so the samples are the same:
 
 1. Prefill: one forward over the left-padded prompts (the actor adapter active, as in ``generate``)
-   into a preallocated cache: one HF ``StaticLayer`` per decoder layer, ``P + max_new_tokens`` slots.
-   Sliding-window layers get a full-length layer too; their window is applied by HF's own mask.
+   into a preallocated cache: one HF ``StaticLayer`` per decoder layer, at least ``P + max_new_tokens``
+   slots. Sliding-window layers get a full-length layer too; their window is applied by HF's own mask.
 2. Decode step: the model's forward for one token per row, reading only static buffers: the token
    (B, 1), its position (B, 1) (prompt length of the row + step: left padding skipped), the 2D
    attention mask (B, L) with one more column set per step, the cache (whose write offset is a device
    tensor HF advances in place) and writing the fp32 logits (B, V). HF builds the 4D mask inside the
    forward from device tensors alone when the cache is static and the query is one token (no
    ``.item()``, no data-dependent shape), so the same callable runs eagerly (CPU) or captured (CUDA).
+   Attention on sdpa folds each KV head's query group instead of repeating K/V over the cache
+   (:mod:`homerlhf.models.decode_attention`).
 3. Sampling outside the step, as ``generate`` does it: the logits processors (the behaviour log-prob
-   recorder, the per-sample Gumbel-max sampler), the temperature, softmax and ``multinomial``; rows
-   that have produced a token of the stop set get the pad id from then on; the loop ends when every
-   row has stopped or after ``max_new_tokens``.
+   recorder, then the per-sample sampler, whose token is taken directly: :meth:`PerSampleSampler.draw`;
+   without one, the temperature, softmax and ``multinomial``); rows that have produced a token of the
+   stop set get the pad id from then on. Whether every row has stopped is read on the host only every
+   :data:`STOP_CHECK_EVERY` steps (each read waits for the device); the steps run past the last stop
+   are cut off, so the result is ``generate``'s.
 
-A graph is valid only for the buffers it was captured with, so it is captured once per call (after
-the prefill, before any token is drawn) and freed with the cache at the end of the call: nothing is
-held between rollouts (the memory plan counts one chunk's cache at the generation peak, none during
-the update). Capture that fails (an op that cannot be captured) raises :class:`CaptureFailed`;
-:class:`StaticDecoder` then says why in one log line and the caller samples with HF ``generate``.
+A graph is valid only for the buffers it was captured with, so :class:`StaticDecoder` keeps the
+captured step with its buffers (the cache included) and replays it for every later call with as many
+rows and no longer a cache: one capture per (rows, cache length) for the run, not one per chunk
+(:mod:`homerlhf.models.decode_graphs`). Its cache stays allocated between calls; :meth:`StaticDecoder.release`
+frees it. A step that would break a capture (a host sync) is declined before capturing, a capture
+that fails raises :class:`CaptureFailed`; :class:`StaticDecoder` then says why in one log line and
+the caller samples with HF ``generate``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Callable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from homerlhf.models.decode_attention import folded_decode_attention
+from homerlhf.models.decode_graphs import CaptureFailed, StepGraphs
+from homerlhf.models.host_sync import HostSync, NoHostSync
 from homerlhf.models.logprobs import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CaptureFailed", "DecodeBuffers", "StaticDecoder", "decode_step", "prefill", "refusal", "resolve_decoder",
+           "sample"]
+
 Decoder = Literal["hf", "static"]  # ``rollout.decoder`` after "auto" is resolved
-# Eager runs on a side stream before capture: lazy initialisations (cuBLAS workspaces, allocator
-# blocks) must not happen inside the graph. PyTorch's examples use a few; each costs one eager step.
-WARMUP_STEPS = 2
+# Steps between host reads of "has every row stopped?": up to this many - 1 steps run past the end.
+STOP_CHECK_EVERY = 8
 _ATTENTION = ("sdpa", "eager")  # implementations whose masks HF builds from the 2D mask inside the forward
 _LAYER_TYPES = {"full_attention", "sliding_attention"}
-
-
-class CaptureFailed(RuntimeError):
-    """The decode step could not be captured as a CUDA graph (the message says why)."""
 
 
 def resolve_decoder(setting: str, device: torch.device | str) -> Decoder:
@@ -69,6 +77,38 @@ def cache_keyword(causal_lm) -> Optional[str]:
     up to 5.2x, ``cache`` after), or None."""
     params = inspect.signature(causal_lm.forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
+def _rope_refusal(causal_lm) -> Optional[str]:
+    """Why the model's rotary embedding cannot be captured, or None. A dynamic RoPE picks its
+    frequencies with a Python branch on a device value every forward (a host sync, and a graph would
+    freeze the branch taken at capture); transformers up to 5.2x branch the same way for long-RoPE
+    (Phi-3-128k, Phi-3.5), later ones use ``torch.where``: that is probed, not assumed."""
+    for module in causal_lm.modules():
+        kind = getattr(module, "rope_type", None)
+        kinds = kind if isinstance(kind, dict) else {None: kind}
+        for layer_type, rope in kinds.items():
+            if not isinstance(rope, str):
+                continue
+            if "dynamic" in rope:
+                return f"{rope!r} RoPE (its frequencies follow the sequence length through a host-side branch)"
+            if rope == "longrope" and _rotary_syncs(module, layer_type):
+                return ("'longrope' RoPE (this transformers version picks its short or long factors with a host-side "
+                        "branch; later ones do not)")
+    return None
+
+
+@torch.no_grad()
+def _rotary_syncs(rotary, layer_type) -> bool:
+    """Whether one forward of the rotary embedding ``rotary`` makes a host sync."""
+    device = next((b.device for b in rotary.buffers()), torch.device("cpu"))
+    x, positions = torch.zeros(1, 1, 1, device=device), torch.zeros(1, 1, dtype=torch.long, device=device)
+    try:
+        with NoHostSync():
+            rotary(x, positions, **({} if layer_type is None else {"layer_type": layer_type}))
+    except HostSync:
+        return True
+    return False
 
 
 def refusal(causal_lm) -> Optional[str]:
@@ -90,7 +130,7 @@ def refusal(causal_lm) -> Optional[str]:
     params = inspect.signature(causal_lm.forward).parameters
     if cache_keyword(causal_lm) is None or not {"position_ids", "logits_to_keep"} <= set(params):
         return f"{type(causal_lm).__name__}.forward takes no cache, position_ids or logits_to_keep"
-    return None
+    return _rope_refusal(causal_lm)
 
 
 class DecodeBuffers:
@@ -101,6 +141,7 @@ class DecodeBuffers:
         from transformers.cache_utils import Cache, StaticLayer
 
         config = causal_lm.config.get_text_config()
+        self.cache_len = cache_len
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)  # the token fed at this step
         self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)  # its position id
         self.attention_mask = torch.zeros((batch, cache_len), dtype=torch.bool, device=device)  # slots to attend
@@ -111,6 +152,15 @@ class DecodeBuffers:
         """Set every layer's write offset to ``length`` (undoes the warm-up steps' advances)."""
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(length)
+
+    def reset(self) -> None:
+        """As new, in place, for the next prefill: nothing visible, the cache zeroed, offsets at 0."""
+        self.attention_mask.zero_()
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.keys.zero_()
+                layer.values.zero_()
+        self.rewind(0)
 
     def feed(self, tokens: Tensor, slot: int) -> None:
         """Next step's input: ``tokens`` (B,) written at cache slot ``slot``, which becomes visible."""
@@ -144,96 +194,162 @@ def decode_step(causal_lm, bufs: DecodeBuffers) -> Callable[[], None]:
     return step
 
 
-def capture(step: Callable[[], None], bufs: DecodeBuffers, prompt_width: int) -> Callable[[], None]:
-    """``step`` captured as a CUDA graph (after warm-up runs on a side stream); returns its replay.
-
-    Call after the prefill: the warm-up runs write slots ``prompt_width`` onwards, which the real
-    steps overwrite before they become visible, and the write offset is rewound to ``prompt_width``.
-    ``thread_local``: CUDA calls of other threads (a reward model scoring on the GPU) stay legal.
-    """
-    device = bufs.logits.device
-    bufs.attention_mask[:, prompt_width] = True
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_STEPS):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph, current = torch.cuda.CUDAGraph(), torch.cuda.current_stream(device)
-    try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            step()
-    except Exception as exc:  # noqa: BLE001 - whatever the op, the answer is HF generate; an OOM is an OOM
-        for cause in (exc, exc.__context__):  # (capture_end's own error may hide the OOM that ended the capture)
-            if isinstance(cause, torch.OutOfMemoryError):
-                raise cause from None
-        raise CaptureFailed(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}") from exc
-    finally:
-        torch.cuda.set_stream(current)  # torch.cuda.graph leaves its capture stream current when capture_end raises
-        bufs.rewind(prompt_width)
-    return graph.replay
-
-
 def next_tokens(logits: Tensor, last: Tensor, processors: Sequence, temperature: float) -> Tensor:
     """What ``generate`` samples from fp32 logits (B, V): the logits processors in order (each gets
     ``last``, the last token of each row (B, 1), as its ``input_ids``), then the temperature (HF's
-    warper, after custom processors), softmax and one ``multinomial`` draw per row. Returns (B,)."""
+    warper, after custom processors), softmax and one ``multinomial`` draw per row. A last processor
+    with a ``draw`` method (:class:`homerlhf.models.sampling.PerSampleSampler`) picks the tokens
+    itself: the one-hot it would hand HF samples the same token. Returns (B,)."""
+    draw = getattr(processors[-1], "draw", None) if processors else None
     scores = logits
-    for processor in processors:
+    for processor in processors[:-1] if draw is not None else processors:
         scores = processor(last, scores)
+    if draw is not None:
+        return draw(scores)
     if temperature != 1.0:
         scores = scores / temperature
     return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+
+
+def _steps_taken(alive: list[Tensor]) -> int:
+    """Steps ``generate`` would have run: up to the first after which no row is unfinished. ``alive``:
+    per step, a device bool "some row is unfinished after it" (one host read for all)."""
+    flags = torch.stack(alive).tolist()
+    return flags.index(False) + 1 if False in flags else len(flags)
 
 
 def sample(run_step: Callable[[], None], bufs: DecodeBuffers, first_logits: Tensor, prompt_ids: Tensor, *,
            max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, temperature: float,
            processors: Sequence = ()) -> Tensor:
     """The sampling loop after the prefill; ``run_step``: the step, eager or a graph's replay.
-    Returns the generated ids (B, T), T <= ``max_new_tokens``, pad after each row's stop token."""
+    Returns the generated ids (B, T), T <= ``max_new_tokens``, pad after each row's stop token.
+    Processors with a ``keep_steps`` method are told T when the loop ran past it."""
     width = prompt_ids.shape[1]
     stops = torch.as_tensor(sorted(set(int(i) for i in stop_ids)), dtype=torch.long, device=prompt_ids.device)
     unfinished = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
-    logits, last, columns = first_logits, prompt_ids[:, -1:], []
+    logits, last, columns, alive = first_logits, prompt_ids[:, -1:], [], []
     for t in range(max_new_tokens):
         tokens = torch.where(unfinished, next_tokens(logits, last, processors, temperature), pad_id)
         columns.append(tokens)
         unfinished &= ~torch.isin(tokens, stops)
-        # One host sync per step, as generate's own stop check on CUDA.
-        if t + 1 == max_new_tokens or not bool(unfinished.any()):
+        alive.append(unfinished.any())
+        # A host read waits for the device: only every STOP_CHECK_EVERY steps.
+        if t + 1 == max_new_tokens or ((t + 1) % STOP_CHECK_EVERY == 0 and not bool(alive[-1])):
             break
         bufs.feed(tokens, width + t)
         run_step()
         bufs.positions.add_(1)
         logits, last = bufs.logits.clone(), tokens[:, None]  # a copy, as generate hands its processors
-    return torch.stack(columns, dim=1)
+    steps = _steps_taken(alive)
+    for processor in processors:
+        if steps < len(columns) and hasattr(processor, "keep_steps"):
+            processor.keep_steps(steps)
+    return torch.stack(columns[:steps], dim=1)
 
 
-@torch.no_grad()
-def static_decode(causal_lm, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
-                  stop_ids: Sequence[int], pad_id: int, temperature: float, processors: Sequence = (),
-                  captured: bool = False) -> Tensor:
-    """Sample up to ``max_new_tokens`` per row of the left-padded prompts (B, P) with ``causal_lm`` (its
-    active adapter), the static cache, and the step captured as a CUDA graph when ``captured``.
-    Returns (B, T) generated ids, as ``generate(...)[:, P:]`` returns them."""
-    batch, width = prompt_ids.shape
-    bufs = DecodeBuffers(causal_lm, batch, width + max_new_tokens, prompt_ids.device)
-    first = prefill(causal_lm, bufs, prompt_ids, prompt_mask)
-    step = decode_step(causal_lm, bufs)
-    run_step = capture(step, bufs, width) if captured and max_new_tokens > 1 else step
-    return sample(run_step, bufs, first, prompt_ids, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                  pad_id=pad_id, temperature=temperature, processors=processors)
+def _adapter_state(causal_lm) -> tuple:
+    """What a captured step bakes in beyond its buffers: train/eval mode and, for a peft model, the
+    active adapters and whether they are disabled (Python branches a graph freezes)."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return (causal_lm.training,)
+    layer = next((m for m in causal_lm.modules() if isinstance(m, BaseTunerLayer)), None)
+    if layer is None:
+        return (causal_lm.training,)
+    return causal_lm.training, tuple(layer.active_adapters), bool(layer.disable_adapters)
+
+
+@dataclass
+class DecodeSession:
+    """A decode step for ``rows`` rows and a cache of ``bufs.cache_len`` slots, ready to run: its
+    buffers, the step (a graph's replay when captured) and the graph."""
+
+    rows: int
+    state: tuple  # :func:`_adapter_state` when it was built
+    bufs: DecodeBuffers
+    run_step: Optional[Callable[[], None]] = None  # None until the first prefill (a capture needs one)
+    graph: object = None
+
+    def fits(self, rows: int, cache_len: int, state: tuple) -> bool:
+        return self.rows == rows and self.bufs.cache_len >= cache_len and self.state == state
 
 
 class StaticDecoder:
-    """The static loop for one model, with what it learnt: after a failed capture it declines for good
-    (each reason logged once) and the caller samples with HF ``generate``."""
+    """The static loop for one model, with what it keeps: the decode session of the last shape (its
+    buffers and captured step, replayed by every later call that fits), and after a refusal or a
+    failed capture the reason it declines for good (each logged once; the caller samples with HF
+    ``generate``). ``graphs``: what captures (default: :class:`StepGraphs` on a CUDA device; none,
+    the step run eagerly, elsewhere)."""
 
-    def __init__(self, causal_lm):
+    def __init__(self, causal_lm, graphs: Optional[StepGraphs] = None):
         self.causal_lm = causal_lm
+        self.graphs = graphs
         self.off_reason: Optional[str] = None  # set once the model is refused or a capture failed
+        self.sessions_made = 0
+        self._session: Optional[DecodeSession] = None
         self._checked = False
         self._logged: set[str] = set()
+
+    def release(self) -> None:
+        """Free the kept session (its cache and graph); the next call builds (and captures) anew."""
+        self._session = None
+        if self.graphs is not None:
+            self.graphs.release_pool()
+
+    def _graphs_for(self, device: torch.device) -> Optional[StepGraphs]:
+        if self.graphs is None and device.type == "cuda":
+            self.graphs = StepGraphs(device)
+        return self.graphs
+
+    def _session_for(self, rows: int, cache_len: int, device: torch.device) -> DecodeSession:
+        """The kept session if it fits, else a new one (the old one's cache freed first; its graph,
+        which holds the shared pool, only once the new capture is done)."""
+        state = _adapter_state(self.causal_lm)
+        if self._session is not None and self._session.fits(rows, cache_len, state):
+            self._session.bufs.reset()
+            return self._session
+        old, self._session = self._session, None
+        if old is not None:
+            old.bufs, old.run_step = None, None
+        self.sessions_made += 1
+        session = DecodeSession(rows, state, DecodeBuffers(self.causal_lm, rows, cache_len, device))
+        session.graph = old.graph if old is not None else None  # kept alive until replaced
+        self._session = session
+        return session
+
+    def _ready(self, session: DecodeSession, width: int, multi_step: bool) -> Callable[[], None]:
+        """The session's step, captured after its first prefill when there are graphs."""
+        if session.run_step is None:
+            step = decode_step(self.causal_lm, session.bufs)
+            graphs = self._graphs_for(session.bufs.logits.device)
+            if graphs is None:
+                session.run_step = step
+                return step
+            if not multi_step:
+                return step  # (a one-token call: nothing to capture yet)
+            session.bufs.attention_mask[:, width] = True  # the slot the warm-up steps write
+            try:
+                session.graph = graphs.capture(step, lambda: session.bufs.rewind(width))
+            except BaseException:
+                self._session = None
+                raise
+            session.run_step = session.graph.replay
+        return session.run_step
+
+    @torch.no_grad()
+    def decode(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, stop_ids: Sequence[int],
+               pad_id: int, temperature: float, processors: Sequence = ()) -> Tensor:
+        """Sample up to ``max_new_tokens`` per row of the left-padded prompts (B, P) with the model (its
+        active adapter) and the static cache. Returns (B, T) generated ids, as
+        ``generate(...)[:, P:]`` returns them. Raises :class:`CaptureFailed`."""
+        rows, width = prompt_ids.shape
+        session = self._session_for(rows, width + max_new_tokens, prompt_ids.device)
+        with folded_decode_attention(self.causal_lm):
+            first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask)
+            run_step = self._ready(session, width, max_new_tokens > 1)
+            return sample(run_step, session.bufs, first, prompt_ids, max_new_tokens=max_new_tokens,
+                          stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, processors=processors)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config,
                  processors: Sequence = ()) -> Optional[Tensor]:
@@ -245,12 +361,11 @@ class StaticDecoder:
         reason = self.off_reason
         if reason is None:
             try:
-                return static_decode(
-                    self.causal_lm, prompt_ids, prompt_mask, max_new_tokens=generation_config.max_new_tokens,
-                    stop_ids=generation_config.eos_token_id, pad_id=generation_config.pad_token_id,
-                    temperature=generation_config.temperature, processors=processors,
-                    captured=prompt_ids.device.type == "cuda")
+                return self.decode(prompt_ids, prompt_mask, max_new_tokens=generation_config.max_new_tokens,
+                                   stop_ids=generation_config.eos_token_id, pad_id=generation_config.pad_token_id,
+                                   temperature=generation_config.temperature, processors=processors)
             except CaptureFailed as exc:
+                self.release()
                 reason = self.off_reason = f"the decode step cannot be captured as a CUDA graph ({exc})"
         if reason not in self._logged:
             self._logged.add(reason)

@@ -1,12 +1,17 @@
 """The static-cache decode loop: the same samples as HF ``generate`` (same per-sample seeds -> same
 tokens, behaviour log-probs within 1e-5) on the NF4 tiny Llama, with rows stopping at different steps
 and some never (tests/ppo/test_rollout.py: the same through the rollout on real tokenizers); and the
-step it captures on CUDA is a pure function of its static buffers (checked eagerly: no CUDA in CI)."""
+step it captures on CUDA is a pure function of its static buffers (checked eagerly: no CUDA in CI);
+models whose step cannot be captured are refused, a step that syncs is declined before any capture,
+and one capture, side stream and memory pool serve every chunk of a shape (counted on the CPU through
+the code that owns them, its CUDA primitives replaced)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import types
 
 import pytest
 import torch
@@ -14,14 +19,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from homerlhf.config import load_config
 from homerlhf.models.generation import BehaviourLogprobs, build_generation_config
+from homerlhf.models.decode_graphs import StepGraphs
+from homerlhf.models.host_sync import HostSync, NoHostSync
 from homerlhf.models.logprobs import position_ids_from_mask
 from homerlhf.models.sampling import PerSampleSampler
 from homerlhf.models.static_decode import (
+    STOP_CHECK_EVERY,
     DecodeBuffers,
     StaticDecoder,
     decode_step,
     prefill,
+    refusal,
     resolve_decoder,
+    sample,
 )
 from homerlhf.ppo.rollout import pad_sequences
 
@@ -48,16 +58,18 @@ def _stop_bias(policy, per_step: float = 0.03) -> float:
     return math.log(per_step / (1 - per_step) * policy.vocab_size / len(policy.stop_ids))
 
 
-def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float):
+def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=None, hold_first: bool = True):
     """``{decoder: (generated ids (B, T), behaviour log-probs (B, T))}`` of ``policy.generate`` with
-    HF generate and with the static loop, each with a fresh recorder and per-sample sampler (or,
-    ``seeds=None``, torch's global generator, reseeded before each). A hook on the LM head (the same
-    module in both loops) adds ``bias`` to the stop tokens' logits of every row but the first, whose
-    stop tokens it pushes out of reach (it runs to the end)."""
+    HF generate and with the static loop, each with a fresh recorder and per-sample sampler (``noise``
+    its noise source; or, ``seeds=None``, torch's global generator, reseeded before each). A hook on
+    the LM head (the same module in both loops) adds ``bias`` to the stop tokens' logits of every row
+    but the first, whose stop tokens it pushes out of reach (it runs to the end; ``hold_first=False``:
+    the first row too gets the bias)."""
     def push_stops(module, args, output):
         output = output.clone()
-        output[1:, :, policy.stop_ids] += bias
-        output[0, :, policy.stop_ids] -= 1e4
+        output[int(hold_first):, :, policy.stop_ids] += bias
+        if hold_first:
+            output[0, :, policy.stop_ids] -= 1e4
         return output
 
     ids, mask = pad_sequences(prompts, policy.tokenizer.pad_token_id)
@@ -69,7 +81,7 @@ def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float):
         for decoder in ("hf", "static"):
             torch.manual_seed(1234)
             recorder = BehaviourLogprobs(policy.temperature)
-            sampler = PerSampleSampler(seeds, policy.temperature, "cpu") if seeds is not None else None
+            sampler = PerSampleSampler(seeds, policy.temperature, "cpu", noise) if seeds is not None else None
             generated = policy.generate(ids, mask, config, recorder=recorder, logits_processor=sampler, decoder=decoder)
             out[decoder] = (generated, recorder.taken(generated))
     finally:
@@ -98,9 +110,49 @@ TINY_PROMPTS = [[302, 20, 1, 6], [4, 6], [5, 7, 9], [33, 44, 55, 66, 77, 88], [9
 
 
 def test_same_samples_as_generate_with_per_sample_seeds(tiny_policy):
+    """With the counter noise (CUDA's default); the generator noise (the CPU's) through the rollout
+    on real tokenizers: tests/ppo/test_rollout.py."""
     out = _both_decoders(tiny_policy, TINY_PROMPTS, seeds=list(range(11, 18)), new_tokens=12,
-                         bias=_stop_bias(tiny_policy))
+                         bias=_stop_bias(tiny_policy), noise="counter")
     _assert_same_samples(out, tiny_policy.stop_ids)
+
+
+def test_a_batch_that_stops_early_ends_where_generate_ends(tiny_policy):
+    """Every row stops within a few steps; the loop reads "all stopped?" on the host only every
+    STOP_CHECK_EVERY steps, runs on up to the next check and cuts the steps after the last stop off
+    (the recorder's too): the same ids, as many columns, the same behaviour log-probs."""
+    out = _both_decoders(tiny_policy, TINY_PROMPTS, seeds=list(range(21, 28)), new_tokens=24,
+                         bias=_stop_bias(tiny_policy, per_step=0.3), noise="counter", hold_first=False)
+    (hf, hf_logprobs), (static, static_logprobs) = out["hf"], out["static"]
+    ends = _first_stops(hf, tiny_policy.stop_ids)
+    assert None not in ends and hf.shape[1] == max(ends) < 24 and hf.shape[1] % STOP_CHECK_EVERY, ends
+    assert torch.equal(static, hf)
+    assert (static_logprobs - hf_logprobs).abs().max().item() <= 1e-5
+
+
+class CountHostReads(TorchDispatchMode):
+    """Counts the ops that read a device value on the host (``bool(t)``, ``.item()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func.overloadpacket is torch.ops.aten._local_scalar_dense
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_loop_reads_the_device_on_the_host_every_few_steps_only(tiny_policy):
+    """Per step HF's loop reads the stop flags (and ``multinomial`` of a one-hot reads twice on
+    CUDA); the static loop with the per-sample sampler reads once per STOP_CHECK_EVERY steps (and
+    the per-step flags once at the end: one device-to-host copy, not an op a dispatch mode sees)."""
+    steps = STOP_CHECK_EVERY + 1
+    causal_lm, bufs, ids, _, first = _prefilled(tiny_policy, TINY_PROMPTS[:2], new_tokens=steps)
+    sampler = PerSampleSampler([1, 2], tiny_policy.temperature, "cpu", "counter")
+    with torch.no_grad(), CountHostReads() as counter:
+        out = sample(decode_step(causal_lm, bufs), bufs, first, ids, max_new_tokens=steps, stop_ids=[], pad_id=0,
+                     temperature=tiny_policy.temperature, processors=[BehaviourLogprobs(tiny_policy.temperature), sampler])
+    assert out.shape == (2, steps) and counter.reads == 1, counter.reads
 
 
 def test_same_samples_as_generate_from_the_global_generator(tiny_policy):
@@ -146,27 +198,11 @@ def test_step_output_equals_a_fresh_forward_for_inputs_changed_in_place(tiny_pol
         assert (bufs.logits.data_ptr(), bufs.tokens.data_ptr(), bufs.cache.layers[0].keys.data_ptr()) == addresses
 
 
-class NoHostSync(TorchDispatchMode):
-    """Raises on every op that makes the host wait for the device or gives a data-dependent shape:
-    what breaks a CUDA graph capture (``.item()``, ``bool(t)``, ``nonzero``, boolean indexing)."""
-
-    SYNCS = {torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero, torch.ops.aten.masked_select,
-             torch.ops.aten.equal, torch.ops.aten._unique2, torch.ops.aten.unique_consecutive,
-             torch.ops.aten.unique_dim}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        bool_index = func.overloadpacket in (torch.ops.aten.index, torch.ops.aten.index_put_) and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
-        if func.overloadpacket in self.SYNCS or bool_index:
-            raise AssertionError(f"host sync in the decode step: {func}")
-        return func(*args, **kwargs)
-
-
 def test_the_sync_guard_catches_host_syncs():
     t = torch.tensor([1.0, -2.0])
-    for sync in (lambda: t.sum().item(), lambda: bool(t.any()), lambda: t.nonzero(), lambda: t[t > 0]):
-        with pytest.raises(AssertionError, match="host sync"), NoHostSync():
+    for sync in (lambda: t.sum().item(), lambda: bool(t.any()), lambda: t.nonzero(), lambda: t[t > 0],
+                 lambda: t.to("meta"), lambda: torch.empty(2, device="meta").copy_(t)):  # (a host-to-device copy)
+        with pytest.raises(HostSync, match="host sync|host-to-device copy"), NoHostSync():
             sync()
 
 
@@ -204,3 +240,132 @@ def test_auto_is_the_static_loop_on_cuda_only():
     assert resolve_decoder("auto", "cuda") == "static" and resolve_decoder("auto", torch.device("cuda", 0)) == "static"
     assert resolve_decoder("auto", "cpu") == "hf"
     assert resolve_decoder("static", "cpu") == "static" and resolve_decoder("hf", "cuda") == "hf"
+
+
+# -- models whose step cannot be captured: refused up front -----------------------------------------
+def _rope_model(arch: str, rope: dict):
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.tiny import model_config
+
+    config = model_config(arch, 512, hidden=64, layers=2)
+    config.rope_parameters = {"rope_theta": 10000.0, **rope}
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _step_syncs(causal_lm) -> bool:
+    """Whether the model's decode step (after a prefill of 3 tokens) makes a host sync."""
+    ids = torch.tensor([[5, 6, 7]])
+    bufs = DecodeBuffers(causal_lm, 1, 6, ids.device)
+    with torch.no_grad():
+        prefill(causal_lm, bufs, ids, torch.ones_like(ids))
+        bufs.feed(torch.tensor([9]), 3)
+        try:
+            with NoHostSync():
+                decode_step(causal_lm, bufs)()
+        except HostSync:
+            return True
+    return False
+
+
+def test_dynamic_rope_is_refused_for_the_host_sync_its_step_makes():
+    """A dynamic-RoPE model's rotary update branches on ``max(position_ids)`` (a host sync, and a graph
+    would freeze the branch): refused before anything is captured. A linear-scaled RoPE is not."""
+    dynamic = _rope_model("llama", {"rope_type": "dynamic", "factor": 2.0})
+    assert _step_syncs(dynamic)
+    assert "'dynamic' RoPE" in refusal(dynamic)
+    linear = _rope_model("llama", {"rope_type": "linear", "factor": 2.0})
+    assert not _step_syncs(linear) and refusal(linear) is None
+
+
+def test_long_rope_is_refused_where_its_step_syncs():
+    """Long-RoPE (Phi-3-128k, Phi-3.5): transformers 5.17 picks the short or long factors with a
+    host-side branch (refused), 5.24 with ``torch.where`` (runs): refused exactly when the step syncs."""
+    import transformers
+
+    half = 64 // 4 // 2
+    phi = _rope_model("phi3", {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [2.0] * half,
+                               "original_max_position_embeddings": 256})
+    syncs, reason = _step_syncs(phi), refusal(phi)
+    print(f"transformers {transformers.__version__}: step syncs {syncs}, refusal {reason!r}")
+    assert (reason is not None) == syncs
+    assert reason is None or "'longrope' RoPE" in reason
+
+
+# -- what a capture makes and keeps: counted on the CPU through the code that owns it -----------------
+class CountingGraphs(StepGraphs):
+    """:class:`StepGraphs` with its four CUDA primitives replaced for the CPU (everything else, the
+    order of warm-up, host-sync check and capture included, is what runs on a GPU): each stream, pool
+    and graph made is counted, and a "graph" replays the captured step eagerly."""
+
+    def __init__(self):
+        super().__init__("cpu")
+        self.made = {"stream": 0, "pool": 0, "graph": 0}
+        self.events = []
+
+    def new_stream(self):
+        self.made["stream"] += 1
+        return f"stream {self.made['stream']}"
+
+    def new_pool(self):
+        self.made["pool"] += 1
+        return f"pool {self.made['pool']}"
+
+    @contextlib.contextmanager
+    def on_stream(self, stream):
+        self.events.append(f"warm-up on {stream}")
+        yield
+
+    def capture_graph(self, step, stream, pool):
+        self.made["graph"] += 1
+        self.events.append(f"capture on {stream} into {pool}")
+        return types.SimpleNamespace(replay=step)
+
+
+@contextlib.contextmanager
+def _decoder_with(policy, graphs):
+    saved = policy.static_decoder
+    policy.static_decoder = StaticDecoder(policy.model.get_base_model(), graphs=graphs)
+    try:
+        yield policy.static_decoder
+    finally:
+        policy.static_decoder = saved
+
+
+def test_one_capture_per_shape_one_stream_and_one_pool_across_chunks(tiny_policy):
+    """Five chunks: the same 3 rows twice (one capture, replayed), 3 rows with a longer prompt (the
+    cache must grow: a second capture), the first 3 again (they fit the grown cache: replayed), then 2
+    rows (a third). One side stream and one memory pool for all; every chunk samples what HF samples."""
+    chunks = [TINY_PROMPTS[:3], TINY_PROMPTS[:3], TINY_PROMPTS[3:6], TINY_PROMPTS[:3], TINY_PROMPTS[:2]]
+    graphs = CountingGraphs()
+    with _decoder_with(tiny_policy, graphs) as decoder:
+        for i, prompts in enumerate(chunks):
+            out = _both_decoders(tiny_policy, prompts, seeds=[30 + i + r for r in range(len(prompts))], new_tokens=3,
+                                 bias=0.0, noise="counter")
+            assert torch.equal(out["static"][0], out["hf"][0])
+            assert (out["static"][1] - out["hf"][1]).abs().max().item() <= 1e-5
+    assert decoder.off_reason is None and decoder.sessions_made == 3
+    assert graphs.made == {"stream": 1, "pool": 1, "graph": 3}
+    assert graphs.events[:3] == ["warm-up on stream 1", "capture on stream 1 into pool 1", "warm-up on stream 1"]
+
+
+def test_a_step_that_syncs_is_declined_before_any_capture(tiny_policy, caplog):
+    """A decode step with a host sync (here a hook on the first layer that branches on a device value,
+    as a dynamic RoPE does) fails the host-sync check of the last warm-up step: no capture begins (a
+    failed ``cudaStreamEndCapture`` would leave the allocator in capture mode), the chunk is sampled by
+    HF generate, and the reason is logged once."""
+    layer = tiny_policy.model.get_base_model().model.layers[0]
+    handle = layer.register_forward_hook(lambda module, args, output: None if bool(args[0].sum() > 0) else None)
+    graphs = CountingGraphs()
+    try:
+        with _decoder_with(tiny_policy, graphs) as decoder, \
+                caplog.at_level(logging.WARNING, logger="homerlhf.models.static_decode"):
+            runs = [_both_decoders(tiny_policy, TINY_PROMPTS[:3], [1, 2, 3], new_tokens=3, bias=0.0) for _ in range(2)]
+    finally:
+        handle.remove()
+    assert all(torch.equal(out["hf"][0], out["static"][0]) for out in runs)
+    assert graphs.made["graph"] == 0 and graphs.events == ["warm-up on stream 1"]
+    assert "host sync" in decoder.off_reason and "declined before capturing" in decoder.off_reason
+    assert [r.getMessage() for r in caplog.records] == [
+        f"rollout.decoder static: {decoder.off_reason}; sampling with HF generate instead"]
