@@ -131,21 +131,23 @@ def test_a_batch_that_stops_early_ends_where_generate_ends(tiny_policy):
 
 
 class CountHostReads(TorchDispatchMode):
-    """Counts the ops that read a device value on the host (``bool(t)``, ``.item()``)."""
+    """Counts the ops that read a device value on the host (``bool(t)``, ``.item()``; ``multinomial``,
+    which on CUDA checks its input on the host)."""
 
     def __init__(self):
         super().__init__()
         self.reads = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.reads += func.overloadpacket is torch.ops.aten._local_scalar_dense
+        self.reads += func.overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.multinomial)
         return func(*args, **(kwargs or {}))
 
 
 def test_the_loop_reads_the_device_on_the_host_every_few_steps_only(tiny_policy):
-    """Per step HF's loop reads the stop flags (and ``multinomial`` of a one-hot reads twice on
-    CUDA); the static loop with the per-sample sampler reads once per STOP_CHECK_EVERY steps (and
-    the per-step flags once at the end: one device-to-host copy, not an op a dispatch mode sees)."""
+    """Per step HF's loop reads the stop flags and draws with ``multinomial`` (over a one-hot, from the
+    per-sample sampler); the static loop takes the sampler's token and reads once per
+    STOP_CHECK_EVERY steps (and the per-step flags once at the end: one device-to-host copy, not an op
+    a dispatch mode sees)."""
     steps = STOP_CHECK_EVERY + 1
     causal_lm, bufs, ids, _, first = _prefilled(tiny_policy, TINY_PROMPTS[:2], new_tokens=steps)
     sampler = PerSampleSampler([1, 2], tiny_policy.temperature, "cpu", "counter")
