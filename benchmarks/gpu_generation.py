@@ -18,7 +18,12 @@ rounds of both (medians of wall and CPU seconds: a shared machine's load drifts 
 
 - Rates: each setting samples ``--measure-tokens`` and a quarter of that; the difference gives the
   seconds per decode step, the rest the fixed cost of a call (prefill; plus warm-up and capture for
-  the loop). tokens/s = rows / (seconds per step); a warm-up call of each setting is not counted.
+  the loop, when a call needs a longer cache than the last). tokens/s = rows / (seconds per step); a
+  warm-up call of each setting is not counted. The same attention path on both sides: the prompts are
+  unpadded, so HF generate's sdpa gets no mask and runs its GQA kernel, and the loop folds each KV
+  head's query group (``homerlhf.models.decode_attention``): neither repeats K/V to every query head,
+  and each setting reports the layer passes that did (``kv_repeated_layer_passes``, HF's
+  ``repeat_kv`` counted), 0 when like for like.
 - Agreement: the same prompts and per-sample seeds through HF generate and the loop: the share of rows
   whose tokens are all equal, the common prefix (bf16 kernels may differ between the two loops, and one
   flipped token changes the rest of the row), behaviour log-probs of both vs each other on that prefix,
@@ -152,20 +157,53 @@ def timed_generation(policy, rollout, prompts, seeds) -> tuple[float, float, int
     return time.perf_counter() - t0, time.process_time() - c0, int(batch.response_mask.sum()), batch
 
 
+class KVRepeats:
+    """Counts the layer passes in which HF's sdpa repeated K and V to every query head (its
+    ``repeat_kv``, once for K and once for V) while active: which attention path a decoder ran."""
+
+    def __init__(self):
+        self.calls = 0
+
+    @property
+    def layer_passes(self) -> int:
+        return self.calls // 2
+
+    def __enter__(self):
+        import transformers.integrations.sdpa_attention as sdpa
+
+        self.module, self.original = sdpa, sdpa.repeat_kv
+
+        def counted(hidden_states, n_rep):
+            self.calls += n_rep > 1
+            return self.original(hidden_states, n_rep)
+
+        sdpa.repeat_kv = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.module.repeat_kv = self.original
+
+
 def rate(policy, cfg, decoder: str, rows: int, prompts, measure_tokens: int, warmup: bool = True) -> dict:
-    """Seconds per decode step and per call of ``decoder`` at ``rows`` rows, from two lengths."""
+    """Seconds per decode step and per call of ``decoder`` at ``rows`` rows, from two lengths; and in
+    how many layer passes of the longer call (prefill, decode steps run in Python: HF's each, the
+    captured loop's warm-up and capture) K/V were repeated to every query head: 0 for both decoders
+    on these unpadded prompts (HF: no mask, sdpa's GQA kernel; the loop: query groups folded), so the
+    rates compare the same attention work."""
     short_tokens = max(2, measure_tokens // 4)
     seconds, cpu = {}, {}
     for tokens in ((2,) if warmup else ()) + (short_tokens, measure_tokens):  # the first: warm-up, not counted
         rollout = cfg.rollout.model_copy(update={"decoder": decoder, "max_new_tokens": tokens,
                                                  "chunk_size": rows})
-        seconds[tokens], cpu[tokens], generated, _ = timed_generation(policy, rollout, prompts[:rows], list(range(rows)))
+        with KVRepeats() as repeats:
+            seconds[tokens], cpu[tokens], generated, _ = timed_generation(policy, rollout, prompts[:rows], list(range(rows)))
     per_step = (seconds[measure_tokens] - seconds[short_tokens]) / (measure_tokens - short_tokens)
     cpu_per_step = (cpu[measure_tokens] - cpu[short_tokens]) / (measure_tokens - short_tokens)
     return {"decoder": decoder, "rows": rows, "tokens": measure_tokens, "seconds": round(seconds[measure_tokens], 4),
             "seconds_per_step": round(per_step, 6), "fixed_seconds": round(seconds[measure_tokens] - per_step * measure_tokens, 4),
             "tokens_per_s": round(rows / per_step, 1) if per_step > 0 else None,
-            "cpu_seconds_per_step": round(cpu_per_step, 6), "generated_tokens": generated}
+            "cpu_seconds_per_step": round(cpu_per_step, 6), "generated_tokens": generated,
+            "kv_repeated_layer_passes": repeats.layer_passes}
 
 
 def interleaved(policy, cfg, prompts, rows: int, tokens: int, rounds: int) -> dict:
@@ -312,14 +350,14 @@ def print_model(row: dict) -> None:
     print(f"\n{row['model']}: planned chunk {row['planned_chunk']} ({row['chunk_source']}), built and loaded in "
           f"{row['build_load_s']} s")
     print(f"  {'setting':<14} {'rows':>5} {'ms/step':>9} {'fixed s':>8} {'tokens/s':>9} {'vs hf@chunk':>12} "
-          f"{'CPU ms/step':>12}")
+          f"{'CPU ms/step':>12} {'K/V repeated':>13}")
     for label, r in row["rates"].items():
         if "error" in r:
             print(f"  {label:<14} {r['error']}")
             continue
         print(f"  {label:<14} {r['rows']:5d} {r['seconds_per_step'] * 1e3:9.1f} {r['fixed_seconds']:8.2f} "
               f"{r['tokens_per_s'] or float('nan'):9.1f} {row['speedup_vs_hf_chunk'].get(label, float('nan')):11.2f}x "
-              f"{r['cpu_seconds_per_step'] * 1e3:12.1f}")
+              f"{r['cpu_seconds_per_step'] * 1e3:12.1f} {r['kv_repeated_layer_passes']:13d}")
     if "interleaved" in row:
         i = row["interleaved"]
         print(f"  interleaved: {i['error']}" if "error" in i else

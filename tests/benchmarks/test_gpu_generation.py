@@ -25,6 +25,7 @@ def test_cpu_smoke_runs_every_part(gpu_session_smoke):
     for label, rate in row["rates"].items():
         assert "error" not in rate, (label, rate)
         assert rate["rows"] == int(label.split("@")[1]) and rate["generated_tokens"] > 0
+        assert rate["kv_repeated_layer_passes"] == 0, (label, rate)  # the same attention path: K/V read once
     assert row["interleaved"]["rounds"] == 1 and row["interleaved"]["samples_equal"] is True
     # On the CPU (fp32) the loop is exact: every row equal, behaviour log-probs the trainer's own.
     agreement = row["agreement"]
