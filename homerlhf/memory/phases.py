@@ -49,10 +49,13 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}")
     prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens")
     logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers")
-    # sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole cache, in
-    # each layer of a decode step (transformers' use_gqa_in_sdpa): the step's largest transient at long T.
+    # HF generate: sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole
+    # cache, in each layer of a decode step (transformers <= 5.2x's use_gqa_in_sdpa): the step's largest
+    # transient at long T. The static loop folds each KV head's query group instead
+    # (homerlhf.models.decode_attention): no repeat, one token's scores over the cache (sdpa's math kernel).
     kv_repeat = 2 * b * t * shape.q_dim * a if shape.kv_dim < shape.q_dim else 0
     step = b * per_token + kv_repeat
+    static_step = b * per_token + b * shape.num_heads * t * a
     decoder = _decoder(cfg, assumptions)
     moments = {}
     if decoder in ("hf", "any"):
@@ -64,7 +67,7 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
             Component("decode activations", "activations", int(step), note="one layer, K/V repeated over the cache"),
             logits]
     if decoder in ("static", "any"):
-        pool = step + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
+        pool = static_step + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
         moments["prefill (static cache)"] = [static_kv, prefill_act, logits]
         moments["decode step (static cache)"] = [
             static_kv, Component("CUDA-graph pool", "activations", int(pool),

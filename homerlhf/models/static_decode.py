@@ -277,10 +277,12 @@ class DecodeSession:
 
 class StaticDecoder:
     """The static loop for one model, with what it keeps: the decode session of the last shape (its
-    buffers and captured step, replayed by every later call that fits), and after a refusal or a
-    failed capture the reason it declines for good (each logged once; the caller samples with HF
-    ``generate``). ``graphs``: what captures (default: :class:`StepGraphs` on a CUDA device; none,
-    the step run eagerly, elsewhere)."""
+    buffers and captured step), replayed by every later call that fits until the model runs any
+    other forward (scoring, an update, HF ``generate``), which frees it first: the cache is held only
+    while the model does nothing but sample, as the memory plan's generation phase counts it. After a
+    refusal or a failed capture it declines for good (each reason logged once; the caller samples
+    with HF ``generate``). ``graphs``: what captures (default: :class:`StepGraphs` on a CUDA device;
+    none, the step run eagerly, elsewhere)."""
 
     def __init__(self, causal_lm, graphs: Optional[StepGraphs] = None):
         self.causal_lm = causal_lm
@@ -288,14 +290,31 @@ class StaticDecoder:
         self.off_reason: Optional[str] = None  # set once the model is refused or a capture failed
         self.sessions_made = 0
         self._session: Optional[DecodeSession] = None
+        self._decoding = False  # the loop's own forwards (prefill, warm-up, eager steps) keep the session
+        self._hook = None
         self._checked = False
         self._logged: set[str] = set()
 
     def release(self) -> None:
         """Free the kept session (its cache and graph); the next call builds (and captures) anew."""
         self._session = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self.graphs is not None:
             self.graphs.release_pool()
+
+    def _before_forward(self, module, args) -> None:
+        if not self._decoding:
+            self.release()
+
+    def _hold(self, session: DecodeSession) -> None:
+        """Keep ``session``, freed by the next forward of the decoder stack that is not the loop's."""
+        self._session = session
+        if self._hook is None:
+            stack = getattr(self.causal_lm, getattr(self.causal_lm, "base_model_prefix", ""), None)
+            target = stack if isinstance(stack, torch.nn.Module) else self.causal_lm
+            self._hook = target.register_forward_pre_hook(self._before_forward)
 
     def _graphs_for(self, device: torch.device) -> Optional[StepGraphs]:
         if self.graphs is None and device.type == "cuda":
@@ -315,7 +334,7 @@ class StaticDecoder:
         self.sessions_made += 1
         session = DecodeSession(rows, state, DecodeBuffers(self.causal_lm, rows, cache_len, device))
         session.graph = old.graph if old is not None else None  # kept alive until replaced
-        self._session = session
+        self._hold(session)
         return session
 
     def _ready(self, session: DecodeSession, width: int, multi_step: bool) -> Callable[[], None]:
@@ -332,7 +351,7 @@ class StaticDecoder:
             try:
                 session.graph = graphs.capture(step, lambda: session.bufs.rewind(width))
             except BaseException:
-                self._session = None
+                self.release()
                 raise
             session.run_step = session.graph.replay
         return session.run_step
@@ -345,11 +364,15 @@ class StaticDecoder:
         ``generate(...)[:, P:]`` returns them. Raises :class:`CaptureFailed`."""
         rows, width = prompt_ids.shape
         session = self._session_for(rows, width + max_new_tokens, prompt_ids.device)
-        with folded_decode_attention(self.causal_lm):
-            first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask)
-            run_step = self._ready(session, width, max_new_tokens > 1)
-            return sample(run_step, session.bufs, first, prompt_ids, max_new_tokens=max_new_tokens,
-                          stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, processors=processors)
+        self._decoding = True
+        try:
+            with folded_decode_attention(self.causal_lm):
+                first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask)
+                run_step = self._ready(session, width, max_new_tokens > 1)
+                return sample(run_step, session.bufs, first, prompt_ids, max_new_tokens=max_new_tokens,
+                              stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, processors=processors)
+        finally:
+            self._decoding = False
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, generation_config,
                  processors: Sequence = ()) -> Optional[Tensor]:

@@ -58,7 +58,8 @@ def _stop_bias(policy, per_step: float = 0.03) -> float:
     return math.log(per_step / (1 - per_step) * policy.vocab_size / len(policy.stop_ids))
 
 
-def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=None, hold_first: bool = True):
+def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=None, hold_first: bool = True,
+                   decoders=("hf", "static")):
     """``{decoder: (generated ids (B, T), behaviour log-probs (B, T))}`` of ``policy.generate`` with
     HF generate and with the static loop, each with a fresh recorder and per-sample sampler (``noise``
     its noise source; or, ``seeds=None``, torch's global generator, reseeded before each). A hook on
@@ -78,7 +79,7 @@ def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=N
     handle = policy.lm_head.register_forward_hook(push_stops)
     try:
         out = {}
-        for decoder in ("hf", "static"):
+        for decoder in decoders:
             torch.manual_seed(1234)
             recorder = BehaviourLogprobs(policy.temperature)
             sampler = PerSampleSampler(seeds, policy.temperature, "cpu", noise) if seeds is not None else None
@@ -336,20 +337,26 @@ def _decoder_with(policy, graphs):
 
 
 def test_one_capture_per_shape_one_stream_and_one_pool_across_chunks(tiny_policy):
-    """Five chunks: the same 3 rows twice (one capture, replayed), 3 rows with a longer prompt (the
-    cache must grow: a second capture), the first 3 again (they fit the grown cache: replayed), then 2
-    rows (a third). One side stream and one memory pool for all; every chunk samples what HF samples."""
+    """Five chunks sampled back to back (as the asynchronous producer does): the same 3 rows twice (one
+    capture, replayed), 3 rows with a longer prompt (the cache must grow: a second capture), the first
+    3 again (they fit the grown cache: replayed), then 2 rows (a third). One side stream and one memory
+    pool for all; every chunk samples what HF samples. Any other forward of the model (here HF
+    generate's) frees the kept session first: the memory plan's scoring and update never hold it."""
     chunks = [TINY_PROMPTS[:3], TINY_PROMPTS[:3], TINY_PROMPTS[3:6], TINY_PROMPTS[:3], TINY_PROMPTS[:2]]
+    seeds = [[30 + i + r for r in range(len(prompts))] for i, prompts in enumerate(chunks)]
     graphs = CountingGraphs()
     with _decoder_with(tiny_policy, graphs) as decoder:
-        for i, prompts in enumerate(chunks):
-            out = _both_decoders(tiny_policy, prompts, seeds=[30 + i + r for r in range(len(prompts))], new_tokens=3,
-                                 bias=0.0, noise="counter")
-            assert torch.equal(out["static"][0], out["hf"][0])
-            assert (out["static"][1] - out["hf"][1]).abs().max().item() <= 1e-5
-    assert decoder.off_reason is None and decoder.sessions_made == 3
-    assert graphs.made == {"stream": 1, "pool": 1, "graph": 3}
-    assert graphs.events[:3] == ["warm-up on stream 1", "capture on stream 1 into pool 1", "warm-up on stream 1"]
+        static = [_both_decoders(tiny_policy, p, s, 3, 0.0, "counter", decoders=("static",))["static"]
+                  for p, s in zip(chunks, seeds)]
+        assert decoder.off_reason is None and decoder.sessions_made == 3
+        assert graphs.made == {"stream": 1, "pool": 1, "graph": 3}
+        assert graphs.events[:3] == ["warm-up on stream 1", "capture on stream 1 into pool 1", "warm-up on stream 1"]
+        for prompts, seed, (ids, logprobs) in zip(chunks, seeds, static):
+            hf_ids, hf_logprobs = _both_decoders(tiny_policy, prompts, seed, 3, 0.0, "counter", decoders=("hf",))["hf"]
+            assert torch.equal(ids, hf_ids) and (logprobs - hf_logprobs).abs().max().item() <= 1e-5
+            assert decoder._session is None  # freed at HF generate's first forward
+        _both_decoders(tiny_policy, chunks[0], seeds[0], 3, 0.0, "counter", decoders=("static",))
+    assert decoder.sessions_made == 4 and graphs.made == {"stream": 1, "pool": 2, "graph": 4}
 
 
 def test_a_step_that_syncs_is_declined_before_any_capture(tiny_policy, caplog):
