@@ -50,7 +50,7 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens")
     logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers")
     # HF generate: sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole
-    # cache, in each layer of a decode step (transformers <= 5.2x's use_gqa_in_sdpa): the step's largest
+    # cache, in each layer of a decode step (transformers 5.17's use_gqa_in_sdpa): the step's largest
     # transient at long T. The static loop folds each KV head's query group instead
     # (homerlhf.models.decode_attention): no repeat, one token's scores over the cache (sdpa's math kernel).
     kv_repeat = 2 * b * t * shape.q_dim * a if shape.kv_dim < shape.q_dim else 0

@@ -1,8 +1,8 @@
 """Attention for a one-token query against a static cache without repeating K/V to every query head.
 
 With a static cache and a one-token query transformers always builds the mask (``masking_utils``: no
-``is_causal`` skip for a compileable cache), and up to 5.2x its sdpa path repeats K and V to all query
-heads whenever a mask is given (``use_gqa_in_sdpa`` needs ``attention_mask is None``): every layer of
+``is_causal`` skip for a compileable cache), and in 5.17 (the GPU machine's) its sdpa path repeats K
+and V to all query heads whenever a mask is given (``use_gqa_in_sdpa`` needs no mask): every layer of
 every decode step copies the whole cache ``num_attention_heads / num_key_value_heads`` times (for a 7B
 at chunk 32, more bytes per step than the weights). For one query token the exact alternative is to fold
 each KV head's query group into the query axis, (B, H, 1, D) -> (B, H_kv, H / H_kv, D), and attend to

@@ -39,7 +39,6 @@ the caller samples with HF ``generate``.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional, Sequence
@@ -49,19 +48,17 @@ from torch import Tensor
 
 from homerlhf.models.decode_attention import folded_decode_attention
 from homerlhf.models.decode_graphs import CaptureFailed, StepGraphs
-from homerlhf.models.host_sync import HostSync, NoHostSync
 from homerlhf.models.logprobs import position_ids_from_mask
+from homerlhf.models.static_refusal import cache_keyword, refusal
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CaptureFailed", "DecodeBuffers", "StaticDecoder", "decode_step", "prefill", "refusal", "resolve_decoder",
-           "sample"]
+__all__ = ["CaptureFailed", "DecodeBuffers", "StaticDecoder", "cache_keyword", "decode_step", "prefill", "refusal",
+           "resolve_decoder", "sample"]
 
 Decoder = Literal["hf", "static"]  # ``rollout.decoder`` after "auto" is resolved
 # Steps between host reads of "has every row stopped?": up to this many - 1 steps run past the end.
 STOP_CHECK_EVERY = 8
-_ATTENTION = ("sdpa", "eager")  # implementations whose masks HF builds from the 2D mask inside the forward
-_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
 def resolve_decoder(setting: str, device: torch.device | str) -> Decoder:
@@ -70,67 +67,6 @@ def resolve_decoder(setting: str, device: torch.device | str) -> Decoder:
     if setting == "auto":
         return "static" if torch.device(device).type == "cuda" else "hf"
     return setting
-
-
-def cache_keyword(causal_lm) -> Optional[str]:
-    """The name the model's forward takes its cache by (transformers renamed it: ``past_key_values``
-    up to 5.2x, ``cache`` after), or None."""
-    params = inspect.signature(causal_lm.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in params), None)
-
-
-def _rope_refusal(causal_lm) -> Optional[str]:
-    """Why the model's rotary embedding cannot be captured, or None. A dynamic RoPE picks its
-    frequencies with a Python branch on a device value every forward (a host sync, and a graph would
-    freeze the branch taken at capture); transformers up to 5.2x branch the same way for long-RoPE
-    (Phi-3-128k, Phi-3.5), later ones use ``torch.where``: that is probed, not assumed."""
-    for module in causal_lm.modules():
-        kind = getattr(module, "rope_type", None)
-        kinds = kind if isinstance(kind, dict) else {None: kind}
-        for layer_type, rope in kinds.items():
-            if not isinstance(rope, str):
-                continue
-            if "dynamic" in rope:
-                return f"{rope!r} RoPE (its frequencies follow the sequence length through a host-side branch)"
-            if rope == "longrope" and _rotary_syncs(module, layer_type):
-                return ("'longrope' RoPE (this transformers version picks its short or long factors with a host-side "
-                        "branch; later ones do not)")
-    return None
-
-
-@torch.no_grad()
-def _rotary_syncs(rotary, layer_type) -> bool:
-    """Whether one forward of the rotary embedding ``rotary`` makes a host sync."""
-    device = next((b.device for b in rotary.buffers()), torch.device("cpu"))
-    x, positions = torch.zeros(1, 1, 1, device=device), torch.zeros(1, 1, dtype=torch.long, device=device)
-    try:
-        with NoHostSync():
-            rotary(x, positions, **({} if layer_type is None else {"layer_type": layer_type}))
-    except HostSync:
-        return True
-    return False
-
-
-def refusal(causal_lm) -> Optional[str]:
-    """Why the static loop cannot run this model, or None when it can."""
-    import transformers
-    from transformers.cache_utils import StaticLayer
-
-    if not hasattr(StaticLayer(max_cache_len=1), "cumulative_length"):
-        return f"transformers {transformers.__version__} has no self-positioning static cache layer (needs >= 5.0)"
-    config = causal_lm.config.get_text_config()
-    if getattr(causal_lm.config, "is_encoder_decoder", False):
-        return "encoder-decoder models are not supported"
-    impl = getattr(causal_lm.config, "_attn_implementation", None)
-    if impl not in _ATTENTION:
-        return f"attention implementation {impl!r} (the static loop needs one of {', '.join(_ATTENTION)})"
-    other = set(getattr(config, "layer_types", None) or ()) - _LAYER_TYPES
-    if other:
-        return f"layer types {sorted(other)} (the static loop has full and sliding-window attention only)"
-    params = inspect.signature(causal_lm.forward).parameters
-    if cache_keyword(causal_lm) is None or not {"position_ids", "logits_to_keep"} <= set(params):
-        return f"{type(causal_lm).__name__}.forward takes no cache, position_ids or logits_to_keep"
-    return _rope_refusal(causal_lm)
 
 
 class DecodeBuffers:
@@ -348,11 +284,7 @@ class StaticDecoder:
             if not multi_step:
                 return step  # (a one-token call: nothing to capture yet)
             session.bufs.attention_mask[:, width] = True  # the slot the warm-up steps write
-            try:
-                session.graph = graphs.capture(step, lambda: session.bufs.rewind(width))
-            except BaseException:
-                self.release()
-                raise
+            session.graph = graphs.capture(step, lambda: session.bufs.rewind(width))
             session.run_step = session.graph.replay
         return session.run_step
 
@@ -363,14 +295,17 @@ class StaticDecoder:
         active adapter) and the static cache. Returns (B, T) generated ids, as
         ``generate(...)[:, P:]`` returns them. Raises :class:`CaptureFailed`."""
         rows, width = prompt_ids.shape
-        session = self._session_for(rows, width + max_new_tokens, prompt_ids.device)
         self._decoding = True
         try:
+            session = self._session_for(rows, width + max_new_tokens, prompt_ids.device)
             with folded_decode_attention(self.causal_lm):
                 first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask)
                 run_step = self._ready(session, width, max_new_tokens > 1)
                 return sample(run_step, session.bufs, first, prompt_ids, max_new_tokens=max_new_tokens,
                               stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, processors=processors)
+        except BaseException:
+            self.release()  # (an out-of-memory error: the halved retry starts from nothing held)
+            raise
         finally:
             self._decoding = False
 
