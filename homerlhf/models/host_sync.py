@@ -5,17 +5,18 @@ on the host (``.item()``, ``bool(t)``, ``if t > 0:``), returns a shape that depe
 (``nonzero``, boolean indexing, ``unique``) or copies a host tensor to the device cannot be captured:
 ``cudaStreamEndCapture`` then fails, and by then the allocator is stuck in capture mode for the rest of
 the process. :func:`no_host_sync` runs code so that such an op raises :class:`HostSync` first, on any
-device (a ``TorchDispatchMode`` sees every aten op, so the check works on the CPU too), plus
-``torch.cuda.set_sync_debug_mode("error")`` on CUDA for syncs no aten op shows.
+device (a ``TorchDispatchMode`` sees every aten op of the current thread, so the check works on the CPU
+too). It sees aten ops only: a sync inside a custom kernel's host code would still reach the capture.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 class HostSync(RuntimeError):
@@ -40,35 +41,36 @@ def _host_to_device(func, args, kwargs) -> bool:
 
 class NoHostSync(TorchDispatchMode):
     """Raises :class:`HostSync` on every op that reads a device value on the host, gives a
-    data-dependent shape, or copies a host tensor to a device."""
+    data-dependent shape, or copies a host tensor to a device. ``device_type``: only ops on tensors
+    of that type count (a CUDA step may read a CPU tensor freely); None: every tensor (the CPU's own
+    tests stand in for a device)."""
+
+    def __init__(self, device_type: Optional[str] = None):
+        super().__init__()
+        self.device_type = device_type
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func.overloadpacket
+        if packet in _COPIES and _host_to_device(func, args, kwargs):
+            raise HostSync(f"host-to-device copy in the decode step: {func}")
+        if self.device_type is not None and not any(
+                isinstance(t, torch.Tensor) and t.device.type == self.device_type for t in tree_leaves((args, kwargs))):
+            return func(*args, **kwargs)
         bool_index = packet in _INDEX and any(
             isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
         if packet in _SYNCS or bool_index:
             raise HostSync(f"host sync in the decode step: {func}")
-        if packet in _COPIES and _host_to_device(func, args, kwargs):
-            raise HostSync(f"host-to-device copy in the decode step: {func}")
         return func(*args, **kwargs)
 
 
 @contextmanager
 def no_host_sync(device: torch.device | str) -> Iterator[None]:
-    """Run the body under :class:`NoHostSync` (and, on CUDA, the sync debug mode "error", whose
-    RuntimeError is re-raised as :class:`HostSync`)."""
-    cuda = torch.device(device).type == "cuda"
-    previous = torch.cuda.get_sync_debug_mode() if cuda else 0
-    if cuda:
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        with NoHostSync():
-            yield
-    except RuntimeError as exc:
-        if isinstance(exc, HostSync) or not cuda or "synchroniz" not in str(exc):
-            raise
-        raise HostSync(f"host sync in the decode step: {str(exc).strip().splitlines()[0][:200]}") from exc
-    finally:
-        if cuda:
-            torch.cuda.set_sync_debug_mode(previous)
+    """Run the body under :class:`NoHostSync`, for tensors of ``device``'s type (on the CPU: all).
+
+    Not ``torch.cuda.set_sync_debug_mode("error")``: that setting is process-wide, and a reward model
+    scoring on the GPU in another thread meanwhile would fail on its own syncs; a dispatch mode is
+    the current thread's only."""
+    kind = torch.device(device).type
+    with NoHostSync(None if kind == "cpu" else kind):
+        yield
