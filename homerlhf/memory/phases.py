@@ -52,10 +52,12 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     # HF generate: sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole
     # cache, in each layer of a decode step (transformers 5.17's use_gqa_in_sdpa): the step's largest
     # transient at long T. The static loop folds each KV head's query group instead
-    # (homerlhf.models.decode_attention): no repeat, one token's scores over the cache (sdpa's math kernel).
+    # (homerlhf.models.decode_attention): no repeat, one token's scores over the cache (sdpa's math kernel);
+    # on eager attention it repeats too, beside the scores and their softmax.
     kv_repeat = 2 * b * t * shape.q_dim * a if shape.kv_dim < shape.q_dim else 0
     step = b * per_token + kv_repeat
-    static_step = b * per_token + b * shape.num_heads * t * a
+    scores = b * shape.num_heads * t * a
+    static_step = b * per_token + (kv_repeat + 2 * scores if assumptions.attention == "eager" else scores)
     decoder = _decoder(cfg, assumptions)
     moments = {}
     if decoder in ("hf", "any"):
