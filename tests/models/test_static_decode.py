@@ -340,7 +340,7 @@ def test_one_capture_per_shape_one_stream_and_one_pool_across_chunks(tiny_policy
     """Five chunks sampled back to back (as the asynchronous producer does): the same 3 rows twice (one
     capture, replayed), 3 rows with a longer prompt (the cache must grow: a second capture), the first
     3 again (they fit the grown cache: replayed), then 2 rows (a third). One side stream and one memory
-    pool for all; every chunk samples what HF samples. Any other forward of the model (here HF
+    pool for all; the replayed chunks sample what HF samples. Any other forward of the model (here HF
     generate's) frees the kept session first: the memory plan's scoring and update never hold it."""
     chunks = [TINY_PROMPTS[:3], TINY_PROMPTS[:3], TINY_PROMPTS[3:6], TINY_PROMPTS[:3], TINY_PROMPTS[:2]]
     seeds = [[30 + i + r for r in range(len(prompts))] for i, prompts in enumerate(chunks)]
@@ -351,7 +351,8 @@ def test_one_capture_per_shape_one_stream_and_one_pool_across_chunks(tiny_policy
         assert decoder.off_reason is None and decoder.sessions_made == 3
         assert graphs.made == {"stream": 1, "pool": 1, "graph": 3}
         assert graphs.events[:3] == ["warm-up on stream 1", "capture on stream 1 into pool 1", "warm-up on stream 1"]
-        for prompts, seed, (ids, logprobs) in zip(chunks, seeds, static):
+        for i in (1, 3):  # the replayed ones (a fresh session's samples: the tests above)
+            (ids, logprobs), prompts, seed = static[i], chunks[i], seeds[i]
             hf_ids, hf_logprobs = _both_decoders(tiny_policy, prompts, seed, 3, 0.0, "counter", decoders=("hf",))["hf"]
             assert torch.equal(ids, hf_ids) and (logprobs - hf_logprobs).abs().max().item() <= 1e-5
             assert decoder._session is None  # freed at HF generate's first forward
