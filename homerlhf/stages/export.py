@@ -14,6 +14,7 @@ place at the end: a failed export leaves no half-written directory and replaces 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -216,6 +217,7 @@ def _merge_and_check(plan: PolicyExport, tmp: Path) -> dict[str, Any]:
     sequences = probe_sequences(plan.run_dir, tokenizer)
     trained = sequence_logprobs(policy.model, sequences)
     del policy
+    gc.collect()  # bitsandbytes' Params4bit <-> Linear4bit cycle: the 4-bit model goes only now
     merged = AutoModelForCausalLM.from_pretrained(tmp, device_map="cpu")  # as a user loads it
     gap = logprob_gap(trained, sequence_logprobs(merged, sequences))
     del merged

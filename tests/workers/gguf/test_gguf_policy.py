@@ -22,10 +22,11 @@ TOKENIZE = """
 import json, sys
 from llama_cpp import Llama
 llm = Llama(sys.argv[1], vocab_only=True, verbose=False)
-texts = json.loads(sys.argv[2])
+cases = json.loads(sys.argv[2])  # [text, add_bos]
 print(json.dumps({"template": llm.metadata.get("tokenizer.chat_template"),
-                  "ids": [llm.tokenize(t.encode(), add_bos=True, special=True) for t in texts]}))
+                  "ids": [llm.tokenize(t.encode(), add_bos=bos, special=True) for t, bos in cases]}))
 """
+PLAIN = ["Once upon a time,  there were 12345 cats.\nThe end?", " leading space and naïve café"]
 
 
 @pytest.mark.slow  # the real vocabularies' tiny models (shared session fixtures) and up to 262k tokens
@@ -42,11 +43,15 @@ def test_real_chat_template_and_chats_survive_the_round_trip(name, real_vocab_mo
     tok = AutoTokenizer.from_pretrained(model_dir)
     stops = stop_tokens(tok, stop_token_ids(tok, GenerationConfig.from_pretrained(model_dir)))
     [gguf] = export_policy_gguf(model_dir, tmp_path, ["f16"], name, stops)
-    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CHATS]
-    got = run_child(TOKENIZE, str(gguf.path), json.dumps(texts), timeout=300)
+    chats = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CHATS]
+    cases = [[t, False] for t in chats] + [[t, True] for t in PLAIN]  # the template writes its own BOS
+    got = run_child(TOKENIZE, str(gguf.path), json.dumps(cases), timeout=300)
     assert got["template"] == tok.chat_template
-    # The prompt llama.cpp makes of the rendered chat is HF's, id for id (pre-tokenizer, BOS, space prefix).
-    assert got["ids"] == [tok(t)["input_ids"] for t in texts]
+    # llama.cpp turns the rendered chats into the ids HF's chat template gives, and plain text into
+    # HF's ids, BOS included where HF adds one (its pre-tokenizer, BOS and space-prefix settings).
+    want = [list(tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+            for c in CHATS] + [tok(t)["input_ids"] for t in PLAIN]
+    assert got["ids"] == want
     [end_of_turn] = template_end_of_turn_ids(tok)
     modelfile = gguf.modelfile.read_text()
     assert f"PARAMETER stop {json.dumps(tok.decode([end_of_turn]))}" in modelfile
