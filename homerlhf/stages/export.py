@@ -145,9 +145,7 @@ def plan_policy_export(run_dir: str | Path, out: str | Path, checkpoint: str = "
     if config.get("quantization_config"):
         raise UserError(f"{base_dir} is a pre-quantized checkpoint; export needs the unquantized base the run loaded")
     if types:
-        from transformers import AutoTokenizer
-
-        check_policy_gguf(base_dir, AutoTokenizer.from_pretrained(base_dir))
+        check_policy_gguf(base_dir)
     return PolicyExport(run_dir, ckpt, int(ckpt.name.split("_")[1]), cfg, base_dir, out, base, types,
                         push_to_hub, private, overwrite)
 

@@ -59,10 +59,15 @@ def parse_types(values: Sequence[str]) -> list[str]:
     return types
 
 
-def check_policy_gguf(base_dir: Path, tokenizer) -> None:
+def check_policy_gguf(base_dir: Path, tokenizer=None) -> None:
     """The checks a GGUF of this model needs, from its config.json and tokenizer alone: an
-    architecture the writer serves, a tokenizer whose text llama.cpp splits as HF does."""
+    architecture the writer serves (before the tokenizer loads: that reads the config through
+    transformers), a tokenizer whose text llama.cpp splits as HF does."""
     family_for(read_config(base_dir), str(base_dir))
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
     text_pre_tokenizer(tokenizer)
 
 
