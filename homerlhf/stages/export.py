@@ -100,8 +100,6 @@ def _check_out(out: Path, run_dir: Path, overwrite: bool) -> Path:
         raise UserError(f"--out {out} already exists and is not empty; pass --overwrite to replace it or choose another --out")
     if out.exists() and (out.resolve() == run_dir.resolve() or out.resolve() in run_dir.resolve().parents):
         raise UserError(f"--out {out} holds the run {run_dir} itself; choose another --out")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or choose another --out")
     return out
 
 
