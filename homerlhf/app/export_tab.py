@@ -24,7 +24,8 @@ def checkpoint_choices(run_dir: str) -> list[str]:
 
 
 def default_out(run_dir: str) -> str:
-    return str(Path(run_dir) / "export") if run_dir else ""
+    """``RUNS/exports/RUN``: beside the runs, named after the run (the GGUF files and the Ollama model too)."""
+    return str(Path(run_dir).parent / "exports" / Path(run_dir).name) if run_dir else ""
 
 
 def _size(path: Path) -> str:

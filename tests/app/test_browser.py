@@ -220,7 +220,7 @@ def test_export_tab_exports_the_trained_run(page, app_url):
     fill(page, "export-run-dir", str(run_dir))
     page.locator("#export-refresh").click()
     page.wait_for_function("() => document.querySelector('#export-checkpoint input')?.value === 'last'")
-    out = run_dir / "export"
+    out = run_dir.parent / "exports" / "browser-run"
     assert page.locator("#export-out textarea, #export-out input").first.input_value() == str(out)
     page.locator("#export-gguf").get_by_label("q4_k_m").uncheck()
     page.locator("#export-gguf").get_by_label("q8_0").check()
@@ -228,9 +228,9 @@ def test_export_tab_exports_the_trained_run(page, app_url):
     page.locator("#export-result .progress-text, #export-result .eta-bar").first.wait_for(state="attached", timeout=60_000)
     text = wait_text(page, "export-result", r"Exported|Error", timeout_s=240)
     assert "Exported" in text, text
-    assert "the trained policy up to rounding" in text and "export-q8_0.gguf" in text
-    assert "ollama create export -f" in text and "llama-cli -m" in text
-    assert (out / "model.safetensors").is_file() and (out / "gguf" / "export-q8_0.gguf").is_file()
+    assert "the trained policy up to rounding" in text and "browser-run-q8_0.gguf" in text
+    assert "ollama create browser-run -f" in text and "llama-cli -m" in text
+    assert (out / "model.safetensors").is_file() and (out / "gguf" / "browser-run-q8_0.gguf").is_file()
     assert json.loads((out / "export.json").read_text())["checkpoint"].endswith("iter_000002")
     page.screenshot(path=str(ARTIFACTS / "5-export.png"), full_page=True)
 
