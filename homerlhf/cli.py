@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     import click.exceptions as click_exc
 
 import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
+from homerlhf.cli_export import export_app
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -24,7 +25,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="RLHF (SFT, reward model, PPO) on one consumer GPU.",
 )
-export_app = typer.Typer(no_args_is_help=True, help="Export models to GGUF for the llama.cpp workers.")
 app.add_typer(export_app, name="export")
 
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
@@ -256,42 +256,6 @@ def reward(
     acc = summary["eval_accuracy"]
     typer.echo(f"reward done: {summary['n_train']} pairs, held-out accuracy "
                f"{'n/a' if acc is None else f'{acc:.3f}'} on {summary['n_eval']}, run dir {out}")
-
-
-@export_app.command("ref")
-def export_ref(
-    model: str = typer.Option(..., "--model", "-m", help="HF model dir or hub id."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output .gguf file."),
-    outtype: Optional[str] = typer.Option(
-        None, "--outtype", help="f32, f16, bf16 or q8_0 (default: ref.outtype of --preset/--config/--set, else f16)."),
-    from_nf4: bool = typer.Option(False, "--from-nf4", help="Export the dequantized NF4 base (KL-consistent)."),
-    preset: Optional[str] = typer.Option(
-        None, "--preset", "-p", help="Quantize as `train` would with this preset: its quant:, card.device, ref.outtype."),
-    config: Optional[Path] = ConfigOpt,
-    set_: List[str] = typer.Option([], "--set", "-s", help="Dotted override, as for train (repeatable)."),
-) -> None:
-    """Export a causal LM as the reference model GGUF."""
-    from homerlhf.workers.gguf import export_ref as _export_ref
-
-    quant, device, default_outtype = None, "cpu", "f16"
-    if preset or config or set_:  # the trainer's own settings for this run config
-        cfg = _load(preset or "cpu-tiny", config, set_)
-        quant, device, default_outtype = cfg.quant, cfg.card.device, cfg.ref.outtype
-    path = _export_ref(model, out, outtype=outtype or default_outtype, from_nf4=from_nf4, quant=quant, device=device)
-    typer.echo(f"wrote {path}")
-
-
-@export_app.command("reward")
-def export_reward(
-    model: str = typer.Option(..., "--model", "-m", help="Sequence-classification dir or reward run dir."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
-    outtype: str = typer.Option("f16", "--outtype", help="f32, f16, bf16 or q8_0."),
-) -> None:
-    """Export a reward model: backbone GGUF + score head (safetensors) + manifest."""
-    from homerlhf.workers.gguf import export_reward as _export_reward
-
-    path = _export_reward(model, out, outtype=outtype)
-    typer.echo(f"wrote {path}")
 
 
 @app.command()

@@ -93,7 +93,15 @@ TRAIN_CASES = [
     ("reward-function-bad-parameter", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/rewards.py:wants_x", "--out", "{tmp}/r-fn3"], 2, "rewards.py:wants_x takes parameter 'x'; a reward function takes some of prompt, response, prompt_ids, response_ids, row"),
     ("reward-function-component-missing", ["train", "--set", "reward.components=[{{backend: function, function: '{tmp}/none.py:score'}}]", "--out", "{tmp}/r-fn4"], 2, "reward.components[0].function: file "),
     ("ref-gguf-other-vocab", ["train", "--set", "model.name_or_path={tiny}", "--set", "ref.model={tmp}/vocab400.gguf", "--out", "{tmp}/r-gguf2"], 2, "has 400 tokens but the policy's embedding 512"),
+    ("export-policy-no-run", ["export", "policy", "{tmp}/nothere", "--out", "{tmp}/e1"], 2, "no such run directory; give the --out of a `homerlhf train` run"),
+    ("export-policy-no-actor", ["export", "policy", "{tmp}/ckptrun", "--out", "{tmp}/e2"], 2, "has no actor adapter (actor/adapter_model.safetensors)"),
+    ("export-policy-no-such-checkpoint", ["export", "policy", "{tmp}/ckptrun", "--checkpoint", "7", "--out", "{tmp}/e3"], 2, "has no complete checkpoint of that iteration; it has 2 (or pass last or best)"),
+    ("export-policy-out-exists", ["export", "policy", "{tmp}/ckptrun", "--out", "{tmp}/oldsft"], 2, "already exists and is not empty; pass --overwrite to replace it"),
+    ("export-policy-arch-gguf", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e4", "--gguf", "f16"], 2, "gpt2: architecture 'gpt2' is not supported for GGUF export"),
+    ("export-policy-bad-gguf-type", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e5", "--gguf", "q3"], 2, "--gguf 'q3' is not a type homerlhf exports; use one of f32, f16, bf16, q8_0, q6_k, q5_k_m, q4_k_m"),
+    ("export-policy-no-hub-login", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e6", "--push-to-hub", "me/policy"], 2, "no Hugging Face login; run `hf auth login` or set HF_TOKEN"),
 ]
+SNAPSHOTS = ("oldrun", "ckptrun", "oldsft", "gpt2run")  # earlier runs and outputs no bad input may touch
 
 # (id, method path, body or raw bytes, token, status, fragment of detail)
 HTTP_CASES = [
@@ -108,8 +116,10 @@ HTTP_CASES = [
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    return dict(os.environ, HOMERLHF_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, HOMERLHF_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp / "hf-home"))  # no Hub login
+    env.pop("HF_TOKEN", None)
+    return env
 
 
 def run_cli(argv: list[str], tmp: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -131,8 +141,9 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _fake_checkpoint(run: Path) -> None:
-    """A run dir whose newest checkpoint is complete as far as resuming's config check reads it."""
+def _fake_checkpoint(run: Path, overrides: tuple[str, ...] = (), actor: bool = False) -> None:
+    """A run dir whose newest checkpoint is complete as far as resuming's config check (and, with
+    ``actor``, the policy export's checks) reads it: the adapter files hold no weights."""
     import hashlib
 
     from homerlhf.config import load_config, to_yaml
@@ -140,9 +151,14 @@ def _fake_checkpoint(run: Path) -> None:
 
     ckpt = run / "checkpoints" / "iter_000002"
     ckpt.mkdir(parents=True)
-    text = to_yaml(load_config("cpu-tiny")).encode()
+    text = to_yaml(load_config("cpu-tiny", overrides=list(overrides))).encode()
     (ckpt / "config.yaml").write_bytes(text)
-    files = {"config.yaml": {"bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}}
+    if actor:
+        (ckpt / "actor").mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (ckpt / "actor" / name).write_text("not an adapter\n")
+    files = {p.relative_to(ckpt).as_posix(): {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in ckpt.rglob("*") if p.is_file()}
     (ckpt / MANIFEST).write_text(json.dumps({"format": FORMAT_VERSION, "iteration": 2, "files": files}))
     (run / "config.yaml").write_bytes(text)
     (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n')
@@ -177,6 +193,7 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "oldsft" / "model" / "config.json").write_text("{}\n")
     gguf = export_ref(str(tiny_llama_dir), tmp / "ref.gguf", outtype="f32")
     _architecture_dirs(tmp)
+    _fake_checkpoint(tmp / "gpt2run", (f"model.name_or_path={tmp / 'gpt2'}",), actor=True)  # export-policy-*
     return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir)}
 
 
@@ -214,7 +231,7 @@ def cli_results(files):
     """Every CLI row run once, a few at a time (each is a fresh interpreter). Also returns the
     contents of the earlier runs before and after, to show nothing was written over."""
     tmp = files["tmp"]
-    before = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun", "oldsft")}
+    before = {name: _snapshot(tmp / name) for name in SNAPSHOTS}
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
@@ -230,7 +247,7 @@ def cli_results(files):
             results = dict(pool.map(one, CLI_CASES + TRAIN_CASES))
     finally:
         busy.close()
-    after = {name: _snapshot(tmp / name) for name in ("oldrun", "ckptrun", "oldsft")}
+    after = {name: _snapshot(tmp / name) for name in SNAPSHOTS}
     return results, before, after
 
 
@@ -266,10 +283,11 @@ def test_cli_bad_input(cli_results, ident, argv, code, fragment):
 
 @pytest.mark.slow  # one fixture runs ~70 fresh interpreters (about a minute on 2 cores)
 @pytest.mark.parametrize("ident, argv, code, fragment", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
-def test_train_bad_input_writes_nothing_over(cli_results, ident, argv, code, fragment):
+def test_train_bad_input_writes_nothing_over(cli_results, files, ident, argv, code, fragment):
     results, before, after = cli_results
     check_one_line(results[ident], code, fragment)
     assert after == before  # the earlier runs are byte for byte what they were
+    assert not any((files["tmp"] / f"e{i}").exists() for i in range(1, 7))  # no export output either
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("workers",),
     ("stages", "doctor"),  # doctor checks a machine with the workers and models below it
     ("app",),
-    ("cli",),
+    ("cli", "cli_export"),  # cli_export: the `homerlhf export` commands
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

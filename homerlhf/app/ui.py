@@ -28,7 +28,7 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
     """The whole app as a ``gr.Blocks`` (not launched)."""
     import gradio as gr
 
-    from homerlhf.app import data_tab, eval_tab, plan_tab, train_tab
+    from homerlhf.app import data_tab, eval_tab, export_tab, plan_tab, train_tab
     from homerlhf.config import preset_names
 
     if default_preset not in preset_names():
@@ -48,6 +48,8 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
                                                 settings.preset_model, run_dir_shared, runs_root=runs_root)
             with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
                 eval_tab.build(run_dir_shared)
+            with gr.Tab("Export", id="export", elem_id="tab-export"):
+                export_tab.build(run_dir_shared)
         blocks.load(*on_load)
         blocks.load(*on_load_train)
     return blocks

@@ -208,3 +208,32 @@ def test_reward_boxes_write_the_overrides_and_the_data_tab_checks_the_function(p
     wait_text(page, "data-report", r"usable:\s*120")
     page.locator("#data-reward-check").click()
     wait_text(page, "data-reward-table", r"None")
+
+
+def test_export_tab_exports_the_trained_run(page, app_url):
+    """The Export tab on the run the workflow above trained: the checkpoint list, an export with its
+    progress bar, the written files and the commands to run them."""
+    run_dir = app_url[1] / "browser-run"
+    if not (run_dir / "checkpoints").is_dir():
+        pytest.skip("needs the run test_workflow_in_chromium trains")
+    open_tab(page, "Export")
+    fill(page, "export-run-dir", str(run_dir))
+    page.locator("#export-refresh").click()
+    page.wait_for_function("() => document.querySelector('#export-checkpoint input')?.value === 'last'")
+    out = run_dir.parent / "exports" / "browser-run"
+    assert page.locator("#export-out textarea, #export-out input").first.input_value() == str(out)
+    page.locator("#export-gguf").get_by_label("q4_k_m").uncheck()
+    page.locator("#export-gguf").get_by_label("q8_0").check()
+    page.locator("#export-start").click()
+    page.locator("#export-result .progress-text, #export-result .eta-bar").first.wait_for(state="attached", timeout=60_000)
+    text = wait_text(page, "export-result", r"Exported|Error", timeout_s=240)
+    assert "Exported" in text, text
+    assert "the trained policy up to rounding" in text and "browser-run-q8_0.gguf" in text
+    assert "ollama create browser-run -f" in text and "llama-cli -m" in text
+    assert (out / "model.safetensors").is_file() and (out / "gguf" / "browser-run-q8_0.gguf").is_file()
+    assert json.loads((out / "export.json").read_text())["checkpoint"].endswith("iter_000002")
+    page.screenshot(path=str(ARTIFACTS / "5-export.png"), full_page=True)
+
+    page.locator("#export-start").click()  # again, without Overwrite: the one-line refusal, nothing replaced
+    wait_text(page, "export-result", r"already exists and is not empty; pass --overwrite")
+    assert (out / "export.json").is_file()

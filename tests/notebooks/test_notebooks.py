@@ -122,3 +122,7 @@ def test_quickstart_runs_the_cpu_pipeline(tmp_path, monkeypatch):
     # The chat answered both messages, actor and reference, each scored by the reward model.
     assert len(re.findall(r"^actor: .*\(score -?\d", text, re.M)) == 2
     assert len(re.findall(r"^reference: .*\(score -?\d", text, re.M)) == 2
+    # The last cell exports the policy: a merged model transformers loads, a GGUF, its Modelfile.
+    exported = tmp_path / "exports" / "quickstart"
+    assert (exported / "config.json").is_file() and (exported / "gguf" / "quickstart-q4_k_m.gguf").is_file()
+    assert "max |log-prob gap| to the trained policy" in text and "ollama create quickstart" in text

@@ -86,25 +86,33 @@ def checkpoint_tensors(model_dir: Path) -> dict[str, LazyTensor]:
     return tensors
 
 
-def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu") -> dict[str, LazyTensor]:
-    """The checkpoint's tensors with every 4-bit linear weight replaced by its NF4 dequantization.
-
-    The model is loaded with the policy's own 4-bit settings and dtype (``homerlhf.models.policy``:
-    ``quant`` and the dtype it implies on ``device``), so the dequantized weights are what the actor
-    computes with. Loading happens on CPU: bitsandbytes quantizes the same values the same way.
-    """
-    import bitsandbytes as bnb
-    from bitsandbytes.functional import dequantize_4bit
+def load_nf4_model(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu"):
+    """The causal LM in 4-bit with the policy's own settings and dtype (``homerlhf.models.policy``:
+    ``quant`` and the dtype it implies on ``device``), on the CPU: bitsandbytes quantizes the same
+    values the same way there."""
     from transformers import AutoModelForCausalLM
 
     from homerlhf.config.schema import QuantConfig
     from homerlhf.models.policy import compute_dtype, quantization_config
 
     quant = quant or QuantConfig()
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         model_dir, quantization_config=quantization_config(quant, device),
         dtype=compute_dtype(quant, device), device_map="cpu",
     )
+
+
+def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu",
+                model=None) -> dict[str, LazyTensor]:
+    """The checkpoint's tensors with every 4-bit linear weight replaced by its NF4 dequantization.
+
+    The model is loaded as :func:`load_nf4_model` loads it (``model``: one already loaded so), so the
+    dequantized weights are what the actor computes with.
+    """
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import dequantize_4bit
+
+    model = model if model is not None else load_nf4_model(model_dir, quant, device)
     tensors = checkpoint_tensors(model_dir)
     # The tensors bitsandbytes leaves dense (embeddings, norms) as the actor holds them: in its
     # compute dtype (bf16 on most GPUs), not the checkpoint's float32.

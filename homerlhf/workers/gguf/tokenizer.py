@@ -1,7 +1,9 @@
 """The vocabulary of an export: the HF fast tokenizer's tokens, types and merges/scores in GGUF.
 
 Workers never tokenize text (ids come over the wire), so what matters is that id ``i`` names the
-same token on both sides; the pre-tokenizer name is informational.
+same token on both sides; the pre-tokenizer name is informational. An exported policy is used by
+llama.cpp, Ollama and LM Studio on *text*: :func:`add_text_use` writes what they need to turn a
+chat into the ids HF makes of it (the pre-tokenizer, BOS and space-prefix settings, the chat template).
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ KEY_TOKENIZER_SIZE = "homerlhf.tokenizer_size"
 KEY_VOCAB_FINGERPRINT = "homerlhf.vocab_fingerprint"
 
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+# llama.cpp's pre-tokenizer for the split regex of a byte-level BPE tokenizer (llama-vocab.cpp), by
+# the regex HF's tokenizer.json holds. Text split otherwise would give other ids than HF's.
+_GPT2_REGEX = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+_SPLIT_REGEXES = {
+    # Llama 3.x
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+": "llama-bpe",
+    # Qwen2, Qwen2.5, Qwen3
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+": "qwen2",
+    _GPT2_REGEX: "gpt-2",
+}
 
 
 def _token_types(tokenizer, tokens: list[str], spm: bool) -> list[int]:
@@ -53,7 +68,7 @@ def _add_model(writer, model: dict, spm: bool, pre: str, vocab_size: int) -> Non
         writer.add_token_merges(merges)
 
 
-def add_tokenizer(writer, tokenizer, vocab_size: int, pre: str = "default") -> int:
+def add_tokenizer(writer, tokenizer, vocab_size: int, pre: str = "default", add_bos: bool = False) -> int:
     """Writes the vocabulary for an embedding of ``vocab_size`` rows; returns the real tokens written.
 
     Rows past the tokenizer (an embedding padded to a multiple of 64) become unused ``[PADi]``
@@ -86,8 +101,51 @@ def add_tokenizer(writer, tokenizer, vocab_size: int, pre: str = "default") -> i
                           ("unk", tokenizer.unk_token_id), ("pad", tokenizer.pad_token_id)):
         if token_id is not None and token_id < vocab_size:
             getattr(writer, f"add_{key}_token_id")(int(token_id))
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos)
     writer.add_add_eos_token(False)
     writer.add_uint32(KEY_TOKENIZER_SIZE, n_real)
     writer.add_string(KEY_VOCAB_FINGERPRINT, vocab_fingerprint(all_tokens))
     return n_real
+
+
+def _tokenizer_json(tokenizer) -> dict:
+    return json.loads(tokenizer.backend_tokenizer.to_str())
+
+
+def text_pre_tokenizer(tokenizer) -> str:
+    """llama.cpp's name for the way ``tokenizer`` splits text before BPE, or a UserError when
+    llama.cpp has none that splits as it does (its text would become other ids than HF's)."""
+    spec = _tokenizer_json(tokenizer)
+    if spec["model"]["type"] == "Unigram" or spec["model"].get("byte_fallback"):
+        return "default"  # SentencePiece-style: llama.cpp's SPM tokenizer has no pre-tokenizer
+    pre = spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in parts]
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True):
+        name = _SPLIT_REGEXES.get((parts[0].get("pattern") or {}).get("Regex", ""))
+        if name:
+            return name
+    raise UserError("the tokenizer splits text in a way llama.cpp's pre-tokenizers do not reproduce "
+                    f"({json.dumps(pre)[:120]}); llama.cpp would tokenize prompts differently from HF. "
+                    "Export the merged HF model only (drop --gguf)")
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether HF's tokenizer starts plain text with BOS (llama.cpp's ``add_bos_token``)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+
+
+def add_text_use(writer, tokenizer) -> None:
+    """What llama.cpp reads, besides the pre-tokenizer and BOS (:func:`add_tokenizer`'s ``pre`` and
+    ``add_bos``), to tokenize text and chats as HF does: SentencePiece's space prefix, the chat template."""
+    spec = _tokenizer_json(tokenizer)
+    if spec["model"]["type"] == "Unigram" or spec["model"].get("byte_fallback"):
+        writer.add_add_space_prefix('"Prepend"' in json.dumps(spec.get("normalizer") or {}))
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: llama.cpp reads the default one
+        template = template.get("default")
+    if template:
+        writer.add_chat_template(template)

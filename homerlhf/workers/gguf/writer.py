@@ -13,7 +13,7 @@ from homerlhf.errors import UserError
 from homerlhf.workers.gguf.quant import check_outtype, encode, file_type, tensor_qtype
 from homerlhf.workers.gguf.registry import family_for
 from homerlhf.workers.gguf.tensors import LazyTensor, read_config
-from homerlhf.workers.gguf.tokenizer import add_tokenizer
+from homerlhf.workers.gguf.tokenizer import add_text_use, add_tokenizer, adds_bos, text_pre_tokenizer
 
 KEY_ROLE = "homerlhf.role"
 KEY_SOURCE = "homerlhf.source"
@@ -73,12 +73,17 @@ def write_gguf(
     outtype: str,
     role: str,
     skip: Callable[[str], bool] = lambda name: False,
+    text_use: bool = False,
 ) -> Path:
-    """Writes ``tensors`` (HF names) of the model in ``model_dir`` as one GGUF, atomically."""
+    """Writes ``tensors`` (HF names) of the model in ``model_dir`` as one GGUF, atomically.
+
+    ``text_use``: for llama.cpp, Ollama and LM Studio on text (an exported policy), not for a worker
+    fed ids: the tokenizer's real pre-tokenizer, BOS setting and chat template (:func:`add_text_use`)."""
     check_outtype(outtype)
     config = read_config(model_dir)
     family = family_for(config, str(model_dir))
     tokenizer = _load_tokenizer(model_dir)
+    pre, add_bos = (text_pre_tokenizer(tokenizer), adds_bos(tokenizer)) if text_use else (family.tokenizer_pre, False)
     mapped = family.map_tensors(tensors, config, skip)
     if "token_embd.weight" not in mapped:
         raise UserError(f"{model_dir}: no token embedding (model.embed_tokens.weight) in the checkpoint")
@@ -93,6 +98,8 @@ def write_gguf(
         writer.add_string(KEY_SOURCE, str(model_dir))
         writer.add_file_type(file_type(outtype))
         mapped.update(family.add_hparams(writer, config, vocab_size, str(model_dir)))
-        add_tokenizer(writer, tokenizer, vocab_size, family.tokenizer_pre)
+        add_tokenizer(writer, tokenizer, vocab_size, pre, add_bos)
+        if text_use:
+            add_text_use(writer, tokenizer)
         _stream(writer, mapped, outtype, out_path.name)
     return out_path

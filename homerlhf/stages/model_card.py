@@ -1,0 +1,96 @@
+"""The model card (README.md) of an exported policy: what the run was and what the export is.
+
+Base, data, algorithm, iterations, the reward and KL of the exported checkpoint's iteration, the
+held-out figures of a run that has them (``homerlhf demo``'s ``before_after.jsonl``, the verifiable
+demo's ``summary.json``), the export's base weights and measured log-prob gap, and its files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from homerlhf.stages.export import PolicyExport
+
+
+def _hub_id(name: str) -> Optional[str]:
+    """``name`` if it reads as a Hub model id (``org/name``), else None (a local path, a builtin)."""
+    if name.startswith(("builtin:", ".", "/", "~")) or name.count("/") != 1 or Path(name).exists():
+        return None
+    return name
+
+
+def held_out_lines(run_dir: Path) -> list[str]:
+    """Markdown lines of the run's held-out before/after figures, or none."""
+    summary, rows_file = Path(run_dir) / "summary.json", Path(run_dir) / "before_after.jsonl"
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        acc = data.get("held_out_accuracy") or {}
+        if "before" in acc and "after" in acc:
+            return [f"- held-out accuracy before -> after: {acc['before']:.3f} -> {acc['after']:.3f}"]
+    if rows_file.is_file():
+        from homerlhf.stages.demo import held_out_figures
+
+        rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+        if rows and "before_good" in rows[0]:
+            return [f"- held-out ({len(rows)} prompts) {name}: {b:.3f} -> {a:.3f}"
+                    for name, (b, a) in held_out_figures(rows).items()]
+    return []
+
+
+def _metrics_row(run_dir: Path, iteration: int) -> dict[str, Any]:
+    from homerlhf.ppo.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if r.get("iteration") == iteration]
+    return rows[-1] if rows else {}
+
+
+def _reward_source(cfg) -> str:
+    reward = cfg.reward
+    own = (f"the function `{reward.function}`" if reward.backend == "function"
+           else f"the {reward.backend} reward model `{reward.url or reward.model}`")
+    return own + (f", plus {len(reward.components)} weighted component(s)" if reward.components else "")
+
+
+def _front_matter(base: Optional[str], gguf: bool) -> list[str]:
+    lines = ["---", "library_name: transformers", "tags:", "- homerlhf", "- rlhf", "- ppo"]
+    lines += ["- gguf"] if gguf else []
+    lines += ["base_model:", f"- {base}"] if base else []
+    return lines + ["---", ""]
+
+
+def model_card(plan: "PolicyExport", result: dict[str, Any]) -> str:
+    """The README.md text for the export ``plan`` whose outcome is ``result``."""
+    cfg, row = plan.cfg, _metrics_row(plan.run_dir, plan.iteration)
+    base_name = cfg.model.name_or_path
+    gap = result["gap"]
+    lines = _front_matter(_hub_id(base_name), bool(result.get("gguf")))
+    lines += [f"# {plan.name}", "",
+              f"A policy trained with [homerlhf](https://github.com/homerlhf/homerlhf) ({cfg.algorithm.upper()}, "
+              "a LoRA actor on a 4-bit NF4 base), merged into a standalone model.", "",
+              "## Training", "",
+              f"- base model: `{base_name}`",
+              f"- prompts: `{cfg.data.prompts}`",
+              f"- algorithm: {cfg.algorithm}, {plan.iteration} of {cfg.ppo.iterations} iterations "
+              f"(checkpoint `{plan.checkpoint.name}`), rollout batch {cfg.rollout.batch_size}",
+              f"- reward: {_reward_source(cfg)}"]
+    for key, what in (("score_mean", "reward (mean score of the iteration's rollouts)"),
+                      ("kl_mean", "KL to the reference (nats per response)")):
+        if isinstance(row.get(key), (int, float)):
+            lines.append(f"- {what} at iteration {plan.iteration}: {row[key]:.4f}")
+    lines += held_out_lines(plan.run_dir)
+    exact = ("the dequantized NF4 weights the actor trained on: this is the trained policy up to "
+             f"{result['dtype']} rounding" if plan.base == "nf4" else
+             "the original full-precision weights, **not** the NF4 weights the actor trained on: "
+             "this model differs from the trained policy")
+    lines += ["", "## This export", "",
+              f"- merged into {exact}",
+              f"- log-prob gap to the trained policy (adapter on the NF4 base) on {gap['sequences']} held "
+              f"sequences ({gap['tokens']} tokens): max {gap['max_abs']:.2e}, mean {gap['mean_abs']:.2e} nats/token",
+              f"- dtype {result['dtype']}; generation stops at {', '.join(repr(t) for t in result['stop_tokens'])}"]
+    for g in result.get("gguf", []):
+        lines.append(f"- GGUF `{g['path']}` ({g['tensors']}), Ollama: `{g['modelfile']}`")
+    lines += ["", "## Use", "", "```bash", *result["commands"], "```", ""]
+    return "\n".join(lines)
