@@ -127,7 +127,7 @@ def print_time(rec, console=None) -> None:
     from rich.table import Table
 
     from homerlhf.memory.placement import summary_lines
-    from homerlhf.memory.timing import phase_rows
+    from homerlhf.memory.timing import human_seconds, phase_rows
 
     console = console or Console(width=110)
     it = rec.current.time
@@ -144,7 +144,8 @@ def print_time(rec, console=None) -> None:
         cands.add_column(col, justify="right" if col in ("s / iteration", "GPU peak GiB") else "left")
     for c in rec.candidates:
         p = c.time.placement
-        cands.add_row(p.ref, p.reward, p.engine, f"{c.time.total_s:.1f}",
+        seconds = f"{c.time.total_s:,.1f}" + ("" if c.time.total_s < 90 else f" ({human_seconds(c.time.total_s)})")
+        cands.add_row(p.ref, p.reward, p.engine, seconds,
                       "-" if c.peak_gib is None else f"{c.peak_gib:.2f}", "yes" if c.fits else "no")
     console.print(cands)
 
