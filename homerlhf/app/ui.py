@@ -28,6 +28,7 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
     """The whole app as a ``gr.Blocks`` (not launched)."""
     import gradio as gr
 
+    import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, as the CLI does
     from homerlhf.app import data_tab, eval_tab, plan_tab, train_tab
     from homerlhf.config import preset_names
 
@@ -44,12 +45,13 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
             with gr.Tab("Plan", id="plan", elem_id="tab-plan"):
                 on_load = plan_tab.build(settings)
             with gr.Tab("Train", id="train", elem_id="tab-train"):
-                on_load_train = train_tab.build(settings.preset, settings.model, settings.overrides,
+                train_loads = train_tab.build(settings.preset, settings.model, settings.overrides,
                                                 settings.preset_model, run_dir_shared, runs_root=runs_root)
             with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
                 eval_tab.build(run_dir_shared)
         blocks.load(*on_load)
-        blocks.load(*on_load_train)
+        for event in train_loads:
+            blocks.load(*event)
     return blocks
 
 

@@ -322,7 +322,9 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
 
 
 def human_seconds(seconds: float) -> str:
-    """A duration as a person reads it: 42.0 s, 7.5 min, 3.2 h, 5.4 days."""
+    """A duration as a person reads it: 0.04 s, 42.0 s, 7.5 min, 3.2 h, 5.4 days."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
     if seconds < 90:
         return f"{seconds:.1f} s"
     if seconds < 90 * 60:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from homerlhf.errors import UserError
+from homerlhf.hub import hub_unreachable
 
 BUILTIN_VERSION = "1"
 PREFIX = "builtin:"
@@ -150,33 +151,6 @@ def resolve_model_dir(model: str) -> Path:
     if looks_local:
         raise UserError(f"model directory {model} does not exist; check the path")
     return _hub_snapshot(model)
-
-
-HUB_PROBE_TIMEOUT_S = 3.0
-_HUB_PROBES: dict[str, tuple[float, str]] = {}  # endpoint -> (when, why unreachable or "")
-
-
-def hub_unreachable() -> str:
-    """Why the model hub cannot be reached ('' when it answers): offline mode, or no answer within
-    :data:`HUB_PROBE_TIMEOUT_S` to one HEAD request (through the environment's proxy, if any). Kept a
-    minute, so a page of checks costs one probe. Any HTTP answer, even an error, counts as reachable."""
-    import time
-
-    import httpx
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    endpoint = constants.ENDPOINT
-    when, why = _HUB_PROBES.get(endpoint, (0.0, ""))
-    if time.monotonic() - when > 60:
-        try:
-            httpx.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-            why = ""
-        except httpx.HTTPError as exc:
-            why = f"no answer from {endpoint}: {type(exc).__name__}"
-        _HUB_PROBES[endpoint] = (time.monotonic(), why)
-    return why
 
 
 def hub_cached(repo_id: str, revision: Optional[str] = None) -> Optional[Path]:

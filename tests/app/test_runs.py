@@ -125,3 +125,27 @@ def test_last_error_line():
     log = "loading\nTraceback (most recent call last):\n  File x\nValueError: bad thing\n"
     assert runs.last_error_line(log) == "ValueError: bad thing"
     assert runs.last_error_line("x\nerror: unknown preset 'p'\n") == "error: unknown preset 'p'"
+
+
+def test_a_launcher_that_ended_is_reaped_without_anyone_polling_it(tmp_path):
+    import psutil
+
+    run_dir = tmp_path / "quick"
+    status = runs.start_run(run_dir, [], program=[sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while runs.run_status(run_dir).running and time.monotonic() < deadline:  # reads files only
+        time.sleep(0.05)
+    assert runs.run_status(run_dir).state == "finished"
+
+    def defunct() -> bool:
+        try:
+            return psutil.Process(status.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 5
+    while defunct() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not defunct(), f"launcher {status.pid} is still a <defunct> child of the app"
+    zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    assert status.pid not in zombies

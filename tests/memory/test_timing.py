@@ -150,5 +150,5 @@ def test_a_consumer_card_gets_the_h200_rates_scaled_by_its_published_flops_and_b
 def test_durations_read_as_a_person_says_them():
     from homerlhf.memory.timing import human_seconds
 
-    assert [human_seconds(s) for s in (42.04, 89.9, 450.0, 5399.0, 11_520.0, 463_393.0)] == [
-        "42.0 s", "89.9 s", "7.5 min", "90.0 min", "3.2 h", "5.4 days"]
+    assert [human_seconds(s) for s in (0.043, 42.04, 89.9, 450.0, 5399.0, 11_520.0, 463_393.0)] == [
+        "0.04 s", "42.0 s", "89.9 s", "7.5 min", "90.0 min", "3.2 h", "5.4 days"]
