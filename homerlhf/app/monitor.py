@@ -229,6 +229,8 @@ def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> No
         ys_all += ys
     if not xs_all:
         ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_xticks([])  # no 0..1 scale that no metric has
+        ax.set_yticks([])
         return
     ax.set_xlim(min(xs_all) - 0.5, max(xs_all) + 0.5)
     low, high = min(ys_all), max(ys_all)

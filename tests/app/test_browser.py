@@ -259,14 +259,9 @@ def check_monitor(page, run_dir):
     assert not [t for t in texts if "_" in t]  # no metric's internal name on the figure
     xticks = svg_texts(page, "train-plot", "g[id^=xtick] text")
     assert xticks and set(xticks) == {"1"}, xticks
-    # Item 10: the samples' score column is in view at 1400 px; "iteration" is on one line.
     last_sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[-1])
     prompt_text = re.sub(r"<\|[a-z]+\|>", "", last_sample["prompt"]).strip()
     assert prompt_text and prompt_text in page.locator("#train-samples").inner_text()
-    headers = {h.inner_text().strip(): h for h in page.locator("#train-samples thead th").all()}
-    score = headers["score"].bounding_box()
-    assert 0 <= score["x"] and score["x"] + score["width"] <= 1400
-    assert headers["iteration"].evaluate(LINES_OF_TEXT) == 1
     assert [json.loads(line)["iteration"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
     page.screenshot(path=str(ARTIFACTS / "3-train.png"), full_page=True)
 
@@ -328,6 +323,32 @@ def second_start_crashes_whole(page, runs_root, run_dir, reward_dir, empty_model
     page.screenshot(path=str(ARTIFACTS / "3b-train-crashed.png"), full_page=True)
 
 
+def long_samples_in_view(page, root: Path):
+    """Item 10: with replies as long as a real model's (the tiny run's are 8 tokens), the samples' score
+    column is in view at 1400 px and "iteration" is on one line. The run is one written as a shell-started
+    run would be, picked up with Attach (the Run directory box follows it: smaller items)."""
+    shell_run = root / "shell-run"
+    shell_run.mkdir()
+    (shell_run / "metrics.jsonl").write_text(json.dumps({"iteration": 3, "score_mean": 1.25}) + "\n")
+    reply = ("Happy to help! Tea is made by steeping the cured leaves of the tea plant in hot water; green, black "
+             "and oolong teas come from the same plant and differ in how the leaves are processed after picking.")
+    rows = [{"iteration": 3, "prompt": f"<|user|>Tell me about tea, part {i}.<|end|>", "response": reply,
+             "score": 1.25 - i} for i in range(4)]
+    (shell_run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    box = page.locator("#train-runs input").first
+    box.fill(str(shell_run))
+    box.press("Enter")
+    page.locator("#train-attach").click()
+    wait_text(page, "train-status", re.escape(str(shell_run)))
+    wait_text(page, "train-samples", r"part 3")
+    assert value_of(page, "train-run-dir") == str(shell_run), value_of(page, "train-run-dir")
+    headers = {h.inner_text().strip(): h for h in page.locator("#train-samples thead th").all()}
+    score = headers["score"].bounding_box()
+    assert 0 <= score["x"] and score["x"] + score["width"] <= 1400, score
+    assert headers["iteration"].evaluate(LINES_OF_TEXT) == 1, "the iteration header wraps"
+    page.screenshot(path=str(ARTIFACTS / "3c-train-attached.png"), full_page=True)
+
+
 def test_workflow_in_chromium(page, app_url, reward_dir, tmp_path):
     runs_root = app_url[1]
     check_data_tab(page)
@@ -337,6 +358,7 @@ def test_workflow_in_chromium(page, app_url, reward_dir, tmp_path):
     check_evaluate(page, run_dir)
     (tmp_path / "empty-model").mkdir()
     second_start_crashes_whole(page, runs_root, run_dir, reward_dir, tmp_path / "empty-model")
+    long_samples_in_view(page, tmp_path)
 
 
 def test_reward_boxes_write_the_overrides_and_the_data_tab_checks_the_function(page, app_url):
