@@ -318,7 +318,6 @@ def on_kill(run_dir) -> str:
 def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: str, tick) -> None:
     """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
     (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
-    import gradio as gr
 
     @guarded(6, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
     def start(preset, model, overrides, preset_model, run_dir, overwrite):

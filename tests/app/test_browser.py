@@ -2,7 +2,7 @@
 
 One walk through the workflow on the cpu-tiny setup, cheap enough for CI: a tiny random Llama as
 the policy (``builtin:tiny-llama``), the reference as the base with the adapter off, and a tiny
-sequence classifier built from code as the in-process reward model; one PPO iteration of four
+sequence classifier built from code as the in-process reward model; one PPO iteration of two
 prompts, at a learning rate that leaves the policy where it started (so the Evaluate tab meets two
 identical answers, as after a short real run), then a second Start that crashes. Each numbered item
 of issue 37 is an assertion here (marked "item N"). Screenshots of every tab go to ``test-artifacts/app/``.
@@ -46,11 +46,11 @@ def cheap_overrides(reward_dir: Path, model: str = "builtin:tiny-llama") -> str:
         f"reward.model={reward_dir}",
         "ppo.iterations=1",
         "actor.lr=1e-9",  # the policy does not move: the actor answers as the reference does
-        "rollout.batch_size=4",
-        "rollout.chunk_size=4",
-        "rollout.max_new_tokens=8",
+        "rollout.batch_size=2",
+        "rollout.chunk_size=2",
+        "rollout.max_new_tokens=6",
         "ppo.epochs=1",
-        "ppo.mini_batch_size=4",
+        "ppo.mini_batch_size=2",
         "ppo.micro_batch_size=2",
         "checkpoint.every=1",
         "logging.samples_per_iteration=2",
@@ -129,14 +129,6 @@ def wait_value(page, elem_id: str, expected: str, timeout_s: float = 30) -> None
     assert value_of(page, elem_id) == expected
 
 
-def type_into(page, elem_id: str, text: str) -> None:
-    """Type as a person does (key by key): a box's ``input`` event fires, which ``fill`` does not raise."""
-    box = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
-    box.fill("")
-    box.press_sequentially(text)
-    box.dispatch_event("blur")
-
-
 def choose(page, elem_id: str, option: str) -> None:
     page.locator(f"#{elem_id} input").first.click()
     page.get_by_role("option", name=option, exact=True).click()
@@ -201,7 +193,7 @@ def check_plan_tab(page, reward_dir):
     time_text = wait_text(page, "plan-time", r"H200 figures scaled to the RTX 3060 12GB by its published specs")
     assert "--set" not in time_text and not re.search(r"\d{4,}\.\d s", time_text)
     assert value_of(page, "plan-model") == "Qwen/Qwen2.5-1.5B-Instruct", page.locator("#plan-message").inner_text()
-    type_into(page, "plan-model", "Qwen/Qwen2.5-7B")
+    fill(page, "plan-model", "Qwen/Qwen2.5-7B")
     page.locator("#plan-run").click()
     wait_text(page, "plan-verdict", r"^TIGHT: tight on RTX 3060 12GB")
     page.locator("#plan-apply").click()
@@ -272,6 +264,10 @@ def check_evaluate(page, run_dir):
     page.wait_for_function(
         "() => document.querySelector('#eval-checkpoint input')?.value.includes('iter_000001')", timeout=20_000)
     assert page.locator("#eval-left-better").is_disabled()  # smaller items: nothing to judge yet
+    page.get_by_text("Sampling", exact=True).click()  # 8 new tokens, not 48: four answers are generated
+    tokens = page.locator("#eval-max-new input[type=number]")
+    tokens.fill("8")
+    tokens.press("Enter")
     fill(page, "eval-message", "Tell me about tea.")
     page.locator("#eval-send").click()
     left = wait_text(page, "eval-left-score", r"reward score: [-+]\d", timeout_s=120)
