@@ -41,3 +41,16 @@ def test_identical_answers_say_so_and_record_no_pair(tmp_path):
     # No pair yet: no command that would train on a file that does not exist.
     assert "No preference pair yet" in info and "homerlhf reward" not in info
     assert preferences.count(tmp_path) == (0, 1)
+
+
+def test_two_different_answers_make_a_pair_and_the_reply_names_the_training_command(tmp_path):
+    # The browser's run leaves the policy where it started (identical answers): the pair path is here.
+    pending = {"prompt": "Tell me about tea.", "left": "Tea is a drink.", "right": "Go away.", "left_score": 0.9,
+               "right_score": -0.8, "checkpoint": "ckpt/iter_000001", "run_dir": str(tmp_path), "sampling": {"seed": 0}}
+    left, tie, right, resample = eval_tab.button_states(pending)
+    assert left["interactive"] and right["interactive"] and tie["interactive"] and resample["interactive"]
+    info, cleared, *_ = eval_tab.judge("left")(pending)
+    assert cleared is None and preferences.count(tmp_path) == (1, 0)
+    assert f"Train a reward model on them: `homerlhf reward --data {tmp_path / preferences.PAIRS_FILE}`" in info
+    record = json.loads((tmp_path / preferences.PAIRS_FILE).read_text())
+    assert (record["chosen"], record["rejected"], record["chosen_source"]) == ("Tea is a drink.", "Go away.", "actor")
