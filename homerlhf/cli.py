@@ -147,7 +147,7 @@ def plan(
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
     cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
     from homerlhf.memory.placement import placed_plan
-    from homerlhf.models.reward_kinds import possible_reward_backends
+    from homerlhf.models.reward_kinds import assumed_note, possible_reward_backends
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
 
@@ -155,6 +155,8 @@ def plan(
     shape = shape_for(cfg, model)
     rewards = possible_reward_backends(cfg.reward.model, model or cfg.model.name_or_path)
     result = placed_plan(cfg, shape, cached_throughputs(cfg, shape), gpu_gib, rewards)
+    if result.timing is not None and result.timing.best.time.placement.reward == "adapter" and assumed_note(cfg.reward.model):
+        result.notes.append(assumed_note(cfg.reward.model))
     if plot is not None:
         save_plan_figure(result, plot)
     if as_json:

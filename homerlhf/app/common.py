@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Callable
 
 from homerlhf.errors import UserError
@@ -19,17 +20,37 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]])")
+
+
+def md_text(text: str) -> str:
+    """``text`` shown as it is in a Markdown box: ``<name>`` would be taken for an HTML tag (and the
+    rest of the line dropped), ``*`` and ``_`` for emphasis."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", escaped)
+
+
 def error_box(message: str) -> str:
-    """Markdown for the per-tab message box."""
-    return f"**Error:** {message}" if message else ""
+    """Markdown for the per-tab message box: the whole message, as written."""
+    return f"**Error:** {md_text(message)}" if message else ""
 
 
-def guarded(n_outputs: int, error_index: int | None = None) -> Callable:
+def toast(message: str) -> None:
+    """A warning toast with ``message`` as written (a toast renders HTML: ``<name>`` would vanish)."""
+    import html
+
+    import gradio as gr
+
+    gr.Warning(html.escape(message, quote=False))
+
+
+def guarded(n_outputs: int, error_index: int | None = None, on_error: dict | None = None) -> Callable:
     """Wrap a Gradio handler so that no exception reaches the browser as a stack trace.
 
     On error the handler's outputs are left unchanged (``gr.update()``), except the one at
-    ``error_index`` (the tab's Markdown message box), which gets the message; a ``gr.Warning``
-    toast shows it too. Unexpected errors are logged with their traceback on the server.
+    ``error_index`` (the tab's Markdown message box), which gets the message, and those in
+    ``on_error`` (index -> value: what an error must reset, e.g. a verdict that no longer holds); a
+    ``gr.Warning`` toast shows the message too. Unexpected errors are logged with their traceback.
     """
     import gradio as gr
 
@@ -42,8 +63,10 @@ def guarded(n_outputs: int, error_index: int | None = None) -> Callable:
                 if not isinstance(exc, UserError):
                     log.exception("handler %s failed", fn.__name__)
                 message = error_text(exc)
-                gr.Warning(message)
+                toast(message)
                 outs = [gr.update() for _ in range(n_outputs)]
+                for index, value in (on_error or {}).items():
+                    outs[index] = value
                 if error_index is not None:
                     outs[error_index] = error_box(message)
                 return outs[0] if n_outputs == 1 else tuple(outs)

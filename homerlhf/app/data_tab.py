@@ -127,6 +127,15 @@ def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional
     return load_records(source, kind, cfg)
 
 
+def load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, source: Optional[str] = None) -> tuple:
+    """Load what the tab shows: (report, histogram, bad rows, samples, the loaded [source, kind, split,
+    max rows])."""
+    source = source or resolve_source(mode, builtin, hub_id, upload)
+    records, report = load_for_ui(source, KINDS[kind_label], split, max_rows)
+    return (report_markdown(report), length_figure(record_lengths(records)), bad_rows_table(report),
+            sample_table(records), [source, kind_label, split, max_rows])
+
+
 def reward_check(spec: str, source: str, split: str = "train"):
     """The reward function on the chosen dataset's first raw rows (:func:`homerlhf.app.rewards.check_table`)."""
     from homerlhf.app.rewards import N_CHECKED, check_table
@@ -147,13 +156,13 @@ def build(overrides_box, reward_function=None) -> None:
     with gr.Row():
         mode = gr.Radio(["builtin", "hub id", "upload"], value="builtin", label="Source", elem_id="data-mode")
         kind_label = gr.Dropdown(list(KINDS), value="prompts (PPO)", label="Use as", elem_id="data-kind")
-    with gr.Row():
+    with gr.Row():  # only the input of the Source picked is shown
         builtin = gr.Dropdown(builtin_names(), value="builtin:demo", label="Builtin dataset", elem_id="data-builtin")
-        hub_id = gr.Textbox(label="Hub dataset id", placeholder="org/name", elem_id="data-hub")
+        hub_id = gr.Textbox(label="Hub dataset id", placeholder="org/name", visible=False, elem_id="data-hub")
         split = gr.Textbox("train", label="Split", elem_id="data-split")
         max_rows = gr.Number(0, label="Max rows (0: all)", precision=0, elem_id="data-max-rows")
     upload = gr.File(label="Upload .jsonl / .json / .csv / .parquet", file_types=[".jsonl", ".json", ".csv", ".parquet"],
-                     type="filepath", elem_id="data-upload")
+                     type="filepath", visible=False, elem_id="data-upload")
     with gr.Row():
         load_btn = gr.Button("Load and inspect", variant="primary", elem_id="data-load")
         use_btn = gr.Button("Use for training", elem_id="data-use")
@@ -165,44 +174,59 @@ def build(overrides_box, reward_function=None) -> None:
                            interactive=False, elem_id="data-bad")
     samples = gr.Dataframe(headers=["prompt", "reply / chosen", "rejected"], label=f"First {N_SHOWN} normalised records",
                            wrap=True, interactive=False, elem_id="data-samples")
-    chosen_source = gr.State("")
+    chosen_source = gr.State("")  # the source last loaded, as (source, kind, split, max rows)
 
     def on_builtin(name):
         kind = default_kind(name or "")
         return next(label for label, k in KINDS.items() if k == kind)
 
     builtin.change(on_builtin, builtin, kind_label)
+    mode.change(lambda m: tuple(gr.update(visible=m == name) for name in ("builtin", "hub id", "upload")),
+                mode, [builtin, hub_id, upload])
+    screen = [mode, builtin, hub_id, upload, kind_label, split, max_rows]
+    shown = [report_md, hist, bad, samples, chosen_source]
 
     @guarded(6, error_index=0)
-    def on_load(mode, builtin, hub_id, upload, kind_label, split, max_rows):
+    def on_load(*values):
+        return ("", *load_screen(*values))
+
+    load_btn.click(on_load, screen, [message, *shown])
+
+    @guarded(7, error_index=0)
+    def on_use(mode, builtin, hub_id, upload, kind_label, split, max_rows, loaded, overrides):
+        """What is on screen goes into the overrides (loaded first when it is not what was loaded)."""
         source = resolve_source(mode, builtin, hub_id, upload)
-        records, report = load_for_ui(source, KINDS[kind_label], split, max_rows)
-        return ("", report_markdown(report), length_figure(record_lengths(records)), bad_rows_table(report),
-                sample_table(records), source)
-
-    load_btn.click(on_load, [mode, builtin, hub_id, upload, kind_label, split, max_rows],
-                   [message, report_md, hist, bad, samples, chosen_source])
-
-    @guarded(2, error_index=0)
-    def on_use(source, kind_label, overrides):
-        if not source:
-            raise UserError("load a dataset first (Load and inspect)")
+        outs = tuple(gr.update() for _ in shown)
+        if loaded != [source, kind_label, split, max_rows]:
+            outs = load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, source=source)
         key = KIND_KEYS[KINDS[kind_label]]
-        return f"Set `{key}={source}` in the Plan tab's overrides.", set_override(overrides, key, source)
+        return (f"Set `{key}={source}` in the Plan tab's overrides.", set_override(overrides, key, source), *outs)
 
-    use_btn.click(on_use, [chosen_source, kind_label, overrides_box], [message, overrides_box])
+    use_btn.click(on_use, [*screen, chosen_source, overrides_box], [message, overrides_box, *shown])
     if reward_function is not None:
-        _reward_check_section(reward_function, chosen_source, split, message)
+        _reward_check_section(reward_function, chosen_source, split)
 
 
-def _reward_check_section(reward_function, chosen_source, split, message) -> None:
+def _reward_check_section(reward_function, chosen_source, split) -> None:
     import gradio as gr
 
     gr.Markdown("#### Reward function on these rows\nThe Plan tab's reward function scores each row's own "
                 "`answer` (when the dataset has one) and an empty reply: a right answer should score high.")
     check_btn = gr.Button("Check reward function", elem_id="data-reward-check")
+    message = gr.Markdown(elem_id="data-reward-message")  # under its button, not at the top of the tab
     checked = gr.Dataframe(headers=["prompt", "answer", "reward(answer)", "reward(empty)"], wrap=True,
                            interactive=False, elem_id="data-reward-table")
-    check_btn.click(guarded(2, error_index=0)(lambda spec, source, split: ("", reward_check(spec, source, split))),
-                    [reward_function, chosen_source, split], [message, checked])
+
+    @guarded(2, error_index=0)
+    def on_check(spec, loaded, split):
+        if not (spec or "").strip():  # the box's empty choice: the preset's reward model, no function
+            return NO_FUNCTION, []
+        return "", reward_check(spec, loaded[0] if loaded else "", split)
+
+    check_btn.click(on_check, [reward_function, chosen_source, split], [message, checked])
+
+
+NO_FUNCTION = ("The run's reward is **the preset's reward model** (the Plan tab's reward function is empty): "
+               "a model, not a function, so there is nothing to check on these rows here; the Evaluate tab shows "
+               "its score of each answer. To check a function, type one in the Plan tab (e.g. `builtin:reverse`).")
 

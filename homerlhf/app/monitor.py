@@ -15,31 +15,64 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-# Panels of the monitor figure: a title and regexes of metric keys drawn in it. Patterns rather
-# than fixed names, so a renamed or added metric (score_mean, score/mean, rewards/mean ...) still
-# lands in the right panel instead of silently vanishing.
+# Panels of the monitor figure, the ones that matter first: a title and regexes of metric keys drawn
+# in it. Patterns rather than fixed names, so a renamed or added metric (score_mean, score/mean,
+# reward/mean ...) still lands in the right panel instead of silently vanishing.
 PANELS: list[tuple[str, list[str]]] = [
-    ("Score / reward", [r"^(env/)?(score|scores|reward|rewards)([/_.](mean|avg))?$", r"^(score|reward)s?[/_.]?mean"]),
+    ("Score and reward", [r"^(env/)?(score|scores|reward|rewards)([/_.](mean|avg))?$", r"^(score|reward)s?[/_.]?mean"]),
     # One line per reward of a weighted reward (reward.components): reward_<name>; their *_none
     # fractions (samples a function gave no reward) stay out, on another scale.
     ("Reward components", [r"^reward_(?!mean$)(?!.*_none$)[a-z0-9_]+$"]),
-    ("KL and kl_coef", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$", r"kl_coef"]),
+    ("KL to the reference (nats)", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$"]),
     ("Policy and value loss", [r"^(loss/)?(policy|pg|actor)[/_.]?loss", r"^(loss/)?(value|vf|critic)[/_.]?loss"]),
-    ("Entropy", [r"entropy"]),
-    ("Clip fraction", [r"clipfrac|clip_frac"]),
-    ("Tokens / s", [r"tokens?[/_.]?per[/_.]?s|tokens?_s$|tok_s|throughput"]),
-    ("Memory (GiB)", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
-    ("Approx KL old→new policy", [r"approx_kl"]),
+    ("Entropy (nats per token)", [r"entropy"]),
+    ("KL penalty coefficient", [r"kl_coef"]),
+    ("Clipped fraction", [r"clipfrac|clip_frac"]),
+    ("Policy change per update", [r"approx_kl"]),
+    ("Throughput (tokens/s)", [r"tokens?[/_.]?per[/_.]?s|tokens?_s$|tok_s|throughput"]),
+    ("Memory (GiB): measured and planned", [r"(mem|memory).*(gib|gb)$", r"peak.*(gib|gb)$"]),
     # How far the rollout engine sampled from the trainer's policy (docs/ppo_details.md, detail 18).
     # In async mode (rollout.async) also how many updates behind the sampling adapter was.
     ("Rollout engine vs trainer", [r"^is_weight_(mean|max)$", r"^is_capped_fraction$", r"^kl_behaviour_old$",
                                    r"^policy_version_lag_(mean|max)$"]),
     ("Groups (GRPO / RLOO)", [r"^group_"]),
 ]
-# Drawn only when a run logs their metrics (a PPO run has no groups, a lone reward no components).
-OPTIONAL_PANELS = {"Groups (GRPO / RLOO)", "Reward components"}
-# Drawn on a second y axis of their panel: a coefficient is on another scale than the KL itself.
-SECONDARY = re.compile(r"coef", re.IGNORECASE)
+# Drawn only when a run logs their metrics (a PPO run has no groups, a lone reward no components) or,
+# for the rollout engine's, when they say more than "the trainer sampled" (weights 1, lag 0, KL 0).
+OPTIONAL_PANELS = {"Groups (GRPO / RLOO)", "Reward components", "Rollout engine vs trainer"}
+TRIVIAL = {"is_weight_mean": 1.0, "is_weight_max": 1.0, "is_capped_fraction": 0.0, "kl_behaviour_old": 0.0,
+           "policy_version_lag_mean": 0.0, "policy_version_lag_max": 0.0}
+# What a line is called in its panel's legend; its metrics.jsonl name is in the caption under the figure.
+LABELS = {
+    "score_mean": "score (reward model)", "reward_mean": "reward (score - KL penalty)", "kl_mean": "KL per response",
+    "kl_coef": "KL coefficient", "policy_loss": "policy", "value_loss": "value", "entropy": "entropy",
+    "policy_clipfrac": "policy ratio", "value_clipfrac": "value", "approx_kl": "KL old -> new policy",
+    "tokens_per_s_generation": "generation", "tokens_per_s_scoring": "scoring", "tokens_per_s_update": "update",
+    "is_weight_mean": "importance weight, mean", "is_weight_max": "importance weight, max",
+    "is_capped_fraction": "capped fraction", "kl_behaviour_old": "KL engine -> trainer",
+    "policy_version_lag_mean": "updates behind, mean", "policy_version_lag_max": "updates behind, max",
+    "group_zero_spread_fraction": "groups without signal", "group_reward_std": "reward std in a group",
+    **{f"{kind}_mem_{phase}_gib": f"{phase} {word}" for kind, word in (("peak", "measured"), ("predicted", "planned"))
+       for phase in ("generation", "scoring", "update")},
+}
+STYLES = ["-", "--", "-.", ":"]
+MARKERS = ["o", "s", "^", "D", "v", "P"]
+
+
+def label_of(key: str) -> str:
+    return LABELS.get(key, key.replace("_", " "))
+
+
+def caption_markdown() -> str:
+    """Each panel's lines and the metrics.jsonl names behind them (docs/ppo_details.md explains each)."""
+    from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS
+
+    parts = []
+    for title, keys in panel_keys(METRIC_DESCRIPTIONS):
+        if keys:
+            parts.append(f"**{title}**: " + ", ".join(f"{label_of(k)} (`{k}`)" for k in keys))
+    return "Metric names, by panel: " + "; ".join(parts) + "."
+
 
 ITERATION_KEYS = ("iteration", "iter", "step")
 TIME_KEYS = ("time", "timestamp", "wall_time", "t")
@@ -139,10 +172,11 @@ def metrics_figure(rows: Sequence[dict]):
     from matplotlib.figure import Figure
 
     rows = [flatten(r) for r in rows]
-    groups = [(title, keys) for title, keys in panel_keys(numeric_keys(rows)) if keys or title not in OPTIONAL_PANELS]
+    groups = [(title, keys) for title, keys in panel_keys(numeric_keys(rows))
+              if title not in OPTIONAL_PANELS or _says_something(keys, rows)]
     n_cols = 4
     n_rows = math.ceil(len(groups) / n_cols)
-    fig = Figure(figsize=(14, 3.0 * n_rows), layout="constrained")
+    fig = Figure(figsize=(14, 3.4 * n_rows), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
     for ax, (title, keys) in zip(axes, groups):
         _draw_panel(ax, title, keys, rows)
@@ -152,31 +186,58 @@ def metrics_figure(rows: Sequence[dict]):
     return fig
 
 
+def figure_svg(fig) -> str:
+    """``fig`` as inline SVG for an HTML box: its text stays text (titles and tick labels a browser,
+    a screen reader and a test can read), and it scales to the box's width."""
+    import io
+
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # no XML prolog or doctype inside HTML
+    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 width="100%"', svg, count=1)
+
+
+def _says_something(keys: Sequence[str], rows: Sequence[dict]) -> bool:
+    return any(y != TRIVIAL.get(key) for key in keys for y in series(rows, key)[1])
+
+
 def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("iteration", fontsize=8)
     ax.tick_params(labelsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers: never "1e-6 + 2.0705"
+        formatter = ScalarFormatter(useOffset=False)
+        formatter.set_scientific(False)
+        axis.set_major_formatter(formatter)
     ax.grid(alpha=0.3)
-    handles = []
-    twin = None
+    xs_all, ys_all = [], []
     for i, key in enumerate(keys):
         xs, ys = series(rows, key)
         if not xs:
             continue
-        target = ax
-        if SECONDARY.search(key) and len(keys) > 1:
-            twin = twin or ax.twinx()
-            twin.tick_params(labelsize=8)
-            target = twin
-        (line,) = target.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=key, color=f"C{i}")
-        handles.append(line)
-    if handles:
-        ax.legend(handles=handles, fontsize=7, loc="best")
-    else:
+        # Dashes and markers differ, so two metrics that agree (score and reward at KL 0) both show.
+        ax.plot(xs, ys, linestyle=STYLES[i % len(STYLES)], marker=MARKERS[i % len(MARKERS)], markersize=4,
+                linewidth=1.4, label=label_of(key), color=f"C{i}", alpha=0.85, gid=key)
+        xs_all += xs
+        ys_all += ys
+    if not xs_all:
         ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_xticks([])  # no 0..1 scale that no metric has
+        ax.set_yticks([])
+        return
+    ax.set_xlim(min(xs_all) - 0.5, max(xs_all) + 0.5)
+    low, high = min(ys_all), max(ys_all)
+    if high - low < 1e-9:  # one point, or a flat line: a readable range around it
+        pad = max(abs(low) * 0.1, 1e-3)
+        ax.set_ylim(low - pad, high + pad)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(keys)), frameon=False)
 
 
 def _format_duration(seconds: float) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from homerlhf.app import runs
-from homerlhf.app.common import guarded, parse_overrides, set_override
+from homerlhf.app.common import guarded, md_text, parse_overrides, set_override
 from homerlhf.errors import UserError
 
 
@@ -29,6 +29,9 @@ class Settings:
     algorithm: Any = None  # ppo / grpo / rloo, written into the overrides
     reward_function: Any = None  # the run's reward as a function (empty: the preset's), into the overrides
     reward_components: Any = None  # more rewards, one "WEIGHT SPEC" per line, into the overrides
+    typed_models: Any = None  # gr.State: {preset: the model the user typed while on it}
+    shown_preset: Any = None  # gr.State: the preset the model box was last set for
+    applied: Any = None  # gr.State: {"preset": ..., "items": [...]}: the suggestion last applied
 
 
 def preset_model_of(preset: str) -> str:
@@ -60,6 +63,9 @@ def settings_components(default_preset: str) -> Settings:
         reward_components=gr.Textbox("", lines=2, label="More rewards, one 'WEIGHT SPEC' per line", render=False,
                                      placeholder="0.5 builtin:reverse-positions\n0.2 rm:builtin:demo-rm",
                                      elem_id="plan-reward-components"),
+        typed_models=gr.State({}),
+        shown_preset=gr.State(default_preset),
+        applied=gr.State({}),
     )
 
 
@@ -112,26 +118,31 @@ def compute_plan(cfg, gpu_gib: Optional[float]):
     return placed_plan(cfg, shape, cached_throughputs(cfg, shape), budget, rewards)
 
 
-def time_markdown(plan) -> str:
-    """The plan's time section: seconds per phase, the critical path, the recommendation, and the
-    placements compared (from `homerlhf bench` figures, or the defaults, marked as such)."""
-    from homerlhf.memory.placement import summary_lines
-    from homerlhf.memory.timing import phase_rows
+def time_markdown(plan, reward_model: Optional[str] = None) -> str:
+    """The plan's time section: time per phase, the critical path, the recommendation as overrides, and
+    the placements compared (from `homerlhf bench` figures, or the defaults, marked as such)."""
+    from homerlhf.memory.placement import budget_words, summary_lines
+    from homerlhf.memory.timing import human_seconds, phase_rows
+    from homerlhf.models.reward_kinds import assumed_note
 
     rec = plan.timing
     if rec is None:
         return ""
     lines = [f"**Time per iteration** ({rec.current.time.placement.label()})", "",
-             "| phase | seconds | runs on |", "|---|---:|---|"]
-    lines += [f"| {name} | {seconds:.2f} | {where} |" for name, seconds, where in phase_rows(rec.current.time)]
-    lines += [""] + [f"{line}  " for line in summary_lines(rec)]
-    lines += ["", "| ref | reward | rollout | s / iteration | GPU peak GiB | fits |", "|---|---|---|---:|---:|---|"]
+             "| phase | time | runs on |", "|---|---:|---|"]
+    lines += [f"| {name} | {human_seconds(seconds)} | {where} |" for name, seconds, where in phase_rows(rec.current.time)]
+    lines += [""] + [f"{line}  " for line in summary_lines(rec, app=True)]
+    note = assumed_note(reward_model) if rec.best.time.placement.reward == "adapter" else ""
+    lines += [f"Note: {note}  "] if note else []
+    fits = f"fits {budget_words(rec.budget_gib)}" if rec.budget_gib > 0 else "fits"
+    lines += ["", f"| ref | reward | rollout | per iteration | GPU peak GiB | {fits} |", "|---|---|---|---:|---:|---|"]
     for c in rec.candidates:
         p = c.time.placement
         peak = "-" if c.peak_gib is None else f"{c.peak_gib:.2f}"
-        lines.append(f"| {p.ref} | {p.reward} | {p.engine} | {c.time.total_s:.1f} | {peak} | {'yes' if c.fits else 'no'} |")
-    lines += ["", "Measure this machine with `homerlhf bench` (same preset and `--set`s); `--set` overrides win "
-                  "over the recommendation, which is advice only."]
+        lines.append(f"| {p.ref} | {p.reward} | {p.engine} | {human_seconds(c.time.total_s)} | {peak} | "
+                     f"{'yes' if c.fits else 'no'} |")
+    lines += ["", "For this machine's own figures run `homerlhf bench` in a terminal (same preset and overrides). "
+                  "Your overrides win over the recommendation, which is advice only."]
     return "\n".join(lines)
 
 
@@ -142,12 +153,23 @@ def plan_table(plan) -> tuple[list[str], list[list]]:
     names: list[str] = []
     for phase in plan.phases:
         names += [c.name for c in phase.components if c.name not in names]
-    rows = []
+    rows = [["total", *[round(phase.total_gib * scale, 3) for phase in plan.phases]]]  # first: what matters
     for name in names:
         per_phase = [sum(c.gib for c in phase.components if c.name == name) * scale for phase in plan.phases]
         rows.append([name, *[round(v, 3) for v in per_phase]])
-    rows.append(["total", *[round(phase.total_gib * scale, 3) for phase in plan.phases]])
     return [f"component ({unit})", *[f"{p.name} ({p.moment})" for p in plan.phases]], rows
+
+
+def table_value(headers: list[str], rows: list[list]):
+    """The table as the app shows it: a pandas Styler with the total row (the first) in bold on a tint."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=headers)
+    styled = frame.style.apply(lambda row: [TOTAL_STYLE if row.name == 0 else ""] * len(row), axis=1)
+    return styled.format(precision=3)
+
+
+TOTAL_STYLE = "font-weight: bold; background-color: #fff3cd"
 
 
 def suggestion_overrides(plan) -> list[str]:
@@ -155,9 +177,13 @@ def suggestion_overrides(plan) -> list[str]:
     return list(plan.suggestion.set_args) if plan.suggestion is not None else []
 
 
+# Words, not emoji: where only DejaVu fonts are installed an emoji is an empty box.
+VERDICT_MARKS = {"fits": "OK: ", "tight": "TIGHT: ", "over": "NO: ", None: ""}
+
+
 def verdict_markdown(plan) -> str:
-    mark = {"fits": "✅ ", "tight": "⚠️ ", "over": "❌ ", None: ""}[plan.status]
-    lines = [f"**{mark}{plan.verdict()}**"]
+    mark = VERDICT_MARKS[plan.status]
+    lines = [f"**{mark}{plan.verdict(gpu_hint=GPU_HINT)}**"]
     if plan.fits is False:
         if plan.suggestion is None:
             lines.append("No setting in the search fits with 10% of the card free: use a smaller model or a larger card.")
@@ -168,6 +194,9 @@ def verdict_markdown(plan) -> str:
                          f"headroom): `{' '.join(sug.set_args)}` — press *Apply suggestion*.")
     lines += [f"Note: {note}" for note in plan.notes]
     return "\n\n".join(lines)
+
+
+GPU_HINT = "set *Plan for GPU GiB* to plan for a card"
 
 
 def plan_figure(plan):
@@ -235,7 +264,8 @@ def _layout(settings: Settings) -> PlanPanel:
     message = gr.Markdown(elem_id="plan-message")
     verdict = gr.Markdown(elem_id="plan-verdict")
     chart = gr.Plot(label="Memory per phase", elem_id="plan-chart")
-    table = gr.Dataframe(label="Memory per component and phase", interactive=False, elem_id="plan-table")
+    table = gr.Dataframe(label="Memory per component and phase", interactive=False, elem_id="plan-table",
+                         column_widths=["31%", "23%", "23%", "23%"])
     time = gr.Markdown(elem_id="plan-time")
     command = gr.Code(label="Equivalent command", language="shell", interactive=False, lines=2, elem_id="plan-command")
     with gr.Row():
@@ -261,27 +291,65 @@ def on_rewards(overrides: str, function: str, components: str) -> tuple[str, str
     return "", apply_rewards(overrides, function, components)
 
 
-def on_preset(preset, model, preset_model):
-    """A new preset: its card, the model (the new default unless the user typed one), the new default."""
+def on_preset(preset, model, preset_model, shown, overrides, typed, applied):
+    """A new preset: its card; the model reset to the preset's own (unless the user typed one while on
+    this preset); the previous preset's applied suggestion taken out of the overrides; and a line
+    saying what was reset, removed and kept. ``model`` / ``preset_model`` / ``shown``: the box, the
+    default it was set to and the preset it was set for (a box that differs was typed for that preset).
+    Returns (card, model, preset model, overrides, message, typed, shown)."""
+    if preset == shown:  # the same pick again (a browser can send one selection twice): nothing to reset
+        import gradio as gr
+
+        return tuple(gr.update() for _ in range(7))
+    typed = dict(typed or {})
+    if (model or "").strip() and model != preset_model:
+        typed[shown] = model
+    else:
+        typed.pop(shown, None)
     new_default = preset_model_of(preset)
-    # Keep a model the user typed; follow the preset when it was the old preset's default.
-    new_model = new_default if (model or "").strip() in ("", preset_model) else model
-    return card_markdown(preset), new_model, new_default
+    model = typed.get(preset) or new_default
+    items = parse_overrides(overrides)
+    removed = [] if (applied or {}).get("preset") in (None, preset) else \
+        [i for i in items if i in (applied or {}).get("items", [])]
+    kept = [i for i in items if i not in removed]
+    said = [f"Preset **{md_text(preset)}**: model `{model}`" + (" (the one you typed for it)" if model != new_default
+                                                                else " (the preset's)") + "."]
+    if removed:
+        said.append(f"Took out the {md_text(applied['preset'])} suggestion: {' '.join(f'`{i}`' for i in removed)}.")
+    if kept:
+        said.append(f"Kept your overrides: {' '.join(f'`{i}`' for i in kept)}.")
+    return card_markdown(preset), model, new_default, "\n".join(kept), " ".join(said), typed, preset
 
 
-def on_apply(items, overrides):
-    """The suggestion's items written into the overrides text."""
+def on_apply(items, overrides, preset):
+    """The suggestion's items written into the overrides text: (message, overrides, applied)."""
     if not items:
         raise UserError("no suggestion to apply: the plan fits, or run Plan first")
     for item in items:
         key, _, value = item.partition("=")
         overrides = set_override(overrides, key, value)
-    return f"Applied: `{' '.join(items)}`", overrides
+    return f"Applied: {' '.join(f'`{i}`' for i in items)}", overrides, {"preset": preset, "items": list(items)}
 
 
 def on_save(preset, model, overrides, preset_model, path):
     out = save_yaml(resolved_config(preset, model, overrides, preset_model), path)
     return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
+
+
+def plan_outputs(preset, model, overrides, preset_model, gpu_gib) -> tuple:
+    """The plan of these settings as the tab shows it, message box first (empty)."""
+    import gradio as gr
+
+    cfg = resolved_config(preset, model, overrides, preset_model)
+    plan = compute_plan(cfg, gpu_gib)
+    headers, rows = plan_table(plan)
+    return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=table_value(headers, rows), headers=headers),
+            command_text(preset, model, overrides, preset_model), suggestion_overrides(plan),
+            time_markdown(plan, cfg.reward.model))
+
+
+# A plan that fails leaves no verdict, chart, table or time of the settings before it on screen.
+STALE_ON_ERROR = {1: "", 2: None, 3: None, 5: [], 6: ""}
 
 
 def build(settings: Settings):
@@ -293,7 +361,16 @@ def build(settings: Settings):
     panel = _layout(settings)
     s = settings
     inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
-    s.preset.change(on_preset, [s.preset, s.model, s.preset_model], [panel.card, s.model, s.preset_model])
+    on_plan = guarded(7, error_index=0, on_error=STALE_ON_ERROR)(plan_outputs)
+
+    @guarded(7, error_index=0, on_error=STALE_ON_ERROR)
+    def replan(*values):  # after a preset change or an applied suggestion: their message stays
+        return (gr.update(), *plan_outputs(*values)[1:])
+
+    s.preset.input(guarded(7, error_index=4)(on_preset),
+                   [s.preset, s.model, s.preset_model, s.shown_preset, s.overrides, s.typed_models, s.applied],
+                   [panel.card, s.model, s.preset_model, s.overrides, panel.message, s.typed_models, s.shown_preset]
+                   ).then(replan, inputs, panel.plan_outputs)
     if s.algorithm is not None:
         s.algorithm.change(on_algorithm, [s.algorithm, s.overrides], s.overrides)
     if s.reward_function is not None:
@@ -302,17 +379,9 @@ def build(settings: Settings):
             box.submit(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
             box.blur(guarded(2, error_index=0)(on_rewards), reward_inputs, [panel.message, s.overrides])
 
-    @guarded(7, error_index=0)
-    def on_plan(preset, model, overrides, preset_model, gpu_gib):
-        cfg = resolved_config(preset, model, overrides, preset_model)
-        plan = compute_plan(cfg, gpu_gib)
-        headers, rows = plan_table(plan)
-        return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=rows, headers=headers),
-                command_text(preset, model, overrides, preset_model), suggestion_overrides(plan), time_markdown(plan))
-
     panel.plan_btn.click(on_plan, inputs, panel.plan_outputs)
-    panel.apply_btn.click(guarded(2, error_index=0)(on_apply), [panel.suggestion, s.overrides],
-                          [panel.message, s.overrides]).then(on_plan, inputs, panel.plan_outputs)
+    panel.apply_btn.click(guarded(3, error_index=0)(on_apply), [panel.suggestion, s.overrides, s.preset],
+                          [panel.message, s.overrides, s.applied]).then(replan, inputs, panel.plan_outputs)
     panel.save_btn.click(guarded(1, error_index=0)(on_save),
                          [s.preset, s.model, s.overrides, s.preset_model, panel.yaml_path], panel.message)
 

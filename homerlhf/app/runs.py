@@ -20,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,12 +235,21 @@ def start_run(
         "launcher_started_at": psutil.Process(proc.pid).create_time(),
     }
     _write_json_atomic(app_dir / LAUNCH_FILE, launch)
-    # Keep a reference so the child is reaped (no zombie) while the app lives.
     _CHILDREN[str(run_dir.resolve())] = proc
+    # The launcher is our child until it exits: wait for it in a thread, so it is reaped the moment
+    # it ends instead of staying <defunct> until the app exits (nothing else may be polling it).
+    threading.Thread(target=_reap, args=(str(run_dir.resolve()), proc), daemon=True,
+                     name=f"reap-launcher-{proc.pid}").start()
     return run_status(run_dir)
 
 
 _CHILDREN: dict[str, subprocess.Popen] = {}
+
+
+def _reap(key: str, proc: subprocess.Popen) -> None:
+    proc.wait()
+    if _CHILDREN.get(key) is proc:
+        del _CHILDREN[key]
 
 
 def stop_run(run_dir: str | Path, force: bool = False) -> str:
@@ -273,9 +283,6 @@ def wait_for(run_dir: str | Path, timeout: float) -> RunStatus:
     deadline = time.monotonic() + timeout
     while True:
         status = run_status(run_dir)
-        proc = _CHILDREN.get(str(Path(run_dir).resolve()))
-        if proc is not None:
-            proc.poll()  # reap, so the pid is not left a zombie
         if not status.running or time.monotonic() > deadline:
             return status
         time.sleep(0.2)

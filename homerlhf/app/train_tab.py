@@ -3,21 +3,42 @@ directory, and watch it live (plots, progress with ETA, latest samples, worker s
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from homerlhf.app import monitor, runs
-from homerlhf.app.common import guarded
+from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
 from homerlhf.errors import UserError
 
 POLL_S = 2.0
 
 
+_DEFAULT_NAME = re.compile(r"^app-\d{8}-\d{6}(-\d+)?$")
+
+
 def default_run_dir(root: str = "runs") -> str:
-    return str(Path(root) / time.strftime("app-%Y%m%d-%H%M%S"))
+    """A fresh ``ROOT/app-<now>`` (``-2``, ``-3`` ... when two Starts fall in the same second)."""
+    base = Path(root) / time.strftime("app-%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
+
+
+def is_default_run_dir(run_dir: str, root: str) -> bool:
+    """A name :func:`default_run_dir` made (not one the user typed): a Start replaces it by a fresh one
+    once it holds a run."""
+    path = Path(run_dir)
+    return path.parent == Path(root) and bool(_DEFAULT_NAME.match(path.name))
+
+
+def holds_run(path: Path) -> bool:
+    return any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR))
 
 
 def total_iterations(run_dir: Path, argv: list[str]) -> Optional[int]:
@@ -68,7 +89,7 @@ def _worker_token(cfg, run_dir, role: str) -> Optional[str]:
 
 
 def status_markdown(status: runs.RunStatus) -> str:
-    text = f"**Run:** `{status.run_dir}` — {status.message()}"
+    text = f"**Run:** `{status.run_dir}` — {md_text(status.message())}"
     tracking = tracking_markdown(Path(status.run_dir))
     if tracking:
         text += f"\n\n{tracking}"
@@ -86,23 +107,28 @@ def tracking_markdown(run_dir: Path) -> str:
     return f"**Tracking:** {line.removeprefix('tracking: ')}" if line else ""
 
 
+NO_RUN = "No run attached: start one or attach to a run directory."
+
+
 def poll(run_dir: str, last_n: int = -1) -> tuple:
     """Everything the monitor shows for ``run_dir``: (status md, progress md, figure, samples,
-    workers, log, n_rows). The figure and samples are None when the row count is still ``last_n``
-    (nothing new to draw)."""
+    workers, log, n_rows, state). The figure and samples are None when the row count is still
+    ``last_n`` (nothing new to draw)."""
     if not run_dir:
-        return ("No run attached: start one or attach to a run directory.", "", None, [], [], "", 0)
+        return (NO_RUN, "", "", [], [], "", 0, "")
     path = Path(run_dir)
     status = runs.run_status(path)
     rows = monitor.read_jsonl(path / runs.METRICS_FILE)
     total = total_iterations(path, status.argv)
     prog = monitor.progress(rows, total, started_at=status.started_at,
                             now=status.ended_at if status.ended_at and not status.running else None)
+    if status.state in ("stopped", "crashed", "finished"):
+        prog.eta_s = None  # no time is left to estimate (a run started elsewhere may still be going)
     changed = len(rows) != last_n
-    figure = monitor.metrics_figure(rows) if changed else None
+    figure = monitor.figure_svg(monitor.metrics_figure(rows)) if changed else None
     samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
     return (status_markdown(status), f"**Progress:** {prog.line()}", figure, samples,
-            worker_table(path, status), status.log_tail[-3000:], len(rows))
+            worker_table(path, status), status.log_tail[-3000:], len(rows), status.state)
 
 
 @dataclass
@@ -122,25 +148,33 @@ class TrainPanel:
     status_md: Any
     progress_md: Any
     plot: Any
+    plot_caption: Any
     samples: Any
     workers: Any
     log_box: Any
     attached: Any  # gr.State: the run directory being watched
-    n_rows: Any  # gr.State: metrics rows drawn so far
+    n_rows: Any  # gr.State: metrics rows drawn so far (-1: redraw; PAUSED: a Start is under way)
+    state: Any  # gr.State: the attached run's state at the last poll ("running", "crashed", ...)
     timer: Any
 
     @property
     def monitor_outputs(self) -> list:
-        return [self.status_md, self.progress_md, self.plot, self.samples, self.workers, self.log_box, self.n_rows]
+        return [self.status_md, self.progress_md, self.plot, self.samples, self.workers, self.log_box, self.n_rows,
+                self.state, self.message]
+
+
+PAUSED = -2  # n_rows while a Start is under way: the timer leaves the cleared monitor alone
+SAMPLE_WIDTHS = ["120px", "30%", "50%", "100px"]  # iteration and score always in view (1400 px wide)
 
 
 def _layout(runs_root: str) -> TrainPanel:
     import gradio as gr
 
     with gr.Row():
-        run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir")
+        run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir",
+                             info="A new runs/app-<time> for each Start unless you type one")
         overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
-    command = gr.Code(label="Command", language="shell", interactive=False, lines=2, elem_id="train-command")
+    command = gr.Code(label="What Start runs (the Plan tab's settings)", language="shell", interactive=False, lines=2, elem_id="train-command")
     with gr.Row():
         start_btn = gr.Button("Start training", variant="primary", elem_id="train-start")
         stop_btn = gr.Button("Stop (checkpoint first)", variant="stop", elem_id="train-stop")
@@ -150,18 +184,21 @@ def _layout(runs_root: str) -> TrainPanel:
         refresh_btn = gr.Button("Refresh list", elem_id="train-refresh")
         attach_btn = gr.Button("Attach", elem_id="train-attach")
     message = gr.Markdown(elem_id="train-message")
-    status_md = gr.Markdown(elem_id="train-status")
+    status_md = gr.Markdown(NO_RUN, elem_id="train-status")
     progress_md = gr.Markdown(elem_id="train-progress")
-    plot = gr.Plot(label="Metrics", elem_id="train-plot")
+    # Inline SVG, not an image: its titles and tick labels stay text.
+    plot = gr.HTML("", label="Metrics", elem_id="train-plot", js_on_load=None, min_height=200)
+    with gr.Accordion("Metric names", open=False):
+        plot_caption = gr.Markdown(monitor.caption_markdown(), elem_id="train-plot-caption")
     samples = gr.Dataframe(headers=["iteration", "prompt", "response", "score"], label="Latest samples",
-                           wrap=True, interactive=False, elem_id="train-samples")
+                           wrap=True, interactive=False, column_widths=SAMPLE_WIDTHS, elem_id="train-samples")
     workers = gr.Dataframe(headers=["role", "backend", "url", "status", "latency ms"], label="Workers",
                            interactive=False, elem_id="train-workers")
     with gr.Accordion("Training log (tail)", open=False):
         log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
     return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, runs_dd, refresh_btn, attach_btn,
-                      message, status_md, progress_md, plot, samples, workers, log_box,
-                      attached=gr.State(""), n_rows=gr.State(-1), timer=gr.Timer(POLL_S))
+                      message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
+                      attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S))
 
 
 def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> str:
@@ -173,36 +210,63 @@ def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> 
     return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite), multiline=True)
 
 
-def refresh(run_dir, last_n):
-    """The monitor's outputs for ``run_dir``; the plot and samples stay as they are without a new row."""
+def refresh(run_dir, last_n, last_state=""):
+    """The monitor's outputs for ``run_dir`` (``monitor_outputs``); the plot and samples stay as they
+    are without a new row. When the run ends, the Start line goes (the status says how it ended) and
+    a crash shows its reason in a toast too."""
     import gradio as gr
 
+    keep = gr.update()
+    if last_n == PAUSED or (not run_dir and last_n != -1):
+        return (keep,) * 6 + (last_n, last_state, keep)
     out = list(poll(run_dir, last_n))
     if run_dir and out[2] is None:
-        out[2], out[3] = gr.update(), gr.update()
-    return tuple(out)
+        out[2], out[3] = keep, keep
+    message = keep
+    if last_state == "running" and out[7] != "running":
+        message = ""
+        if out[7] == "crashed":
+            toast(f"The run crashed: {runs.run_status(run_dir).message()}")
+    return (*out, message)
 
 
-def on_start(preset, model, overrides, preset_model, run_dir, overwrite) -> tuple[str, str, str]:
-    """Start ``homerlhf train`` in ``run_dir`` as its own process: (message, attached, shared run dir)."""
-    if not (run_dir or "").strip():
-        raise UserError("give a run directory")
+def pause_monitor():
+    """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one."""
+    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "")
+
+
+def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
+    """Start ``homerlhf train`` as its own process: (message, attached, shared run dir, run dir box,
+    rows drawn, state). A default ``runs/app-<time>`` that already holds a run gives way to a fresh
+    one; a directory the user typed is never replaced."""
     from homerlhf.config import check_device, load_config
     from homerlhf.stages.preflight import check_run
 
     items = run_overrides(model, overrides, preset_model)
     cfg = load_config(preset, None, items)
     check_device(cfg)  # reported here, not as a crashed run
-    check_run(cfg)  # models the backends cannot serve: likewise
-    path = Path(run_dir.strip())
-    if any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR)) and not overwrite:
+    check_run(cfg)  # models the backends cannot serve, a model that is nowhere: likewise
+    text = (run_dir or "").strip()
+    path = Path(text) if text else Path(default_run_dir(runs_root))
+    if not overwrite and runs.is_run_dir(path) and is_default_run_dir(str(path), runs_root):
+        path = Path(default_run_dir(runs_root))
+    if holds_run(path) and not overwrite:
         raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
     status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
-    return f"Started: {status.message()}", str(path), str(path)
+    return f"Started: {md_text(status.message())}", str(path), str(path), str(path), -1, "running"
 
 
-def on_attach(choice) -> tuple[str, str, str, int]:
-    """Watch an existing run: (message, attached, shared run dir, rows drawn = -1 to redraw)."""
+def runs_list(run_dir: str, runs_root: str):
+    """The Existing runs dropdown: the runs beside ``run_dir`` and under ``runs_root``, ``run_dir`` selected."""
+    import gradio as gr
+
+    found = known_runs(run_dir, runs_root)
+    return gr.update(choices=found, value=run_dir if run_dir in found else (found[0] if found else None))
+
+
+def on_attach(choice) -> tuple:
+    """Watch an existing run: (message, attached, shared run dir, rows drawn = -1 to redraw, run dir
+    box, state)."""
     if not (choice or "").strip():
         raise UserError("pick a run from the list (Refresh list) or type its directory")
     path = Path(choice.strip())
@@ -210,7 +274,7 @@ def on_attach(choice) -> tuple[str, str, str, int]:
         raise UserError(f"no run directory at '{choice}'; pick one from the list or type a path")
     if not runs.is_run_dir(path):
         raise UserError(f"{path} holds no run (no metrics.jsonl, checkpoints or config)")
-    return f"Attached to `{path}`.", str(path), str(path), -1
+    return f"Attached to `{path}`.", str(path), str(path), -1, str(path), runs.run_status(path).state
 
 
 def known_runs(run_dir: str, runs_root: str) -> list[str]:
@@ -220,6 +284,21 @@ def known_runs(run_dir: str, runs_root: str) -> list[str]:
         if root is not None:
             found += [str(p) for p in runs.list_runs(root) if str(p) not in found]
     return found
+
+
+def on_page_load(runs_root: str) -> tuple:
+    """A page opened or reloaded: the Existing runs list, and the newest running run attached and drawn
+    (else a fresh run directory): (runs list, attached, shared run dir, run dir box, *monitor outputs)."""
+    import gradio as gr
+
+    found = known_runs("", runs_root)
+    running = next((p for p in found if runs.run_status(p).running), None)
+    listed = gr.update(choices=found, value=running or (found[0] if found else None))
+    if running is None:
+        return (listed, "", "", default_run_dir(runs_root), *refresh("", -1, ""))
+    monitor_out = list(refresh(running, -1, "running"))
+    monitor_out[-1] = f"Re-attached to the running run `{running}`."
+    return (listed, running, running, running, *monitor_out)
 
 
 def on_stop(run_dir) -> str:
@@ -236,29 +315,32 @@ def on_kill(run_dir) -> str:
     return runs.stop_run(run_dir, force=True)
 
 
-def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: str) -> None:
-    """Start, stop, list and attach; each start or attach redraws the monitor."""
-    import gradio as gr
+def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: str, tick) -> None:
+    """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
+    (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
 
-    panel.start_btn.click(guarded(3, error_index=0)(on_start), cmd_inputs,
-                          [panel.message, panel.attached, run_dir_shared]).then(
-        refresh, [panel.attached, panel.n_rows], panel.monitor_outputs)
+    @guarded(6, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
+    def start(preset, model, overrides, preset_model, run_dir, overwrite):
+        return on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root)
+
+    monitor_inputs = [panel.attached, panel.n_rows, panel.state]
+    panel.start_btn.click(pause_monitor, None, panel.monitor_outputs, queue=False, cancels=[tick]).then(
+        start, cmd_inputs, [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state]
+    ).then(refresh, monitor_inputs, panel.monitor_outputs).then(
+        lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
     panel.stop_btn.click(guarded(1, error_index=0)(on_stop), panel.attached, panel.message)
     panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
 
-    def on_refresh(run_dir):
-        found = known_runs(run_dir, runs_root)
-        return gr.update(choices=found, value=found[0] if found else None)
-
-    panel.refresh_btn.click(on_refresh, panel.run_dir, panel.runs_dd)
-    panel.attach_btn.click(guarded(4, error_index=0)(on_attach), panel.runs_dd,
-                           [panel.message, panel.attached, run_dir_shared, panel.n_rows]).then(
-        refresh, [panel.attached, panel.n_rows], panel.monitor_outputs)
+    panel.refresh_btn.click(lambda run_dir: runs_list(run_dir, runs_root), panel.run_dir, panel.runs_dd)
+    panel.attach_btn.click(guarded(6, error_index=0)(on_attach), panel.runs_dd,
+                           [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
+                           ).then(refresh, monitor_inputs, panel.monitor_outputs)
 
 
-def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs"):
+def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs") -> list[tuple]:
     """Lay out the tab; ``preset``/``model``/``overrides`` are the Plan tab's components.
-    Returns (handler, inputs, outputs) for the page's load event (it fills in the command)."""
+    Returns the page's load events as (handler, inputs, outputs): the command, and the runs list with
+    the running run re-attached."""
     import gradio as gr
 
     gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
@@ -267,6 +349,11 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
     for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
         comp.change(show_command, cmd_inputs, panel.command)
-    _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root)
-    panel.timer.tick(refresh, [panel.attached, panel.n_rows], panel.monitor_outputs, show_progress="hidden")
-    return show_command, cmd_inputs, panel.command
+    monitor_inputs = [panel.attached, panel.n_rows, panel.state]
+    tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
+    _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
+    def reattach():
+        return on_page_load(runs_root)
+
+    return [(reattach, None, [panel.runs_dd, panel.attached, run_dir_shared, panel.run_dir, *panel.monitor_outputs]),
+            (show_command, cmd_inputs, panel.command)]

@@ -1,8 +1,8 @@
-"""The Gradio app: four tabs (Data, Plan, Train, Evaluate) wired together, and its launcher.
+"""The Gradio app: five tabs (Data, Plan, Train, Evaluate, Export) wired together, and its launcher.
 
 The Plan tab owns the run settings (preset, model, overrides); the Data tab writes its dataset
 choice into those overrides, the Train tab starts runs from them, and the run directory the Train
-tab starts or attaches to is what the Evaluate tab chats with.
+tab starts or attaches to is what the Evaluate tab chats with and the Export tab exports.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
     """The whole app as a ``gr.Blocks`` (not launched)."""
     import gradio as gr
 
+    import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, as the CLI does
     from homerlhf.app import data_tab, eval_tab, export_tab, plan_tab, train_tab
     from homerlhf.config import preset_names
 
     if default_preset not in preset_names():
         raise UserError(f"unknown preset '{default_preset}'; choose one of: {', '.join(preset_names())}")
     with gr.Blocks(title=TITLE) as blocks:
-        gr.Markdown(f"## {TITLE}\nData → Plan → Train → Evaluate. Everything runs on this machine.")
+        gr.Markdown(f"## {TITLE}\nData → Plan → Train → Evaluate → Export. Everything runs on this machine.")
         # Shared run settings: rendered inside the Plan tab, read by Data and Train.
         settings = plan_tab.settings_components(default_preset)
         run_dir_shared = gr.State("")
@@ -44,14 +45,15 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
             with gr.Tab("Plan", id="plan", elem_id="tab-plan"):
                 on_load = plan_tab.build(settings)
             with gr.Tab("Train", id="train", elem_id="tab-train"):
-                on_load_train = train_tab.build(settings.preset, settings.model, settings.overrides,
+                train_loads = train_tab.build(settings.preset, settings.model, settings.overrides,
                                                 settings.preset_model, run_dir_shared, runs_root=runs_root)
             with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
                 eval_tab.build(run_dir_shared)
             with gr.Tab("Export", id="export", elem_id="tab-export"):
                 export_tab.build(run_dir_shared)
         blocks.load(*on_load)
-        blocks.load(*on_load_train)
+        for event in train_loads:
+            blocks.load(*event)
     return blocks
 
 

@@ -117,6 +117,14 @@ def _json_rows_leniently(path: Path) -> list[dict[str, Any]]:
 def _hub_rows(source: str, split: str) -> list[dict[str, Any]]:
     import datasets
 
+    from homerlhf.hub import hub_unreachable
+
+    # A hub that cannot be reached fails the load only after its retries (24 s here): say so at once,
+    # unless the datasets cache holds a copy (offline mode goes to the cache by itself).
+    why = "" if datasets.config.HF_HUB_OFFLINE else hub_unreachable()
+    if why and not _in_datasets_cache(source):
+        raise UserError(f"cannot load dataset '{source}': it is not in the datasets cache and the hub cannot be "
+                        f"reached ({why}); pass a local .jsonl/.json/.csv/.parquet file, or a builtin: dataset")
     try:
         ds = datasets.load_dataset(source, split=split)
     except Exception as exc:  # noqa: BLE001
@@ -125,6 +133,20 @@ def _hub_rows(source: str, split: str) -> list[dict[str, Any]]:
             "(check the hub id and network, or pass a local .jsonl/.json/.csv/.parquet file)"
         ) from None
     return ds.to_list()
+
+
+def _in_datasets_cache(source: str) -> bool:
+    """Whether ``datasets`` keeps a copy of hub dataset ``source`` (its cache's ``org___name/*/*/*``)."""
+    import glob
+    import os
+
+    import datasets
+    from datasets.naming import camelcase_to_snakecase
+
+    parts = source.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = os.path.join(str(datasets.config.HF_DATASETS_CACHE), "___".join(parts))
+    return any(os.path.isdir(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", "*")))
 
 
 def _first_line(exc: BaseException) -> str:

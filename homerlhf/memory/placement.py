@@ -11,7 +11,8 @@ from typing import Any, Optional, Sequence
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.memory.shapes import ModelShape
-from homerlhf.memory.timing import IterationTime, Placement, Throughputs, default_throughputs, iteration_time, placement_of
+from homerlhf.memory.timing import (IterationTime, Placement, Throughputs, default_throughputs, human_seconds,
+                                    iteration_time, placement_of)
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Recommendation:
 
     current: Candidate
     candidates: list[Candidate] = field(default_factory=list)
+    budget_gib: float = 0.0  # the GPU budget the candidates were fitted to (0: none)
 
     @property
     def best(self) -> Candidate:
@@ -54,14 +56,16 @@ class Recommendation:
         best, current = self.best.time.placement.overrides(), self.current.time.placement.overrides()
         return [f"{k}={v}" for k, v in best.items() if current[k] != v]
 
-    def line(self) -> str:
+    def line(self, app: bool = False) -> str:
+        """The recommendation in words; ``app``: as overrides to add (the app's), not ``--set`` flags."""
         if not self.set_args():
             return (f"the current placement ({self.current.time.placement.label()}) is the fastest that fits: "
-                    f"{self.current.time.total_s:.1f} s per iteration")
+                    f"{human_seconds(self.current.time.total_s)} per iteration")
         ratio = self.current.time.total_s / self.best.time.total_s if self.best.time.total_s else math.inf
-        return (f"recommended: {' '.join('--set ' + a for a in self.set_args())}: "
-                f"{self.best.time.total_s:.1f} s per iteration instead of {self.current.time.total_s:.1f} s "
-                f"({ratio:.1f}x faster, {self.saving_s:.1f} s saved)")
+        what = (f"add {' '.join(f'`{a}`' for a in self.set_args())} to the overrides" if app
+                else ' '.join('--set ' + a for a in self.set_args()))
+        return (f"recommended: {what}: {human_seconds(self.best.time.total_s)} per iteration instead of "
+                f"{human_seconds(self.current.time.total_s)} ({ratio:.1f}x faster, {human_seconds(self.saving_s)} saved)")
 
     def to_dict(self) -> dict[str, Any]:
         def cand(c: Candidate) -> dict[str, Any]:
@@ -163,10 +167,10 @@ def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: i
     cands = sorted((_candidate(cfg, shape, rates, p, budget, cores, logical)
                     for p in candidate_placements(cfg, rewards)), key=order)
     if "auto" in (cfg.ref.backend, cfg.reward.backend):
-        return Recommendation(choose(cands, cfg), cands)
+        return Recommendation(choose(cands, cfg), cands, budget)
     here = placement_of(cfg)
     current = next((c for c in cands if c.time.placement == here), None)
-    return Recommendation(current or _candidate(cfg, shape, rates, here, budget, cores, logical), cands)
+    return Recommendation(current or _candidate(cfg, shape, rates, here, budget, cores, logical), cands, budget)
 
 
 def choose(cands: Sequence[Candidate], cfg: RunConfig) -> Candidate:
@@ -199,17 +203,25 @@ def choice_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
     that fit and those that do not, and the generation chunk."""
     chosen = rec.current
     what = "placement auto" if "auto" in (cfg.ref.backend, cfg.reward.backend) else "placement as configured"
-    lines = [f"{what}: {chosen.time.placement.label()}: {chosen.time.total_s:,.1f} s per iteration"
+    lines = [f"{what}: {chosen.time.placement.label()}: {human_seconds(chosen.time.total_s)} per iteration"
              + (f", generation chunk {chosen.gen_chunk}" if cfg.rollout.generation_chunk == "auto" else "")
              + f" ({chosen.time.source})"]
     others = [c for c in rec.candidates if c is not chosen and explicit(c.time.placement, cfg)]
-    fit = [f"{c.time.placement.label()} {c.time.total_s:,.1f} s" for c in others if c.fits]
-    over = [f"{c.time.placement.label()} {c.time.total_s:,.1f} s ({c.peak_gib:.1f} GiB)" for c in others if not c.fits]
+    fit = [f"{c.time.placement.label()} {human_seconds(c.time.total_s)}" for c in others if c.fits]
+    over = [f"{c.time.placement.label()} {human_seconds(c.time.total_s)} (peak {c.peak_gib:.2f} GiB)"
+            for c in others if not c.fits]
     if fit:
         lines.append("  alternatives that fit: " + "; ".join(fit))
     if over:
-        lines.append("  over the card: " + "; ".join(over))
+        lines.append(f"  over {budget_words(rec.budget_gib)}: " + "; ".join(over))
     return lines
+
+
+def budget_words(gpu_gib: float) -> str:
+    """The budget a placement must fit, in words: the card less the margin a fit leaves free."""
+    from homerlhf.memory.planner import MARGIN
+
+    return f"the {1 - MARGIN:.0%} budget ({(1 - MARGIN) * gpu_gib:.1f} of {gpu_gib:g} GiB)"
 
 
 def _cores() -> tuple[int, int]:
@@ -250,20 +262,19 @@ def placed_plan(cfg: RunConfig, shape: ModelShape, rates: Optional[Throughputs] 
     return result
 
 
-def summary_lines(rec: Recommendation) -> list[str]:
-    """The time section in words: critical path, total, recommendation, per-role savings."""
+def summary_lines(rec: Recommendation, app: bool = False) -> list[str]:
+    """The time section in words: critical path, total, recommendation, per-role savings (``app``: the
+    recommendation as overrides, :meth:`Recommendation.line`)."""
     it = rec.current.time
     bound = ("the trainer's own sequence (the workers keep up)" if it.critical == "trainer"
-             else f"the workers: the trainer waits {it.wait_s:.1f} s for them after its last chunk")
+             else f"the workers: the trainer waits {human_seconds(it.wait_s)} for them after its last chunk")
     lines = [
-        f"rollout + scoring stage {it.rollout_s:.1f} s (critical path: {bound}), update {it.update_s:.1f} s: "
-        f"{it.total_s:.1f} s per iteration ({it.source})",
-        rec.line(),
+        f"rollout + scoring stage {human_seconds(it.rollout_s)} (critical path: {bound}), update "
+        f"{human_seconds(it.update_s)}: {human_seconds(it.total_s)} per iteration ({it.source})",
+        rec.line(app),
     ]
     if rec.set_args():
         lines.append("per role: " + "; ".join(
-            f"{role} -> {backend}" + (f" (saves {saved:.1f} s)" if saved > 0 else "")
+            f"{role} -> {backend}" + (f" (saves {human_seconds(saved)})" if saved > 0 else "")
             for role, (backend, saved) in rec.per_role().items()))
-    if rec.best.time.placement.reward == "adapter" and rec.set_args():
-        lines.append("reward.backend=adapter needs a reward model trained as LoRA on the policy's own base")
     return lines

@@ -128,12 +128,13 @@ class Plan:
     def phase(self, name: str) -> PhasePlan:
         return next(p for p in self.phases if p.name == name)
 
-    def verdict(self) -> str:
+    def verdict(self, gpu_hint: str = "pass --gpu-gib to plan for a card") -> str:
+        """The plan in one line; ``gpu_hint``: how to give a budget where there is none (the CLI's flag)."""
         peak = self.peak
         where = f"peak {peak.total_gib:.2f} GiB in {peak.name} ({peak.moment})"
         status = self.status
         if status is None:
-            return f"{where}; no GPU budget to check ({self.device} preset; pass --gpu-gib to plan for a card)"
+            return f"{where}; no GPU budget to check ({self.device} preset; {gpu_hint})"
         card = f"{self.card} ({self.gpu_gib:g} GiB)"
         share = self.headroom_gib / self.gpu_gib
         # One decimal when tight: 9.96% must not read as the 10% it falls short of.

@@ -127,7 +127,7 @@ def print_time(rec, console=None) -> None:
     from rich.table import Table
 
     from homerlhf.memory.placement import summary_lines
-    from homerlhf.memory.timing import phase_rows
+    from homerlhf.memory.timing import human_seconds, phase_rows
 
     console = console or Console(width=110)
     it = rec.current.time
@@ -144,7 +144,8 @@ def print_time(rec, console=None) -> None:
         cands.add_column(col, justify="right" if col in ("s / iteration", "GPU peak GiB") else "left")
     for c in rec.candidates:
         p = c.time.placement
-        cands.add_row(p.ref, p.reward, p.engine, f"{c.time.total_s:.1f}",
+        seconds = f"{c.time.total_s:,.1f}" + ("" if c.time.total_s < 90 else f" ({human_seconds(c.time.total_s)})")
+        cands.add_row(p.ref, p.reward, p.engine, seconds,
                       "-" if c.peak_gib is None else f"{c.peak_gib:.2f}", "yes" if c.fits else "no")
     console.print(cands)
 
@@ -171,8 +172,10 @@ def plan_figure(plan: Plan):
     ax = fig.add_subplot()
     names = [p.name for p in plan.phases]
     bottoms = [0.0] * len(names)
+    # A plan under 1 GiB (a tiny model on a CPU) in MiB: in GiB its bars would all read 0.0.
+    unit, scale = ("GiB", GIB) if plan.peak_gib >= 1 or plan.gpu_gib > 0 else ("MiB", GIB / 1024)
     for kind in KIND_ORDER:
-        heights = [sum(c.bytes for c in p.components if c.kind == kind) / GIB for p in plan.phases]
+        heights = [sum(c.bytes for c in p.components if c.kind == kind) / scale for p in plan.phases]
         if not any(heights):
             continue
         ax.bar(names, heights, bottom=bottoms, label=kind.replace("_", " "), color=KIND_COLORS[kind], width=0.6)
@@ -183,7 +186,7 @@ def plan_figure(plan: Plan):
         ax.axhline(plan.gpu_gib, color="black", linestyle="--", linewidth=1)
         ax.text(len(names) - 0.5, plan.gpu_gib, f" {plan.card}: {plan.gpu_gib:g} GiB", va="bottom", ha="right", fontsize=9)
         ax.set_ylim(0, max(plan.gpu_gib, max(bottoms)) * 1.12)
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(unit)
     ax.set_title(f"{plan.model} — preset {plan.preset}", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.memory.cards import MEASURED, CardSpec, card_spec
 from homerlhf.memory.shapes import ModelShape
 from homerlhf.memory.threads import split_threads
 
@@ -114,11 +115,16 @@ CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 0.25e9
 #   (the prefill included). A decode step is bound by kernel launches (bitsandbytes dequantize + matmul
 #   and two LoRA matmuls per linear), not by FLOPs or bandwidth: its time follows the layer count, not the
 #   chunk or the width. Qwen2.5-1.5B (also 28 layers) took 19-22 s for 256 steps at chunk 16 (75-86 ms).
-# Compute-bound work scales to other models by FLOPs, generation by layers; other cards are slower
-# (a 24 GB consumer card has a fraction of the H200's FLOPs): `homerlhf bench` there measures its own.
+# Compute-bound work scales to other models by FLOPs, generation by layers. Another card
+# (:mod:`homerlhf.memory.cards`) gets these scaled by its published figures (:func:`gpu_trainer_rates`);
+# `homerlhf bench` on it measures its own.
 GPU_FLOPS = {"forward": 2.27e14, "train": 1.85e14}
 GPU_DECODE_S_PER_LAYER = 3.0e-3
 GPU_MEASURED_CHUNK = 16
+# Bytes a decode step moves per weight: bitsandbytes dequantizes each NF4 linear (0.5 B read, 2 B of
+# bf16 written) for a matmul that reads the 2 B again; the output projection is read once (2 B).
+DECODE_BYTES_PER_LINEAR_PARAM = 4.5
+DECODE_BYTES_PER_HEAD_PARAM = 2.0
 
 
 def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
@@ -127,19 +133,47 @@ def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
     return shape.linear_weight_params + (shape.vocab_size * shape.hidden_size if lm_head else 0)
 
 
-def gpu_trainer_rates(shape: ModelShape) -> dict[str, dict[int, float]]:
-    """The trainer's tokens/s on a GPU from the H200 measurements (:data:`GPU_FLOPS`,
-    :data:`GPU_DECODE_S_PER_LAYER`): generation at :data:`GPU_MEASURED_CHUNK` prompts at once."""
+def decode_step_s(shape: ModelShape, card: CardSpec = MEASURED) -> float:
+    """Seconds of one decode step of :data:`GPU_MEASURED_CHUNK` rows on ``card``: the slowest of the
+    kernel launches (:data:`GPU_DECODE_S_PER_LAYER` per layer, what bound it on the H200, taken as the
+    same on any card), the bytes it moves at the card's bandwidth, and its FLOPs at the H200's
+    measured forward efficiency scaled by the card's FLOP/s."""
+    launches = shape.num_layers * GPU_DECODE_S_PER_LAYER
+    head = shape.vocab_size * shape.hidden_size
+    moved = DECODE_BYTES_PER_LINEAR_PARAM * shape.linear_weight_params + DECODE_BYTES_PER_HEAD_PARAM * head
+    compute = GPU_MEASURED_CHUNK * 2.0 * matmul_params(shape) / (GPU_FLOPS["forward"] * card.flops / MEASURED.flops)
+    return max(launches, moved / card.bandwidth, compute)
+
+
+def gpu_trainer_rates(shape: ModelShape, card: CardSpec = MEASURED) -> dict[str, dict[int, float]]:
+    """The trainer's tokens/s on ``card`` from the H200 measurements (:data:`GPU_FLOPS`, :func:`decode_step_s`):
+    forward and update scaled by the card's FLOP/s over the H200's (compute-bound), generation at
+    :data:`GPU_MEASURED_CHUNK` prompts at once."""
     flops = 2.0 * matmul_params(shape)
-    return {"trainer_gen": {0: GPU_MEASURED_CHUNK / (shape.num_layers * GPU_DECODE_S_PER_LAYER)},
-            "trainer_forward": {0: GPU_FLOPS["forward"] / flops},
-            "trainer_train": {0: GPU_FLOPS["train"] / (3 * flops)}}
+    ratio = card.flops / MEASURED.flops
+    return {"trainer_gen": {0: GPU_MEASURED_CHUNK / decode_step_s(shape, card)},
+            "trainer_forward": {0: GPU_FLOPS["forward"] * ratio / flops},
+            "trainer_train": {0: GPU_FLOPS["train"] * ratio / (3 * flops)}}
+
+
+def gpu_source(card_name: str) -> str:
+    """Where a GPU card's default figures come from, in words."""
+    spec = card_spec(card_name)
+    if spec is MEASURED:
+        return GPU_SOURCE
+    if spec is None:
+        return (f"an NVIDIA H200's figures (2026-11-30), not scaled to '{card_name}' (no published figures for it "
+                "in homerlhf.memory.cards): a slower card takes longer")
+    return (f"H200 figures scaled to the {spec.name} by its published specs ({spec.tflops:g} vs "
+            f"{MEASURED.tflops:g} TFLOPS, {spec.bandwidth_gbs / 1000:.2f} vs {MEASURED.bandwidth_gbs / 1000:.1f} TB/s), "
+            f"not measured on one")
 
 
 def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throughputs:
     """Tokens/s for ``shape`` when this machine was never benched: the CPU's from
-    :data:`CPU_FLOPS_PER_CORE`, a GPU trainer's from the H200 measurements (:func:`gpu_trainer_rates`).
-    Marked :data:`DEFAULT_SOURCE` on a CPU card, and with :data:`GPU_SOURCE` for the GPU's on a GPU card."""
+    :data:`CPU_FLOPS_PER_CORE`, a GPU trainer's from the H200 measurements scaled to the preset's card
+    (:func:`gpu_trainer_rates`). Marked :data:`DEFAULT_SOURCE` on a CPU card, and with
+    :func:`gpu_source` for the GPU's on a GPU card."""
     flops = 2.0 * matmul_params(shape)
     backbone = 2.0 * matmul_params(shape, lm_head=False)
     threads = range(1, cores + 1)
@@ -153,8 +187,8 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
             "trainer_train": {t: t * per_core["train"] / (3 * flops) for t in threads},
         }
     else:
-        trainer, gen_chunk = gpu_trainer_rates(shape), GPU_MEASURED_CHUNK
-        source = f"GPU: {GPU_SOURCE}; CPU workers: {DEFAULT_SOURCE}"
+        trainer, gen_chunk = gpu_trainer_rates(shape, card_spec(cfg.card.name) or MEASURED), GPU_MEASURED_CHUNK
+        source = f"GPU: {gpu_source(cfg.card.name)}; CPU workers: {DEFAULT_SOURCE}"
     return Throughputs(
         worker_ref={t: t * per_core["worker"] / flops for t in threads},
         worker_reward={t: t * per_core["reward_worker"] / backbone for t in threads},
@@ -285,6 +319,19 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
     update = cfg.ppo.epochs * _forwards(cfg) * ro.batch_size * length / rates.rate("trainer_train", trainer_t)
     busy["update"] = update
     return IterationTime(placement, busy, where, rollout, rollout - t, update, threads, rates.source)
+
+
+def human_seconds(seconds: float) -> str:
+    """A duration as a person reads it: 0.04 s, 42.0 s, 7.5 min, 3.2 h, 5.4 days."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def phase_rows(it: IterationTime) -> list[list[Any]]:

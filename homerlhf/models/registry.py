@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from homerlhf.errors import UserError
+from homerlhf.hub import hub_unreachable
 
 BUILTIN_VERSION = "1"
 PREFIX = "builtin:"
@@ -43,15 +44,24 @@ class Builtin:
     recipe: Callable[[], list[Path]]  # the files whose content determines the build
     # The path handed out, from the build's directory (it may also complete an older build).
     finish: Optional[Callable[[Path], Path]] = None
+    # Where the build can serve as a reward model (homerlhf.models.reward_kinds), known before it is built.
+    reward_backends: Optional[tuple[str, ...]] = None
 
 
 _BUILTINS: dict[str, Builtin] = {}
 
 
 def register_builtin(name: str, build: Callable[[Path], None], recipe: Callable[[], list[Path]],
-                     finish: Optional[Callable[[Path], Path]] = None) -> None:
+                     finish: Optional[Callable[[Path], Path]] = None,
+                     reward_backends: Optional[tuple[str, ...]] = None) -> None:
     """Make ``builtin:<name>`` resolvable: ``build(tmp_dir)`` runs once per ``recipe`` content."""
-    _BUILTINS[name] = Builtin(build, recipe, finish)
+    _BUILTINS[name] = Builtin(build, recipe, finish, reward_backends)
+
+
+def builtin_reward_backends(name: str) -> Optional[list[str]]:
+    """The reward backends a ``builtin:`` model's build can serve, as registered (None: not said)."""
+    found = _BUILTINS.get(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    return list(found.reward_backends) if found is not None and found.reward_backends else None
 
 
 def builtin_names() -> list[str]:
@@ -143,6 +153,32 @@ def resolve_model_dir(model: str) -> Path:
     return _hub_snapshot(model)
 
 
+def hub_cached(repo_id: str, revision: Optional[str] = None) -> Optional[Path]:
+    """``config.json`` of a hub id in the local hub cache (a file lookup, never a request), else None."""
+    if repo_id.count("/") != 1:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def check_available(name: str, key: str = "model.name_or_path", revision: Optional[str] = None) -> None:
+    """A model a run will load is here, or can be fetched: a ``builtin:`` name, a local path, a hub id in
+    the hub cache, or a hub id while the hub answers. Refused at once otherwise, before a run starts
+    (the download would fail after the retries, tens of seconds later)."""
+    if name.startswith(PREFIX) or _looks_like_path(name) or hub_cached(name, revision) is not None:
+        return
+    why = hub_unreachable()
+    if why:
+        raise UserError(f"{key}: '{name}' is neither a local model directory nor in the hub cache, and the hub "
+                        f"cannot be reached ({why}); give a local HF model dir or builtin:<name>, or download it "
+                        f"where the hub is reachable (hf download {name})")
+
+
 def _hub_snapshot(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -150,7 +186,7 @@ def _hub_snapshot(repo_id: str) -> Path:
         try:
             return Path(snapshot_download(repo_id, local_files_only=True))
         except Exception:
-            if os.environ.get("HF_HUB_OFFLINE") == "1":
+            if hub_unreachable():  # offline, or no answer: the download would only retry for a while
                 raise
             return Path(snapshot_download(repo_id))
     except Exception as exc:  # any hub failure means the same thing to the user

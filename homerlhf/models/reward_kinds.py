@@ -43,7 +43,7 @@ def possible_reward_backends(reward_model: Optional[str], policy_model: Optional
         return ["llamacpp"]  # a remote worker (reward.url) or nothing to load
     path = _local(reward_model, build)
     if path is None:
-        return list(ALL)
+        return _builtin_kinds(reward_model) or list(ALL)
     if path.is_file():
         return ["llamacpp"] if path.suffix == ".gguf" else []
     found = []
@@ -56,6 +56,22 @@ def possible_reward_backends(reward_model: Optional[str], policy_model: Optional
     if hf:
         found.append("hf")
     return found
+
+
+def _builtin_kinds(name: str):
+    from homerlhf.models.registry import builtin_reward_backends
+
+    return builtin_reward_backends(name)
+
+
+def assumed_note(reward_model: Optional[str]) -> str:
+    """A line for a plan whose reward model is not on this machine (its backends are assumed, not read
+    from its files); '' when they were read."""
+    if not reward_model or _local(reward_model) is not None or _builtin_kinds(reward_model):
+        return ""
+    return (f"the reward model {reward_model} is not on this machine yet: the placements count reward.backend=adapter "
+            "as if it will be a LoRA reward run on the policy's own base (homerlhf reward makes one with "
+            "rm.method=lora); a run's start reads its files and refuses what does not hold")
 
 
 def _same_base_adapter(path: Path, policy_model: Optional[str], build: bool) -> bool:

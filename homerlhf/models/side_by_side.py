@@ -39,6 +39,21 @@ class Sampling:
     seed: int = 0
 
 
+def answer_text(tokenizer, response_ids: list[int], stop_ids) -> str:
+    """The answer's text, decoded as one sequence. An answer cut by the token cap can end inside a
+    character made of several bytes (several byte tokens); that partial character is left out rather
+    than shown as a replacement mark. Bytes the model sampled that form no character anywhere else stay
+    visible as U+FFFD: they are what it produced."""
+    text = tokenizer.decode(response_ids, skip_special_tokens=True)
+    if not text.endswith("\ufffd") or (response_ids and response_ids[-1] in stop_ids):
+        return text.strip()
+    for cut in range(1, min(4, len(response_ids)) + 1):  # a UTF-8 character is at most 4 bytes
+        shorter = tokenizer.decode(response_ids[:-cut], skip_special_tokens=True)
+        if not shorter.endswith("\ufffd"):
+            return shorter.strip()
+    return text.strip()
+
+
 class EvalModels:
     """One run checkpoint loaded for chatting: base + ``actor`` adapter, tokenizer, reward model.
 
@@ -120,8 +135,7 @@ class EvalModels:
         with self.lock:
             actor_ids = self._generate(prompt, sampling, adapter_on=True)
             ref_ids = self._generate(prompt, sampling, adapter_on=False)
-        answers = [Answer(self.tokenizer.decode(r, skip_special_tokens=True).strip(), prompt, r)
-                   for r in (actor_ids, ref_ids)]
+        answers = [Answer(answer_text(self.tokenizer, r, self.stop_ids), prompt, r) for r in (actor_ids, ref_ids)]
         if self.reward is not None:
             scores = self.reward.score([prompt, prompt], [actor_ids, ref_ids])
             for answer, score in zip(answers, scores):
@@ -173,7 +187,7 @@ class EvalModels:
         prompts = [self.prompt_ids(text) for text in texts]
         with self.lock:
             sides = [self._generate_many(prompts, sampling, seeds, adapter_on=on) for on in (True, False)]
-        pairs = [tuple(Answer(self.tokenizer.decode(r, skip_special_tokens=True).strip(), p, r) for r in rs)
+        pairs = [tuple(Answer(answer_text(self.tokenizer, r, self.stop_ids), p, r) for r in rs)
                  for p, rs in zip(prompts, zip(*sides))]
         if self.reward is not None:
             for start in range(0, len(pairs), 16):  # a reward call per 32 sequences, as a PPO chunk

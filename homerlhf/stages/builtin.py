@@ -121,6 +121,8 @@ def _ensure_rm_gguf(run_dir: Path) -> Path:
 
 
 register_builtin("demo-sft", _build_demo_sft, lambda: _recipe_files(rm=False), finish=lambda built: built / "model")
-register_builtin("demo-rm", _build_demo_rm, lambda: _recipe_files(rm=True), finish=_ensure_rm_gguf)
+# A full fine-tune with its llama.cpp export, no LoRA on the policy's base: never reward.backend=adapter.
+register_builtin("demo-rm", _build_demo_rm, lambda: _recipe_files(rm=True), finish=_ensure_rm_gguf,
+                 reward_backends=("llamacpp", "hf"))
 register_builtin("reverse-sft", _build_reverse_sft, lambda: _recipe_files(rm=False, task="reverse"),
                  finish=lambda built: built / "model")

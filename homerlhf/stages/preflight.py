@@ -1,13 +1,15 @@
 """Check first: before any weight is read, each role's backend can serve its model's architecture.
 
 Only ``config.json`` files are read, and a reward function's file imported (a builtin name is known
-without building it; a hub id is looked up in the local cache only, and skipped when absent: its
-download would fail later with its own message). ``reward.backend: adapter`` also reads the weight
-files' headers and a few bytes per tensor (:mod:`homerlhf.models.fingerprint`), of builtin models
-once built. Each refusal is one line naming the architecture, what is supported and the
-switch that works: ``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the
-reward model. The trackers of ``logging.report_to`` are looked up (not imported): one that is not
-installed is a line naming the pip command.
+without building it; a hub id is looked up in the local cache only). A hub id that is not in the cache
+is checked no further while the hub answers (its download says what went wrong), and refused at once
+when the hub cannot be reached (:func:`homerlhf.models.registry.check_available`): the download would
+fail only after its retries. ``reward.backend: adapter`` also reads the weight files' headers and a few
+bytes per tensor (:mod:`homerlhf.models.fingerprint`), of builtin models once built. Each refusal is
+one line naming the architecture, what is supported and the switch that works:
+``ref.backend=adapter_off`` for the reference, ``reward.backend=hf`` for the reward model. The
+trackers of ``logging.report_to`` are looked up (not imported): one that is not installed is a line
+naming the pip command.
 """
 
 from __future__ import annotations
@@ -31,15 +33,9 @@ _SERVERS = {"ref": "ref worker", "reward": "reward worker", "rollout": "rollout 
 
 
 def _hub_cached_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
-    if repo_id.count("/") != 1:
-        return None
-    from huggingface_hub import try_to_load_from_cache
+    from homerlhf.models.registry import hub_cached
 
-    try:  # a file lookup in the local cache only: never a network request
-        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-    except ValueError:
-        return None
-    return Path(found) if isinstance(found, str) else None
+    return hub_cached(repo_id, revision)  # a file lookup in the local cache only: never a network request
 
 
 def model_config(name: str, revision: Optional[str] = None) -> Optional[dict]:
@@ -114,12 +110,15 @@ def check_reference_vocabulary(cfg: "RunConfig", tokenizer, model_path: str) -> 
 
 
 def _check_policy(cfg: "RunConfig") -> Optional[dict]:
+    from homerlhf.models.registry import check_available
     from homerlhf.models.support import check_loadable
 
     name = cfg.model.name_or_path
     config = model_config(name, cfg.model.revision)
     if config is not None:
         check_loadable(config, name, "causal-lm", cfg.model.trust_remote_code)
+    else:
+        check_available(name, "model.name_or_path", cfg.model.revision)
     return config
 
 
@@ -131,6 +130,10 @@ def _check_reference(cfg: "RunConfig", policy_config: Optional[dict], seq_len: i
     config = policy_config if not cfg.ref.model else model_config(name)
     if config is not None:
         check_exportable(config, name, "ref", seq_len)
+    elif cfg.ref.model:
+        from homerlhf.models.registry import check_available
+
+        check_available(name, "ref.model")
 
 
 def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
@@ -144,9 +147,13 @@ def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
         return
     if rc.url or rc.backend == "adapter":  # an adapter's base is checked once the policy is resolved
         return
+    from homerlhf.models.registry import check_available
+
     name = rc.model or ""
     config = model_config(name) if name else None
     if config is None:
+        if name:
+            check_available(name, f"{key}.model")
         return
     if rc.backend == "hf":
         check_loadable(config, name, "sequence-classifier", trust_remote_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -24,28 +25,65 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     from homerlhf.ppo.metrics import METRIC_DESCRIPTIONS
 
     panels = dict(monitor.panel_keys(METRIC_DESCRIPTIONS))
-    assert panels["Score / reward"] == ["score_mean", "reward_mean"]
-    assert panels["KL and kl_coef"] == ["kl_mean", "kl_coef"]
+    assert panels["Score and reward"] == ["score_mean", "reward_mean"]
+    assert panels["KL to the reference (nats)"] == ["kl_mean"]
+    assert panels["KL penalty coefficient"] == ["kl_coef"]  # its own panel: never on the KL's axes
     assert panels["Policy and value loss"] == ["policy_loss", "value_loss"]
-    assert panels["Entropy"] == ["entropy"]
+    assert panels["Entropy (nats per token)"] == ["entropy"]
     assert panels["Groups (GRPO / RLOO)"] == ["group_zero_spread_fraction", "group_reward_std"]
-    assert panels["Clip fraction"] == ["policy_clipfrac", "value_clipfrac"]
-    assert set(panels["Tokens / s"]) == {"tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_update"}
+    assert panels["Clipped fraction"] == ["policy_clipfrac", "value_clipfrac"]
+    assert set(panels["Throughput (tokens/s)"]) == {"tokens_per_s_generation", "tokens_per_s_scoring",
+                                                    "tokens_per_s_update"}
     # The measured peaks and, beside them, the planner's prediction for the same phases.
-    assert set(panels["Memory (GiB)"]) == {f"{kind}_mem_{phase}_gib" for kind in ("peak", "predicted")
-                                           for phase in ("generation", "scoring", "update")}
-    assert panels["Approx KL old→new policy"] == ["approx_kl"]
+    assert set(panels["Memory (GiB): measured and planned"]) == {
+        f"{kind}_mem_{phase}_gib" for kind in ("peak", "predicted") for phase in ("generation", "scoring", "update")}
+    assert panels["Policy change per update"] == ["approx_kl"]
     assert panels["Rollout engine vs trainer"] == ["is_weight_mean", "is_weight_max", "is_capped_fraction",
                                                    "kl_behaviour_old", "policy_version_lag_mean",
                                                    "policy_version_lag_max"]
+    # What the panels that matter come first; every line drawn has a name a person reads.
+    assert [title for title, _ in monitor.PANELS][:5] == [
+        "Score and reward", "Reward components", "KL to the reference (nats)", "Policy and value loss",
+        "Entropy (nats per token)"]
+    for _, keys in panels.items():
+        assert all("_" not in monitor.label_of(k) for k in keys), keys
+    caption = monitor.caption_markdown()
+    assert "importance weight, max (`is_weight_max`)" in caption and "`predicted_mem_update_gib`" in caption
 
 
-def test_kl_coef_gets_its_own_axis():
-    rows = [{"iteration": i, "kl_mean": 2.0 * i, "kl_coef": 0.02} for i in (1, 2)]
+def test_one_point_reads_as_plain_numbers_on_an_integer_iteration_axis():
+    rows = [{"iteration": 1, "score_mean": -2.0705, "reward_mean": -2.0705, "kl_mean": 1e-6, "kl_coef": 0.15}]
     fig = monitor.metrics_figure(rows)
-    owner = {line.get_label(): ax for ax in fig.axes for line in ax.get_lines()}
-    assert owner["kl_mean"] is not owner["kl_coef"]
-    assert owner["kl_mean"].get_title() == "KL and kl_coef"
+    fig.canvas.draw()
+    for ax in [a for a in fig.axes if a.axison and a.get_lines()]:
+        low, high = ax.get_xlim()
+        shown = [t.get_text() for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if low <= x <= high]
+        assert shown == ["1"], ax.get_title()
+        assert ax.yaxis.get_offset_text().get_text() == "" and ax.xaxis.get_offset_text().get_text() == ""
+        # The legend sits under the panel, off the data.
+        legend = ax.get_legend().get_window_extent()
+        assert legend.y1 <= ax.get_window_extent().y0
+    score = next(a for a in fig.axes if a.get_title() == "Score and reward")
+    low, high = score.get_ylim()
+    assert low < -2.0705 < high and high - low == pytest.approx(2 * 0.20705)
+    # Two metrics that agree still draw as two lines, told apart by dashes and markers.
+    styles = {(line.get_linestyle(), line.get_marker()) for line in score.get_lines()}
+    assert len(styles) == 2
+
+
+def test_the_rollout_engine_panel_only_when_it_says_more_than_the_trainer_sampled():
+    titles = lambda fig: {ax.get_title() for ax in fig.axes if ax.axison}  # noqa: E731
+    hf = [{"iteration": 1, "score_mean": 0.1, "is_weight_mean": 1.0, "is_weight_max": 1.0, "policy_version_lag_mean": 0}]
+    assert "Rollout engine vs trainer" not in titles(monitor.metrics_figure(hf))
+    engine = [{**hf[0], "is_weight_max": 1.7}]
+    assert "Rollout engine vs trainer" in titles(monitor.metrics_figure(engine))
+
+
+def test_the_figure_is_inline_svg_whose_text_stays_text():
+    svg = monitor.figure_svg(monitor.metrics_figure([{"iteration": i, "score_mean": 0.1 * i} for i in (1, 2, 3)]))
+    assert svg.startswith("<svg") and 'width="100%"' in svg.split(">", 1)[0]
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert "Score and reward" in texts and {"1", "2", "3"} <= set(texts)
 
 
 def test_series_skips_missing_and_non_finite_values():
@@ -59,7 +97,7 @@ def test_series_skips_missing_and_non_finite_values():
 def test_figure_draws_one_point_per_logged_iteration():
     rows = [{"iteration": i, "score_mean": i * 0.1, "kl_mean": 0.01 * i, "policy_loss": 1.0 / i} for i in (1, 2, 3)]
     fig = monitor.metrics_figure(rows)
-    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    lines = {line.get_gid(): line for ax in fig.axes for line in ax.get_lines()}  # gid: the metric's name
     assert set(lines) == {"score_mean", "kl_mean", "policy_loss"}
     assert list(lines["score_mean"].get_xdata()) == [1, 2, 3]
     assert list(lines["policy_loss"].get_ydata()) == pytest.approx([1.0, 0.5, 1 / 3])
@@ -119,7 +157,7 @@ def test_each_reward_component_is_drawn_in_its_own_panel_without_its_none_fracti
     rows = [{"iteration": i, "score_mean": 0.1 * i, "reward_mean": 0.1 * i, "reward_reverse": 0.2 * i,
              "reward_reverse_none": 0.0, "reward_reverse_positions": 0.5} for i in (1, 2)]
     panels = dict(monitor.panel_keys(monitor.numeric_keys(rows)))
-    assert panels["Score / reward"] == ["score_mean", "reward_mean"]
+    assert panels["Score and reward"] == ["score_mean", "reward_mean"]
     assert panels["Reward components"] == ["reward_reverse", "reward_reverse_positions"]
     fig = monitor.metrics_figure(rows)
     ax = next(a for a in fig.axes if a.get_title() == "Reward components")

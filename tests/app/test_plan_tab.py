@@ -23,7 +23,7 @@ def test_applying_the_suggestion_makes_the_plan_fit():
         overrides = set_override(overrides, key, value)
     fixed = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", overrides, None), 12)
     assert fixed.fits is True
-    assert plan_tab.verdict_markdown(fixed).startswith("**✅ fits")
+    assert plan_tab.verdict_markdown(fixed).startswith("**OK: fits")
 
 
 def test_a_tight_plan_is_flagged_with_the_suggestion_that_restores_the_margin():
@@ -31,7 +31,7 @@ def test_a_tight_plan_is_flagged_with_the_suggestion_that_restores_the_margin():
     cfg = plan_tab.resolved_config("4090", "", "model.name_or_path=Qwen2.5-7B\n" + named, None)
     plan = plan_tab.compute_plan(cfg, 14.5)  # peak 14.09 GiB: under the card, 2.8% free
     text = plan_tab.verdict_markdown(plan)
-    assert plan.status == "tight" and text.startswith("**⚠️ tight on GPU (14.5 GiB)")
+    assert plan.status == "tight" and text.startswith("**TIGHT: tight on GPU (14.5 GiB)")
     assert "**Suggestion** that restores the margin" in text and plan_tab.suggestion_overrides(plan)
 
 
@@ -40,8 +40,10 @@ def test_table_rows_add_up_to_the_phase_totals():
     plan = plan_tab.compute_plan(cfg, None)
     headers, rows = plan_tab.plan_table(plan)
     assert headers[0] == "component (GiB)" and len(headers) == 1 + len(plan.phases)
-    body, total = rows[:-1], rows[-1]
+    total, body = rows[0], rows[1:]  # the total first, where it is seen without scrolling
     assert total[0] == "total"
+    styled = plan_tab.table_value(headers, rows).to_html()
+    assert styled.count("font-weight: bold") == 1  # the total row's style, and no other
     for col in range(1, len(headers)):
         assert sum(r[col] for r in body) == pytest.approx(total[col], abs=0.002 * len(body))
     # A tiny model is shown in MiB rather than a column of zeros.
@@ -97,3 +99,18 @@ def test_the_plan_shows_seconds_per_phase_and_the_placement_recommendation():
     best = plan.timing.best
     assert best.fits and all(best.time.total_s <= c.time.total_s for c in plan.timing.candidates if c.fits)
     assert "--set" in text or "is the fastest that fits" in text
+
+
+def test_a_preset_change_resets_the_model_and_takes_out_the_old_cards_suggestion():
+    typed, shown, applied = {}, "3060-12g", {"preset": "3060-12g", "items": ["rollout.chunk_size=4"]}
+    overrides = "rollout.chunk_size=4\nppo.iterations=3"
+    card, model, default, overrides, message, typed, shown = plan_tab.on_preset(
+        "cpu-tiny", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-1.5B-Instruct", shown, overrides, typed, applied)
+    assert (model, default, shown) == ("builtin:demo-sft", "builtin:demo-sft", "cpu-tiny")
+    assert overrides == "ppo.iterations=3"
+    assert message == ("Preset **cpu-tiny**: model `builtin:demo-sft` (the preset's). Took out the 3060-12g "
+                       "suggestion: `rollout.chunk_size=4`. Kept your overrides: `ppo.iterations=3`.")
+    # Back on the 3060, the model typed for it returns; a model left at the default is not remembered.
+    _, model, _, _, message, typed, _ = plan_tab.on_preset("3060-12g", model, default, shown, overrides, typed, applied)
+    assert model == "Qwen/Qwen2.5-7B" and "(the one you typed for it)" in message
+    assert typed == {"3060-12g": "Qwen/Qwen2.5-7B"}

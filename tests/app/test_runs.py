@@ -125,3 +125,27 @@ def test_last_error_line():
     log = "loading\nTraceback (most recent call last):\n  File x\nValueError: bad thing\n"
     assert runs.last_error_line(log) == "ValueError: bad thing"
     assert runs.last_error_line("x\nerror: unknown preset 'p'\n") == "error: unknown preset 'p'"
+
+
+def test_a_launcher_that_ended_is_reaped_without_anyone_polling_it(tmp_path):
+    import psutil
+
+    run_dir = tmp_path / "quick"
+    status = runs.start_run(run_dir, [], program=[sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while runs.run_status(run_dir).running and time.monotonic() < deadline:  # reads files only
+        time.sleep(0.05)
+    assert runs.run_status(run_dir).state == "finished"
+
+    def state() -> str:
+        try:
+            return psutil.Process(status.pid).status()
+        except psutil.NoSuchProcess:
+            return "gone"
+
+    # exit.json is written just before the launcher exits: wait for the exit itself, then for the reaping.
+    deadline = time.monotonic() + 10
+    while state() != "gone" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state() == "gone", f"launcher {status.pid} is {state()}: a <defunct> child of the app"
+    assert status.pid not in [c.pid for c in psutil.Process().children()]

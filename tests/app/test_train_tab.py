@@ -38,10 +38,10 @@ def test_poll_reads_progress_plot_and_samples(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "samples.jsonl").write_text(json.dumps({"iteration": 2, "prompt": "<|user|>Hi<|end|>",
                                                         "response": "Hello", "score": 0.5}) + "\n")
-    status, progress, figure, samples, workers, log, n_rows = train_tab.poll(str(tmp_path))
+    status, progress, figure, samples, workers, log, n_rows, state = train_tab.poll(str(tmp_path))
     assert "started outside the app" in status
     assert progress == "**Progress:** iteration 2/4 · 50% · elapsed 0m04s · ETA 0m04s"
-    assert figure is not None and n_rows == 2
+    assert figure.startswith("<svg") and n_rows == 2 and state == "unknown"
     assert samples == [[2, "Hi", "Hello", 0.5]]
     assert workers[0][:3] == ["ref", "adapter_off", "(in the trainer process)"]
     # Nothing new since the last poll: no figure to redraw.
@@ -84,3 +84,27 @@ def test_the_status_says_where_the_run_is_tracked(tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text(to_yaml(load_config("cpu-tiny", None, [])))
     (tmp_path / "tracking.json").unlink()
     assert "**Tracking:** metrics.jsonl only (logging.report_to: none)" in train_tab.poll(str(tmp_path))[0]
+
+
+def test_a_stopped_run_shows_no_eta(tmp_path):
+    cfg = load_config("cpu-tiny", None, ["ppo.iterations=4", "ref.backend=adapter_off"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "time_iteration_s": 2.0}) + "\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "launch.json").write_text(json.dumps({"pid": 1, "argv": [], "started_at": 1000.0,
+                                                              "stop_requested": 1010.0}))
+    (tmp_path / "app" / "exit.json").write_text(json.dumps({"returncode": 130, "ended_at": 1012.0}))
+    status, progress, *_, state = train_tab.poll(str(tmp_path))
+    assert state == "stopped" and "stopped by the user" in status
+    assert progress == "**Progress:** iteration 1/4 · 25% · elapsed 0m12s"  # ETA 0m06s before the Stop
+
+
+def test_each_start_gets_a_fresh_default_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_tab.time, "strftime", lambda fmt: "app-20261201-120000")
+    first = train_tab.default_run_dir(str(tmp_path))
+    assert first == str(tmp_path / "app-20261201-120000")
+    assert train_tab.is_default_run_dir(first, str(tmp_path))
+    (tmp_path / first).mkdir()  # two Starts in the same second: the next one is -2
+    second = train_tab.default_run_dir(str(tmp_path))
+    assert second == first + "-2" and train_tab.is_default_run_dir(second, str(tmp_path))
+    assert not train_tab.is_default_run_dir(str(tmp_path / "my-run"), str(tmp_path))

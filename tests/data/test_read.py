@@ -8,6 +8,7 @@ import pytest
 
 from homerlhf.config import load_config
 from homerlhf.data.load import load_preferences, load_prompts, load_sft
+from homerlhf.data.read import read_rows
 from homerlhf.errors import UserError
 
 
@@ -43,3 +44,21 @@ def test_max_rows(tmp_path):
     cfg = load_config("cpu-tiny", overrides=["data.max_rows=3"])
     records, report = load_prompts(src, cfg.data)
     assert len(records) == 3 and report.n_rows == 3
+
+
+def test_a_hub_dataset_is_refused_at_once_when_the_hub_cannot_be_reached(monkeypatch, tmp_path):
+    """Not in the datasets cache and no hub: one line in well under the 24 s of the download's retries."""
+    import time
+
+    import datasets
+
+    from homerlhf import hub
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: "no answer from https://huggingface.co: ConnectError")
+    start = time.monotonic()
+    with pytest.raises(UserError, match=r"cannot load dataset 'org/name': it is not in the datasets cache and the "
+                                        r"hub cannot be reached \(no answer from https://huggingface.co"):
+        read_rows("org/name", "train")
+    assert time.monotonic() - start < 2.0

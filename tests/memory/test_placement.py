@@ -7,7 +7,7 @@ import pytest
 from homerlhf.config import load_config
 from homerlhf.memory.placement import recommend
 from homerlhf.memory.render import shape_for
-from homerlhf.memory.timing import DEFAULT_SOURCE, GPU_SOURCE, Placement, default_throughputs
+from homerlhf.memory.timing import DEFAULT_SOURCE, Placement, default_throughputs, gpu_source
 
 
 def test_the_recommendation_is_the_fastest_and_says_by_how_much(small_cfg, rates):
@@ -33,7 +33,7 @@ def test_on_a_card_placements_over_the_budget_are_not_recommended(preset_named):
     cfg = preset_named()  # a generation chunk of 16: each placement's memory adds to the same plan
     shape = shape_for(cfg)
     rates = default_throughputs(shape, cfg, cores=8)
-    assert rates.source == f"GPU: {GPU_SOURCE}; CPU workers: {DEFAULT_SOURCE}"
+    assert rates.source == f"GPU: {gpu_source('RTX 4090')}; CPU workers: {DEFAULT_SOURCE}"
     rec = recommend(cfg, shape, rates, cores=8)
     by_reward = {c.time.placement.reward: c for c in rec.candidates if c.time.placement.ref == "adapter_off"
                  and c.time.placement.engine == "hf"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -95,3 +96,21 @@ def test_the_4090_plan_of_qwen25_7b_takes_the_fastest_placement_that_fits(capsys
     code, out, _ = _in_process(capsys, "--preset", "4090", "--model", "Qwen/Qwen2.5-7B")
     assert "generation chunk 40 (rollout.generation_chunk=auto: the largest that leaves 10% of the card free" in out
     assert "placement auto: ref adapter_off, reward adapter, rollout hf:" in out
+
+
+@pytest.mark.parametrize("preset, card, scaled", [
+    ("4090", "RTX 4090", "(165.2 vs 989.5 TFLOPS, 1.01 vs 4.8 TB/s)"),
+    ("3060-12g", "RTX 3060 12GB", "(25.4 vs 989.5 TFLOPS, 0.36 vs 4.8 TB/s)"),
+])
+def test_a_consumer_card_plan_says_its_times_are_the_h200_figures_scaled_to_it(capsys, preset, card, scaled):
+    """The plan of a card nobody measured: the H200's rates scaled by the card's published figures, said
+    as such; minutes where seconds run long; the budget a placement missed, not 'the card'."""
+    code, out, err = _in_process(capsys, "--preset", preset)
+    assert code == 0, err
+    text = " ".join(out.split())  # rich wraps long lines
+    assert f"(GPU: H200 figures scaled to the {card} by its published specs {scaled}, not measured on one;" in text
+    assert "measured on NVIDIA H200" not in text
+    assert re.search(r"\d\.\d (s|min|h|days) per iteration", text)
+    code, out, _ = _in_process(capsys, "--preset", preset, "--gpu-gib", "6")
+    text = " ".join(out.split())
+    assert "over the card" not in text and "over the 90% budget (5.4 of 6 GiB): " in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from homerlhf.memory.cards import card_spec
 from homerlhf.memory.timing import Placement, Throughputs, iteration_time
 
 
@@ -82,7 +83,7 @@ def test_the_gpu_rates_give_back_the_h200_measurements():
 
     def run(model, *extra):  # as scripts/validate_memory_gpu.py runs it; the reward an in-process function
         cfg = load_config("4090", None, ["rollout.batch_size=32", "rollout.chunk_size=16", "rollout.generation_chunk=null",
-                                          "ppo.mini_batch_size=16", "ppo.epochs=1", *extra])
+                                          "ppo.mini_batch_size=16", "ppo.epochs=1", "card.name=NVIDIA H200", *extra])
         rates = default_throughputs(BUILTIN_SHAPES[model], cfg, cores=2)
         return iteration_time(cfg, rates, Placement("adapter_off", "function", "hf"), cores=2, logical=2), rates
 
@@ -107,3 +108,47 @@ def test_a_gpu_generation_figure_scales_with_the_chunk_up_to_the_forward_rate():
     cpu = Throughputs(**{**rates.__dict__, "gen_chunk": 0})
     assert cpu.generation_rate(0, 40) == 200.0  # a CPU figure is the run's own chunk's
     assert Throughputs.from_dict(rates.to_dict()) == rates
+
+
+def test_a_consumer_card_gets_the_h200_rates_scaled_by_its_published_flops_and_bandwidth():
+    """Qwen2.5-7B (28 layers, hidden 3584, MLP 18944, 4 KV heads of 128, vocab 152,064): 233.05 M
+    linear weights a layer, 6.525 G in all, 0.545 G in the output projection; 7.070 G matmul
+    parameters a token. A decode step of 16 rows moves 4.5 B x 6.525 G + 2 B x 0.545 G = 30.45 GB."""
+    from homerlhf.config import load_config
+    from homerlhf.memory.shapes import BUILTIN_SHAPES
+    from homerlhf.memory.timing import decode_step_s, default_throughputs
+
+    shape = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
+    assert shape.linear_weight_params == 28 * 233_046_016
+    moved = 4.5 * 28 * 233_046_016 + 2.0 * 152_064 * 3584  # 30.45 GB
+
+    def rates(preset):
+        return default_throughputs(shape, load_config(preset), cores=2)
+
+    r4090, r3060 = rates("4090"), rates("3060-12g")
+    h200 = default_throughputs(shape, load_config("4090", None, ["card.name=NVIDIA H200"]), cores=2)
+    # Forward and update are compute-bound: the H200's effective 2.27e14 / 1.85e14 FLOP/s times the
+    # card's share of the H200's 989.5 dense BF16 TFLOPS: 4090 165.2 (0.1670), 3060 25.4 (0.0257).
+    forward_4090 = 2.27e14 * 165.2 / 989.5 / (2 * 7.070e9)  # 2,680 tokens/s
+    assert r4090.trainer_forward[0] == pytest.approx(forward_4090, rel=1e-3) and forward_4090 == pytest.approx(2680, rel=1e-3)
+    assert r3060.trainer_forward[0] == pytest.approx(2.27e14 * 25.4 / 989.5 / (2 * 7.070e9), rel=1e-3)  # 412
+    assert r3060.trainer_train[0] == pytest.approx(1.85e14 * 25.4 / 989.5 / (6 * 7.070e9), rel=1e-3)  # 112
+    assert h200.trainer_forward[0] / r4090.trainer_forward[0] == pytest.approx(989.5 / 165.2)
+    # A decode step: the launches (28 x 3.0 ms = 84 ms) bound the H200 (30.45 GB in 6.3 ms) and the 4090
+    # (30.2 ms at 1,008 GB/s); at 360 GB/s the 3060's bytes take 84.6 ms and bound it.
+    assert decode_step_s(shape) == pytest.approx(0.084) and decode_step_s(shape, card_spec("RTX 4090")) == pytest.approx(0.084)
+    assert decode_step_s(shape, card_spec("RTX 3060 12GB")) == pytest.approx(moved / 360e9) == pytest.approx(0.0846, rel=1e-3)
+    assert r3060.trainer_gen[0] == pytest.approx(16 / (moved / 360e9)) and r4090.trainer_gen[0] == pytest.approx(16 / 0.084)
+    assert r4090.source.startswith("GPU: H200 figures scaled to the RTX 4090 by its published specs "
+                                   "(165.2 vs 989.5 TFLOPS, 1.01 vs 4.8 TB/s), not measured on one")
+    # A card with no published figures here keeps the H200's, and says so.
+    other = default_throughputs(shape, load_config("4090", None, ["card.name=My card"]), cores=2)
+    assert other.trainer_forward == h200.trainer_forward
+    assert "an NVIDIA H200's figures (2026-11-30), not scaled to 'My card'" in other.source
+
+
+def test_durations_read_as_a_person_says_them():
+    from homerlhf.memory.timing import human_seconds
+
+    assert [human_seconds(s) for s in (0.043, 42.04, 89.9, 450.0, 5399.0, 11_520.0, 463_393.0)] == [
+        "0.04 s", "42.0 s", "89.9 s", "7.5 min", "90.0 min", "3.2 h", "5.4 days"]

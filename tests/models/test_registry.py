@@ -88,3 +88,14 @@ def test_resolve_model_dir(tmp_path, tiny_llama_dir):
     with pytest.raises(UserError, match="was not found locally and the hub is unreachable") as err:
         resolve_model_dir("homerlhf-tests/no-such-model")
     assert "\n" not in str(err.value)
+
+
+def test_a_hub_id_that_is_nowhere_is_refused_while_builtins_and_paths_never_ask(monkeypatch):
+    monkeypatch.setattr(registry, "hub_unreachable", lambda: "no answer from http://127.0.0.1:1: ConnectError")
+    registry.check_available("builtin:tiny-llama")  # builtins and paths never ask the hub
+    registry.check_available("./some/local/dir")
+    with pytest.raises(UserError, match="'org/model' is neither a local model directory nor in the hub cache, and "
+                                        r"the hub cannot be reached \(no answer from"):
+        registry.check_available("org/model")
+    monkeypatch.setattr(registry, "hub_unreachable", lambda: "")
+    registry.check_available("org/model")  # the hub answers: the download decides

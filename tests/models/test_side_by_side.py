@@ -173,3 +173,20 @@ def test_answer_many_matches_one_at_a_time_per_seed(run_dir):
     with pytest.raises(ValueError, match="seeds"):
         models.answer_many(texts, sampling, seeds=[1])
     models.close()
+
+
+def test_an_answer_cut_inside_a_character_leaves_the_partial_character_out(tiny_llama_dir):
+    """The tiny tokenizer is byte-level: '☕' is three byte tokens. Cut after two of them by the token
+    cap, the answer ends before it, not in U+FFFD; a stopped answer and bytes that form no character
+    elsewhere are shown as they decode."""
+    from transformers import AutoTokenizer
+
+    from homerlhf.models.side_by_side import answer_text
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids = tok.encode(" tea ☕", add_special_tokens=False)
+    assert tok.decode(ids) == " tea ☕" and tok.decode(ids[:-1]).endswith("\ufffd")
+    assert answer_text(tok, ids[:-1], stop_ids={tok.eos_token_id}) == "tea"
+    assert answer_text(tok, ids, stop_ids={tok.eos_token_id}) == "tea ☕"
+    stray = tok.encode("é", add_special_tokens=False)[-1:]  # a lone continuation byte, then text
+    assert answer_text(tok, stray + tok.encode(" tea", add_special_tokens=False), set()) == "\ufffd tea"

@@ -118,3 +118,25 @@ def test_reward_stage_checks_the_export_before_training(dirs):
 def test_a_gguf_reference_must_exist(tmp_path):
     message = refusal(lambda: check_run(cfg_with(**{"ref.model": tmp_path / "none.gguf"})))
     assert message == f"ref.model {tmp_path / 'none.gguf'} does not exist; give an existing .gguf file"
+
+
+def test_a_model_that_is_nowhere_is_refused_at_once_when_the_hub_cannot_be_reached(monkeypatch):
+    """Neither a local dir nor in the hub cache, offline: refused before the run starts, in well under
+    the download's retries, naming the key and the way out; while the hub answers it is left to the
+    download."""
+    import time
+
+    from homerlhf.models import registry
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    start = time.monotonic()
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": "Qwen/Qwen2.5-7B"})))
+    assert time.monotonic() - start < 2.0
+    assert message.startswith("model.name_or_path: 'Qwen/Qwen2.5-7B' is neither a local model directory nor in "
+                              "the hub cache, and the hub cannot be reached (HF_HUB_OFFLINE is set)")
+    assert "builtin:<name>" in message and "hf download Qwen/Qwen2.5-7B" in message
+    message = refusal(lambda: check_run(cfg_with(**{"reward.backend": "hf", "reward.model": "org/rm"})))
+    assert message.startswith("reward.model: 'org/rm' is neither")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(registry, "hub_unreachable", lambda: "")  # the hub answers: the download decides
+    check_run(cfg_with(**{"model.name_or_path": "Qwen/Qwen2.5-7B", "ref.backend": "adapter_off"}))

@@ -1,0 +1,56 @@
+"""The Evaluate tab's handlers without a browser: the checkpoint list follows the run, identical answers
+make no pair, and the counts only suggest training on pairs that exist."""
+
+from __future__ import annotations
+
+import json
+
+from homerlhf.app import eval_tab, preferences
+
+
+def test_the_checkpoint_list_follows_the_run_and_keeps_an_older_pick(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "iter_000001").mkdir(parents=True)
+    update, known = eval_tab.follow_checkpoints(str(tmp_path), None, [])
+    assert update["value"] == str(ckpts / "iter_000001") and known == [str(ckpts / "iter_000001")]
+    assert eval_tab.follow_checkpoints(str(tmp_path), known[0], known)[0] == {"__type__": "update"}  # nothing new
+    (ckpts / "iter_000002").mkdir()
+    update, known = eval_tab.follow_checkpoints(str(tmp_path), str(ckpts / "iter_000001"), known)
+    assert update["value"] == str(ckpts / "iter_000002")  # the newest was selected: follow it
+    assert [path for _, path in update["choices"]] == known == [str(ckpts / "iter_000002"), str(ckpts / "iter_000001")]
+    (ckpts / "iter_000003").mkdir()
+    update, _ = eval_tab.follow_checkpoints(str(tmp_path), str(ckpts / "iter_000001"), known)  # an older pick
+    assert update["value"] == str(ckpts / "iter_000001") and len(update["choices"]) == 3
+
+
+def test_identical_answers_say_so_and_record_no_pair(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 3, "kl_mean": 0.00123}) + "\n")
+    pending = {"prompt": "Tell me about tea.", "left": "Tea.", "right": "Tea.", "left_score": -4.3422,
+               "right_score": -4.3422, "checkpoint": "c", "run_dir": str(tmp_path), "sampling": {}}
+    text = eval_tab.identical_markdown(str(tmp_path), 0)
+    assert text.startswith("**The two answers are identical** (seed 0)")
+    assert "KL to the reference so far: 0.0012 nats per response at iteration 3" in text
+    left, tie, right, resample = eval_tab.button_states(pending)
+    assert (left["interactive"], tie["interactive"], right["interactive"], resample["interactive"]) == (
+        False, True, False, True)
+    info, still_pending, *_ = eval_tab.judge("left")(pending)
+    assert info.startswith("**Error:** the two answers are identical") and still_pending == {"__type__": "update"}
+    assert preferences.count(tmp_path) == (0, 0)
+    info, cleared, *buttons = eval_tab.judge("tie")(pending)
+    assert "Recorded **tie**" in info and cleared is None and not any(b["interactive"] for b in buttons)
+    # No pair yet: no command that would train on a file that does not exist.
+    assert "No preference pair yet" in info and "homerlhf reward" not in info
+    assert preferences.count(tmp_path) == (0, 1)
+
+
+def test_two_different_answers_make_a_pair_and_the_reply_names_the_training_command(tmp_path):
+    # The browser's run leaves the policy where it started (identical answers): the pair path is here.
+    pending = {"prompt": "Tell me about tea.", "left": "Tea is a drink.", "right": "Go away.", "left_score": 0.9,
+               "right_score": -0.8, "checkpoint": "ckpt/iter_000001", "run_dir": str(tmp_path), "sampling": {"seed": 0}}
+    left, tie, right, resample = eval_tab.button_states(pending)
+    assert left["interactive"] and right["interactive"] and tie["interactive"] and resample["interactive"]
+    info, cleared, *_ = eval_tab.judge("left")(pending)
+    assert cleared is None and preferences.count(tmp_path) == (1, 0)
+    assert f"Train a reward model on them: `homerlhf reward --data {tmp_path / preferences.PAIRS_FILE}`" in info
+    record = json.loads((tmp_path / preferences.PAIRS_FILE).read_text())
+    assert (record["chosen"], record["rejected"], record["chosen_source"]) == ("Tea is a drink.", "Go away.", "actor")
