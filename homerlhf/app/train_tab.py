@@ -156,6 +156,7 @@ class TrainPanel:
     n_rows: Any  # gr.State: metrics rows drawn so far (-1: redraw; PAUSED: a Start is under way)
     state: Any  # gr.State: the attached run's state at the last poll ("running", "crashed", ...)
     timer: Any
+    starts: Any  # gr.State: the Starts pressed on this page (see refresh)
 
     @property
     def monitor_outputs(self) -> list:
@@ -198,7 +199,8 @@ def _layout(runs_root: str) -> TrainPanel:
         log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
     return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, runs_dd, refresh_btn, attach_btn,
                       message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
-                      attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S))
+                      attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S),
+                      starts=gr.State(0))
 
 
 def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> str:
@@ -210,16 +212,20 @@ def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> 
     return runs.format_command(runs.train_argv(preset, run_dir, None, items, overwrite), multiline=True)
 
 
-def refresh(run_dir, last_n, last_state=""):
+def refresh(run_dir, last_n, last_state="", starts=0, request=None):
     """The monitor's outputs for ``run_dir`` (``monitor_outputs``); the plot and samples stay as they
     are without a new row. When the run ends, the Start line goes (the status says how it ended) and
-    a crash shows its reason in a toast too."""
+    a crash shows its reason in a toast too. ``starts``: the Starts this page had pressed when the poll
+    was sent; a poll sent or still running when another Start was pressed draws nothing (``request``:
+    Gradio's, naming the page)."""
     import gradio as gr
 
     keep = gr.update()
     if last_n == PAUSED or (not run_dir and last_n != -1):
         return (keep,) * 6 + (last_n, last_state, keep)
     out = list(poll(run_dir, last_n))
+    if request is not None and _starts_pressed(request) != starts:  # checked after the poll: a Start may come while it reads
+        return (keep,) * 6 + (last_n, last_state, keep)
     if run_dir and out[2] is None:
         out[2], out[3] = keep, keep
     message = keep
@@ -230,9 +236,22 @@ def refresh(run_dir, last_n, last_state=""):
     return (*out, message)
 
 
-def pause_monitor():
-    """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one."""
-    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "")
+# Starts pressed per page (Gradio session): a poll sent before the last Start, or still reading when it
+# came, must not draw the run before it over the cleared monitor (cancelling the timer's pending event
+# does not stop one already running or already sent).
+_STARTS: dict[str, int] = {}
+
+
+def _starts_pressed(request) -> int:
+    return _STARTS.get(getattr(request, "session_hash", None) or "", 0)
+
+
+def pause_monitor(request=None):
+    """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one.
+    Returns ``monitor_outputs`` and this page's count of Starts."""
+    key = getattr(request, "session_hash", None) or ""
+    _STARTS[key] = _STARTS.get(key, 0) + 1
+    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "", _STARTS[key])
 
 
 def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
@@ -323,8 +342,9 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     def start(preset, model, overrides, preset_model, run_dir, overwrite):
         return on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root)
 
-    monitor_inputs = [panel.attached, panel.n_rows, panel.state]
-    panel.start_btn.click(pause_monitor, None, panel.monitor_outputs, queue=False, cancels=[tick]).then(
+    monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
+    panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
+                          cancels=[tick]).then(
         start, cmd_inputs, [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state]
     ).then(refresh, monitor_inputs, panel.monitor_outputs).then(
         lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
@@ -349,7 +369,9 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
     for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
         comp.change(show_command, cmd_inputs, panel.command)
-    monitor_inputs = [panel.attached, panel.n_rows, panel.state]
+    for handler in (refresh, pause_monitor):  # Gradio hands its request to a parameter annotated so
+        handler.__annotations__["request"] = gr.Request
+    monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
     def reattach():

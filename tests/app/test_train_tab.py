@@ -108,3 +108,18 @@ def test_each_start_gets_a_fresh_default_directory(tmp_path, monkeypatch):
     second = train_tab.default_run_dir(str(tmp_path))
     assert second == first + "-2" and train_tab.is_default_run_dir(second, str(tmp_path))
     assert not train_tab.is_default_run_dir(str(tmp_path / "my-run"), str(tmp_path))
+
+
+def test_a_poll_from_before_the_last_start_draws_nothing(tmp_path):
+    """Issue 37 item 7: a poll sent before a Start (or still reading when it came) leaves the monitor the
+    Start cleared; a poll sent after it draws. Two pages (sessions) count their Starts apart."""
+    from types import SimpleNamespace
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "score_mean": 0.5}) + "\n")
+    page, other = SimpleNamespace(session_hash="page-a"), SimpleNamespace(session_hash="page-b")
+    starts = train_tab.pause_monitor(page)[-1]
+    stale = train_tab.refresh(str(tmp_path), -1, "running", starts - 1, page)
+    assert all(getattr(out, "__class__", None) is dict and out.get("__type__") == "update" for out in stale[:6])
+    fresh = train_tab.refresh(str(tmp_path), -1, "running", starts, page)
+    assert fresh[2].startswith("<svg")
+    assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].startswith("<svg")
