@@ -1,9 +1,10 @@
 """The memory planner against the CPU allocator: bytes torch holds at each PPO phase's peak, on CPU.
 
-    python benchmarks/planner_cpu_allocations.py [--dtype bf16] [--intermediate 2816] [--algorithm ppo]
+    python benchmarks/planner_cpu_allocations.py [--dtype bf16] [--upcast] [--intermediate 2816] [--algorithm ppo]
 
-Builds a small Qwen2-shaped model (random weights), loads it as a run does (NF4 base, fp32 residual
-after ``prepare_model_for_kbit_training``, LoRA actor + critic, compute dtype ``--dtype``), and runs
+Builds a small Qwen2-shaped model (random weights), loads it as a run does (NF4 base, LoRA actor +
+critic, compute dtype ``--dtype`` end to end, or with ``--upcast`` (``quant.upcast_non_quantized``) the
+fp32 embeddings, LM head, norms and residual stream of ``prepare_model_for_kbit_training``), and runs
 two PPO iterations with homerlhf's trainer (adapter-off reference, an in-process reward, prompts of
 full length) under the profiler, which records every CPU allocation and free. Per phase of the second
 iteration it prints the most bytes alive at once beside the planner's allocated bytes for the same
@@ -28,6 +29,7 @@ def parse_args():
                           ("micro", 4)):
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="quant.compute_dtype")
+    ap.add_argument("--upcast", action="store_true", help="quant.upcast_non_quantized=true: the fp32 residual stream")
     ap.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo"])
     return ap.parse_args()
 
@@ -66,7 +68,10 @@ def build(args, out: str):
                          num_key_value_heads=args.kv_heads, head_dim=args.head_dim, tie_word_embeddings=False,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Saved in fp32: loading it in the compute dtype then copies every weight into the allocator the
+    # profiler counts. A bf16 checkpoint loaded in bf16 stays memory-mapped from its file, outside that
+    # allocator (weights on a GPU never are): the embeddings and LM head would go uncounted.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = tok.pad_token_id, tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -105,6 +110,7 @@ def main() -> None:
         c = args.chunk
         cfg = load_config("4090", None, [
             f"model.name_or_path={tmp}", "card.device=cpu", f"quant.compute_dtype={args.dtype}",
+            f"quant.upcast_non_quantized={str(args.upcast).lower()}",
             f"rollout.chunk_size={c}", f"rollout.batch_size={2 * c}", f"rollout.generation_chunk={c}",
             f"rollout.max_prompt_len={args.prompt}", f"rollout.max_new_tokens={args.new}",
             f"ppo.mini_batch_size={c}", f"ppo.micro_batch_size={args.micro}", "ppo.epochs=1",
@@ -127,7 +133,7 @@ def main() -> None:
         with open(trace) as fh:
             measured = phase_peaks(json.load(fh)["traceEvents"])
     print(f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, intermediate {config.intermediate_size}, "
-          f"compute {args.dtype}, {args.algorithm}, chunk {c} x ({args.prompt} + {args.new}), micro-batch {args.micro}")
+          f"compute {args.dtype}{' (fp32 upcast)' if args.upcast else ' end to end'}, {args.algorithm}, chunk {c} x ({args.prompt} + {args.new}), micro-batch {args.micro}")
     for phase in planned.phases:
         got = measured.get(phase.name, 0)
         print(f"{phase.name:<11} planned {phase.allocated_bytes / 2**20:8.2f} MiB  measured {got / 2**20:8.2f} MiB  "

@@ -14,6 +14,8 @@ policy's base with its adapters off and the reward an in-process function (no ll
   chunk of 16 prompts, 2 iterations (peaks are read from the last: the first runs before the
   optimizer states exist);
 - ``grpo-1.5b``, ``rloo-1.5b``: GRPO and RLOO (groups of 4), Qwen2.5-1.5B, 8 prompts, 256+128 tokens;
+  ``grpo-1.5b-upcast``: that GRPO run with ``quant.upcast_non_quantized=true`` (fp32 embeddings, LM head,
+  norms, hidden states and KV cache, as the H200 calibration ran), beside the bf16 end to end of the others;
 - ``ppo-fp16-1.5b``: the fp16 compute path of t4-colab (GradScaler), Qwen2.5-1.5B;
 - ``reward-adapter-1.5b``: ``reward.backend=adapter``, a reward LoRA + score head on the policy's base;
 - ``resume-1.5b``: an iteration, a checkpoint written on the GPU, a new trainer resumed from it
@@ -92,6 +94,9 @@ def cases() -> list[Case]:
     return [
         Case("ppo-7b", "4090", "Qwen/Qwen2.5-7B", SEVEN_B, 2),
         Case("grpo-1.5b", "4090", small, SMALL + ("algorithm=grpo", "ppo.group_size=4"), 2),
+        # The same run with the fp32 upcast of the H200 calibration: both dtype settings measured side by side.
+        Case("grpo-1.5b-upcast", "4090", small, SMALL + ("algorithm=grpo", "ppo.group_size=4",
+                                                          "quant.upcast_non_quantized=true"), 2),
         Case("rloo-1.5b", "4090", small, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1),
         Case("ppo-fp16-1.5b", "t4-colab", small, SMALL, 2, keep=("quant.compute_dtype=fp16",)),
         Case("reward-adapter-1.5b", "4090", small, SMALL + ("reward.backend=adapter", "reward.model={reward_adapter}",
@@ -295,18 +300,21 @@ def line(entry: dict) -> str:
 
 def largest_case(run: Run) -> Case:
     """The table's largest model that the planner says fits 24 GiB at the 4090 preset's settings as
-    ``ppo-7b`` runs them (one chunk of 16 prompts, 512+256 tokens, micro 4), for one iteration."""
+    ``ppo-7b`` runs them (one chunk of 16 prompts, 512+256 tokens, micro 4), or with the settings the
+    plan suggests when they keep those lengths, for one iteration."""
     from homerlhf.config import load_config
     from homerlhf.memory.planner import plan
     from homerlhf.memory.shapes import builtin_shape, table_names
 
     fits, settings = [], [o.format(**run.files) for o in COMMON + SEVEN_B]  # the GPU's, in the CPU smoke too
     for name in table_names():
-        cfg = load_config("4090", overrides=[f"model.name_or_path={name}", *settings])
-        if plan(cfg, builtin_shape(name), 24.0, with_suggestion=False).fits:
-            fits.append((builtin_shape(name).total_params, name))
-    _, name = max(fits)
-    return Case(f"largest-{name.split('/')[-1]}", "4090", name, SEVEN_B, 1)
+        planned = plan(load_config("4090", overrides=[f"model.name_or_path={name}", *settings]), builtin_shape(name),
+                       24.0)
+        extra = tuple(planned.suggestion.set_args) if planned.suggestion else ()
+        if planned.fits or (extra and not any(a.startswith("rollout.max_") for a in extra)):
+            fits.append((builtin_shape(name).total_params, name, () if planned.fits else extra))
+    _, name, extra = max(fits)
+    return Case(f"largest-{name.split('/')[-1]}", "4090", name, SEVEN_B + extra, 1)
 
 
 def guarded(case: Case, run: Run) -> dict:

@@ -33,6 +33,8 @@ CLI_CASES = [
     ("set-bad-choice", ["train", "--set", "ppo.kl_estimator=k2"], 2, "got 'k2'; input should be 'k1' or 'k3'"),
     ("minibatch-over-batch", ["train", "--set", "ppo.mini_batch_size=64"], 2, "ppo.mini_batch_size (64) must be <= rollout.batch_size (32)"),
     ("minibatch-not-multiple", ["train", "--set", "ppo.micro_batch_size=5"], 2, "must be a multiple of ppo.micro_batch_size (5)"),
+    ("upcast-with-fsdp", ["plan", "--preset", "4090", "--set", "distributed.fsdp=true", "--set",
+                          "quant.upcast_non_quantized=true"], 2, "set quant.upcast_non_quantized=false with distributed.fsdp"),
     ("ref-backend-hf", ["train", "--set", "ref.backend=hf"], 2, "ref.backend 'hf' is not available; use 'llamacpp', 'adapter_off' or 'auto'"),
     ("reward-backend-adapter-off", ["train", "--set", "reward.backend=adapter_off"], 2, "reward.backend 'adapter_off' makes no sense"),
     ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),

@@ -42,6 +42,10 @@ class QuantConfig(_Section):
     compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Matmul dtype: auto = bf16 on CUDA, fp32 on CPU."
     )
+    upcast_non_quantized: bool = Field(
+        False, description="With a 4-bit base, keep its other weights (embeddings, LM head, norms) in fp32, and with "
+        "them hidden states, KV cache and attention (peft's prepare_model_for_kbit_training: twice the bytes). Off: "
+        "all of them in compute_dtype; norms still compute in fp32 inside, log-probs come from fp32 logits.")
 
 
 class LoraConfig(_Section):
@@ -325,6 +329,11 @@ class RunConfig(_Section):
             raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
         self._check_groups()
+        quant = self.quant
+        half = quant.compute_dtype in ("bf16", "fp16") or (quant.compute_dtype, self.card.device) == ("auto", "cuda")
+        if self.distributed.fsdp and quant.upcast_non_quantized and quant.load_in_4bit and half:
+            raise ValueError("quant.upcast_non_quantized=true makes a 16-bit base's weights two dtypes, and FSDP shards "
+                             "one dtype per layer; set quant.upcast_non_quantized=false with distributed.fsdp")
         if self.ref.backend in ("hf", "function", "adapter"):
             raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp', 'adapter_off' or 'auto'")
         if self.ref.backend == "auto" and self.ref.url:

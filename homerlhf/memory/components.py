@@ -40,7 +40,6 @@ class Assumptions:
 
     cuda_context_gib: float = 0.5  # CUDA context and kernels, outside the torch allocator (not measured)
     fragmentation: float = 0.10  # reserved-but-unallocated blocks, as a fraction of allocated bytes
-    upcast_non_quantized: bool = True  # prepare_model_for_kbit_training: non-4-bit params to fp32
     attention: str = "sdpa"  # "sdpa" never materialises (T x T) scores; "eager" does
     scoring_batch: str = "chunk"  # scoring forwards run on a whole rollout chunk ("micro": micro-batches)
     # PyTorch gives each (cuBLAS handle, stream) a workspace from its caching allocator: 32 MiB on
@@ -64,6 +63,7 @@ class Component:
     bytes: int
     in_allocator: bool = True  # counted by torch.cuda.max_memory_allocated
     note: str = ""
+    dtype: str = ""  # what the bytes hold: "nf4", "bf16", "fp32", "8-bit", "int64", ...; "" for mixed or none
 
     @property
     def gib(self) -> float:
@@ -87,40 +87,53 @@ def adam_state_bytes(numels: Iterable[int], optimizer: str) -> int:
 
 def _optimizer_state_bytes(shape: ModelShape, r: int, targets, optimizer: str) -> int:
     """Adam's states for one adapter's LoRA matrices (A: r x in, B: out x r) in every layer."""
-    linears = shape.layer_linears()
-    if targets != "all-linear":
-        linears = [lin for lin in linears if lin.name in set(targets)]
+    linears = _targeted(shape, targets)
     numels = [n for lin in linears for n in (r * lin.in_features, lin.out_features * r)]
     return adam_state_bytes(numels, optimizer) * shape.num_layers
 
 
-def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int) -> float:
-    """Bytes one decoder layer saves for backward, per token (frozen 4-bit base + LoRA, sdpa).
+def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int, targets="all-linear") -> float:
+    """Bytes one decoder layer saves for backward, per token (frozen 4-bit base + fp32 LoRA, sdpa).
 
-    a: activation bytes, t: sequence length. Saved: each RMSNorm's input and output (the output is
-    the LoRA A input; 2h per norm); sdpa's q, GQA-repeated k and v, and output (4 q_dim); the
-    MLP's gate, act(gate), up and their product (4 I); the additive attention mask (t per token);
-    each LoRA A output (r). A frozen 4-bit matmul saves no input: its input-gradient needs only the
-    weight (bitsandbytes ``MatMul4Bit``). Checked against saved-tensor hooks in the tests.
+    a: activation bytes, t: sequence length. Saved: each RMSNorm's fp32 input (its ``pow`` and
+    ``mul``: 4h per norm whatever a); sdpa's q, GQA-repeated k and v, and output (4 q_dim); the MLP's
+    gate, act(gate) and up (3 I); the additive attention mask (t per token); each LoRA A output (r,
+    fp32); each LoRA A input, in LoRA's fp32: with a = 4 that is the tensor the layer made (the norm
+    outputs, 2h, and the MLP's product, I, at a), with 16-bit activations peft's fp32 copy of it, one
+    per adapted linear (4 x its in-features). A frozen 4-bit matmul saves no input: its input-gradient
+    needs only the weight (bitsandbytes ``MatMul4Bit``). Checked against saved-tensor hooks in the tests.
     """
     h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    n_lin = len(shape.layer_linears())
-    return a * (4 * h + 4 * q + 4 * i + t) + 4 * lora_r * n_lin
+    linears = _targeted(shape, targets)
+    shared = a * (3 * i + 4 * q + t) + 4 * lora_r * len(linears)
+    if a == 4:  # LoRA reads the layer's own fp32 tensors
+        return shared + 8 * h + a * (2 * h + i)
+    return shared + 8 * h + 4 * sum(lin.in_features for lin in linears)
+
+
+def _targeted(shape: ModelShape, targets) -> list:
+    """The decoder layer's linears LoRA adapts (``lora.target_modules``)."""
+    linears = shape.layer_linears()
+    return linears if targets == "all-linear" else [lin for lin in linears if lin.name in set(targets)]
 
 
 def forward_layer_transient_per_token(shape: ModelShape, a: int, c: int, lora_mlp: bool = True) -> float:
     """Peak extra bytes per token while one layer runs without grad: residual + normed, then the
     larger of attention (q, repeated k/v, output) and the MLP.
 
-    MLP under LoRA (peft's 4-bit ``Linear``): while ``up_proj`` runs, act(gate) is alive beside the
-    base output's defensive clone, the LoRA B output times its scale and their sum: 4 a I. Without
-    LoRA on the MLP (the adapter-off reference): act(gate), up and their product, 3 a I (or act(gate)
-    and up in both dtypes, 2 a I + c I, were that larger). Both match the allocator's events of a real
-    peft + bitsandbytes MLP exactly (``tests/memory/test_components.py``).
+    MLP under LoRA (peft's 4-bit ``Linear``, LoRA in fp32): while ``up_proj`` runs, act(gate) is alive
+    beside the base output's defensive clone, the LoRA B output and it times its scale: (2a + 8) I,
+    and with 16-bit activations peft's fp32 copy of the input too (4h). Without LoRA on the MLP (the
+    adapter-off reference): act(gate), up and their product, 3 a I (or act(gate) and up in both
+    dtypes, 2 a I + c I, were that larger). These match the allocator's events of a real peft +
+    bitsandbytes MLP exactly, with a = 4 and with a = 2 (``tests/memory/test_components.py``).
     """
     h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    mlp = 4 * a * i if lora_mlp else max(3 * a, 2 * a + c) * i
-    return 2 * a * h + max(4 * a * q + c * h, mlp)
+    mlp = (2 * a + 8) * i + (4 * h if a != 4 else 0) if lora_mlp else max(3 * a, 2 * a + c) * i
+    attention = 4 * a * q + (c * h if c != a else 0)
+    if lora_mlp and a != 4:  # o_proj's LoRA on a 16-bit attention output: its fp32 copy, B's output, scaled
+        attention = max(attention, a * q + 4 * q + 2 * a * h + 8 * h)
+    return 2 * a * h + max(attention, mlp)
 
 
 def lora_on_mlp(lora) -> bool:
@@ -145,12 +158,13 @@ def held_gradients(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) 
     if not assumptions.after_first_step:
         return []
     return [Component("gradients held from the last step", "gradients", trainable_grad_bytes(cfg, shape),
-                      note="fp32, freed when the next update starts")]
+                      note="freed when the next update starts", dtype="fp32")]
 
 
 def kv_bytes_per_token(shape: ModelShape, a: int) -> int:
     """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x ``a`` bytes (the
-    activation dtype: fp32 with a 4-bit base, whose k/v projections return their fp32 input's dtype)."""
+    activation dtype: a 4-bit base's k/v projections return their input's dtype, so fp32 under
+    ``quant.upcast_non_quantized``, the compute dtype otherwise)."""
     return 2 * shape.num_layers * shape.kv_dim * a
 
 
@@ -159,37 +173,60 @@ def lengths(cfg: RunConfig) -> tuple[int, int, int]:
     return p, n, p + n
 
 
-def dtype_bytes(cfg: RunConfig, assumptions: Assumptions) -> tuple[int, int, int]:
-    """(compute c, activation a, non-quantized parameter) bytes."""
+def dtype_bytes(cfg: RunConfig, assumptions: Assumptions = Assumptions()) -> tuple[int, int, int]:
+    """(compute c, activation a, non-quantized parameter) bytes: a 4-bit base under
+    ``quant.upcast_non_quantized`` keeps its other weights, and so the residual stream, in fp32;
+    otherwise both are in the compute dtype."""
+    c = _DTYPE_BYTES[compute_name(cfg)]
+    upcast = cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized
+    return c, (4 if upcast else c), (4 if upcast else c)
+
+
+def compute_name(cfg: RunConfig) -> str:
+    """The compute dtype's name ("auto": bf16 on CUDA, fp32 on a CPU)."""
     name = cfg.quant.compute_dtype
     if name == "auto":
-        name = "bf16" if cfg.card.device == "cuda" else "fp32"
-    c = _DTYPE_BYTES[name]
-    upcast = cfg.quant.load_in_4bit and assumptions.upcast_non_quantized
-    return c, (4 if upcast else c), (4 if upcast else c)
+        return "bf16" if cfg.card.device == "cuda" else "fp32"
+    return name
+
+
+def dtype_names(cfg: RunConfig) -> tuple[str, str]:
+    """(compute, activation) dtype names, for the plan's dtype column."""
+    c, a, _ = dtype_bytes(cfg)
+    compute = compute_name(cfg)
+    return compute, (compute if a == c else "fp32")
 
 
 def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) -> list[Component]:
     c, a, nq = dtype_bytes(cfg, assumptions)
+    compute, _ = dtype_names(cfg)
+    nq_name = "fp32" if nq == 4 else compute
     comps = []
     if cfg.quant.load_in_4bit:
         per = nf4_bytes_per_param(cfg.quant.double_quant)
         note = f"{per:.4f} B/param: 4-bit codes + absmax per {NF4_BLOCK}" + (" (double quant)" if cfg.quant.double_quant else "")
-        comps.append(Component("base linear weights (NF4)", "weights", int(shape.linear_weight_params * per), note=note))
+        comps.append(Component("base linear weights (NF4)", "weights", int(shape.linear_weight_params * per), note=note,
+                               dtype=cfg.quant.quant_type))
     else:
-        comps.append(Component("base linear weights", "weights", shape.linear_weight_params * c))
-    dtype = "fp32" if nq == 4 else "compute dtype"
-    comps.append(Component("embeddings", "weights", shape.embedding_params * nq, note=dtype + (", tied LM head" if shape.tie_word_embeddings else "")))
+        comps.append(Component("base linear weights", "weights", shape.linear_weight_params * c, dtype=compute))
+    why = ["quant.upcast_non_quantized"] if nq != c else []
+    tied = ["tied LM head"] if shape.tie_word_embeddings else []
+    logits = [] if nq == 4 else ["fp32 logits, fp32 accumulation"]
+    comps.append(Component("embeddings", "weights", shape.embedding_params * nq, dtype=nq_name,
+                           note="; ".join(why + tied + (logits if tied else []))))
     if shape.lm_head_params:
-        comps.append(Component("LM head", "weights", shape.lm_head_params * nq, note=dtype))
-    comps.append(Component("norms + biases", "weights", shape.norm_params * nq + shape.linear_bias_params * c))
+        comps.append(Component("LM head", "weights", shape.lm_head_params * nq, note="; ".join(why + logits),
+                               dtype=nq_name))
+    comps.append(Component("norms + biases", "weights", (shape.norm_params + shape.linear_bias_params) * nq,
+                           dtype=nq_name, note="compute in fp32 inside" if nq != 4 else ""))
     actor_lora = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules)
-    comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}, fp32"))
+    comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}", dtype="fp32"))
     if cfg.has_critic and not cfg.critic.shared_adapter:
         critic_lora = shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules)
-        comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}, fp32"))
+        comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}",
+                               dtype="fp32"))
     if cfg.has_critic:  # GRPO / RLOO load no critic at all
-        comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4))
+        comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4, dtype="fp32"))
     comps.extend(adapter_reward_components(cfg, shape))
     comps.extend(workspace_components(cfg, assumptions))
     roles = (("actor", cfg.actor), ("critic", cfg.critic)) if cfg.has_critic else (("actor", cfg.actor),)
@@ -204,17 +241,19 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
         comps.append(Component(
             f"optimizer states {role} ({sec.optimizer})", "optimizer", states, in_allocator=not paged,
             note="unified memory, evictable to CPU" if paged else "",
+            dtype="fp32" if sec.optimizer == "adamw" else "8-bit",
         ))
     _, n, t = lengths(cfg)
     # ids + attention mask (int64) per position; ~8 fp32 per response token (log-probs, ref log-probs,
     # values, rewards, advantages, returns, masks).
     exp = cfg.rollout.batch_size * (t * 16 + n * 8 * 4)
-    comps.append(Component("experience buffer", "buffers", exp, note=f"{cfg.rollout.batch_size} samples"))
+    comps.append(Component("experience buffer", "buffers", exp, note=f"{cfg.rollout.batch_size} samples",
+                           dtype="int64 + fp32"))
     if cfg.rollout.async_:
         # The batch sampled ahead, while this one trains: ids, masks, behaviour and reference log-probs.
         ahead = cfg.rollout.batch_size * (t * 16 + n * 2 * 4)
         comps.append(Component("experience batch ahead (async)", "buffers", ahead,
-                               note=f"{cfg.rollout.batch_size} samples"))
+                               note=f"{cfg.rollout.batch_size} samples", dtype="int64 + fp32"))
     return comps
 
 
@@ -226,8 +265,8 @@ def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Compone
         return []
     lora = cfg.rm.lora
     per = shape.lora_params(lora.r, lora.target_modules) * 4 + shape.hidden_size * 4
-    return [Component("LoRA reward + score head", "adapters", count * per,
-                      note=f"{count} x (r={lora.r} as rm.lora, fp32; head 1 x {shape.hidden_size})")]
+    return [Component("LoRA reward + score head", "adapters", count * per, dtype="fp32",
+                      note=f"{count} x (r={lora.r} as rm.lora; head 1 x {shape.hidden_size})")]
 
 
 def workspace_components(cfg: RunConfig, assumptions: Assumptions) -> list[Component]:

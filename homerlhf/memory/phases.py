@@ -13,6 +13,7 @@ from typing import Optional
 from homerlhf.memory.components import (
     Component,
     dtype_bytes,
+    dtype_names,
     forward_layer_transient_per_token,
     held_gradients,
     kv_bytes_per_token,
@@ -35,6 +36,7 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     prefill, whose captured decode step keeps its transients in a CUDA-graph pool.
     """
     c, a, _ = dtype_bytes(cfg, assumptions)
+    compute, act = dtype_names(cfg)
     b = cfg.rollout.generation_chunk_size if chunk is None else chunk
     p, n, t = lengths(cfg)
     kv = kv_bytes_per_token(shape, a)
@@ -43,12 +45,13 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     prefill = b * p * per_token + b * p * p * a  # + the additive causal mask
     if assumptions.attention == "eager":
         prefill += 2 * b * shape.num_heads * p * p * a
-    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c,
-                        note="largest linear, bf16 copy per matmul") if cfg.quant.load_in_4bit else None
+    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute,
+                        note="largest linear, a copy per matmul") if cfg.quant.load_in_4bit else None
     kv_note = f"2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B per token"
-    static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}")
-    prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens")
-    logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, fp32 + warpers")
+    static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}", dtype=act)
+    prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens",
+                            dtype=act)
+    logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, + warpers", dtype="fp32")
     # HF generate: sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole
     # cache, in each layer of a decode step (transformers 5.17's use_gqa_in_sdpa): the step's largest
     # transient at long T. The static loop folds each KV head's query group instead
@@ -61,12 +64,13 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     decoder = _decoder(cfg, assumptions)
     moments = {}
     if decoder in ("hf", "any"):
-        moments["prefill"] = [Component("KV cache", "kv_cache", b * p * kv, note=f"{b} x {p} prompt tokens"),
+        moments["prefill"] = [Component("KV cache", "kv_cache", b * p * kv, note=f"{b} x {p} prompt tokens", dtype=act),
                               prefill_act, logits]
         moments["last decode step"] = [
-            Component("KV cache", "kv_cache", b * t * kv * (shape.num_layers + 1) // shape.num_layers,
+            Component("KV cache", "kv_cache", b * t * kv * (shape.num_layers + 1) // shape.num_layers, dtype=act,
                       note=f"{b} x {t} tokens, {kv_note}; + one layer's while torch.cat grows it"),
-            Component("decode activations", "activations", int(step), note="one layer, K/V repeated over the cache"),
+            Component("decode activations", "activations", int(step), note="one layer, K/V repeated over the cache",
+                      dtype=act),
             logits]
     if decoder in ("static", "any"):
         pool = static_step + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
@@ -91,6 +95,7 @@ def _decoder(cfg, assumptions) -> str:
 
 def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     c, a, _ = dtype_bytes(cfg, assumptions)
+    compute, act = dtype_names(cfg)
     b = cfg.rollout.chunk_size if assumptions.scoring_batch == "chunk" else cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     hidden = b * t * shape.hidden_size * a
@@ -100,28 +105,31 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     outputs = b * n * 4 * 4  # log-probs, entropy, values, ref log-probs: (B, N) fp32
     moments = {
         "forward (actor/critic/ref)": [
-            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens ({assumptions.scoring_batch})"),
-            Component("layer activations (no grad)", "activations", int(layer)),
+            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens ({assumptions.scoring_batch})",
+                      dtype=act),
+            Component("layer activations (no grad)", "activations", int(layer), dtype=act),
         ],
         "actor log-probs": [
-            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens"),
-            Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(b, n, cfg, shape),
-                      note=f"{b} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} fp32 x 4"),
-            Component("scoring outputs", "buffers", outputs),
+            Component("hidden states", "activations", hidden, note=f"{b} x {t} tokens", dtype=act),
+            Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(b, n, cfg, shape), dtype="fp32",
+                      note=f"{b} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} x 4"),
+            Component("scoring outputs", "buffers", outputs, dtype="fp32"),
         ],
     }
     if any(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards()):
         m = cfg.ppo.micro_batch_size  # the adapter reward scores micro-batches, prompt + response unpadded
         moments["reward forward (adapter)"] = [
-            Component("hidden states", "activations", m * t * shape.hidden_size * a, note=f"{m} x {t} tokens"),
+            Component("hidden states", "activations", m * t * shape.hidden_size * a, note=f"{m} x {t} tokens",
+                      dtype=act),
             Component("layer activations (no grad)", "activations",
                       int(m * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.rm.lora))
-                          + m * t * t * a)),
+                          + m * t * t * a), dtype=act),
         ]
     if cfg.quant.load_in_4bit:
         for name in moments:
             if name != "actor log-probs":
-                moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c))
+                moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c,
+                                               dtype=compute))
     for comps in moments.values():
         comps.extend(held_gradients(cfg, shape, assumptions))
     return _largest(moments)
@@ -129,32 +137,37 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
 
 def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     c, a, _ = dtype_bytes(cfg, assumptions)
+    compute, act = dtype_names(cfg)
     m = cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     tokens = m * t
     r = max(cfg.actor.lora.r, cfg.critic.lora.r) if cfg.has_critic else cfg.actor.lora.r
-    per_layer = layer_saved_bytes_per_token(shape, a, t, r)
+    per_layer = layer_saved_bytes_per_token(shape, a, t, r, cfg.actor.lora.target_modules)
     h, i = shape.hidden_size, shape.intermediate_size
     ckpt = cfg.training.gradient_checkpointing
+    mixed = act if a == 4 else f"{act}; norm inputs and LoRA inputs fp32"
     if ckpt:
         saved = Component("checkpointed layer inputs", "activations", tokens * h * a * (shape.num_layers + 1),
-                          note=f"{m} x {t} tokens x {shape.num_layers + 1} x h")
-        recompute = Component("recomputed layer", "activations", int(tokens * per_layer), note="one layer in backward")
+                          note=f"{m} x {t} tokens x {shape.num_layers + 1} x h", dtype=act)
+        recompute = Component("recomputed layer", "activations", int(tokens * per_layer),
+                              note=f"one layer in backward ({mixed})")
     else:
         saved = Component("saved activations", "activations", int(tokens * per_layer * shape.num_layers + tokens * h * a),
-                          note=f"{m} x {t} tokens x {shape.num_layers} layers, no checkpointing")
+                          note=f"{m} x {t} tokens x {shape.num_layers} layers, no checkpointing ({mixed})")
         recompute = None
     attn_scores = None
     if assumptions.attention == "eager":
         count = 1 if ckpt else shape.num_layers
-        attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a)
-    bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP")
+        attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a,
+                                dtype=act)
+    bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP",
+                    dtype=act)
     grads = trainable_grad_bytes(cfg, shape)
     grad = Component("LoRA + value head grads" if cfg.has_critic else "LoRA grads", "gradients", grads,
-                     note="fp32, accumulated over the mini-batch")
-    lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape),
-                   note=f"{m} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} fp32 x 4, recomputed per chunk")
-    loss = Component("PPO loss tensors", "buffers", m * n * 4 * 12)
+                     note="accumulated over the mini-batch", dtype="fp32")
+    lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape), dtype="fp32",
+                   note=f"{m} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} x 4, recomputed per chunk")
+    loss = Component("PPO loss tensors", "buffers", m * n * 4 * 12, dtype="fp32")
     layer_bwd = [grad, saved] + ([recompute] if recompute else []) + [bwd]
     if attn_scores:
         layer_bwd.append(attn_scores)
@@ -163,7 +176,7 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
         "layer backward": layer_bwd,
     }
     if cfg.quant.load_in_4bit:
-        dq = Component("dequantized weight", "activations", shape.largest_linear_params * c)
+        dq = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute)
         for comps in moments.values():
             comps.append(dq)
     return _largest(moments)

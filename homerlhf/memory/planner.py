@@ -4,9 +4,10 @@ Pure functions on a :class:`~homerlhf.memory.shapes.ModelShape` and a ``RunConfi
 loaded or allocated. Formulas and their sources are in ``docs/memory.md``. What the trainer does,
 and so what is counted:
 
-- the base is NF4 (``bnb_4bit_use_double_quant``) and ``prepare_model_for_kbit_training`` casts every
-  other parameter (embeddings, LM head, norms) to fp32 — and with them the residual stream, so
-  activations and the KV cache are fp32 too (``Assumptions.upcast_non_quantized``);
+- the base is NF4 (``bnb_4bit_use_double_quant``); its other parameters (embeddings, LM head, norms)
+  and with them the residual stream, activations and the KV cache are in the compute dtype, or in
+  fp32 under ``quant.upcast_non_quantized`` (peft's ``prepare_model_for_kbit_training``); logits, LoRA,
+  its gradients and AdamW states are fp32 either way, and peft's LoRA keeps fp32 copies of its inputs;
 - **generation** samples ``rollout.generation_chunk`` prompts at a time (default
   ``rollout.chunk_size``; ``auto``: the largest the card affords, :mod:`homerlhf.memory.chunks`) with a
   KV cache;

@@ -211,6 +211,7 @@ def settings_of(cfg: RunConfig) -> dict[str, Any]:
         "quant.load_in_4bit": cfg.quant.load_in_4bit,
         "quant.double_quant": cfg.quant.double_quant,
         "quant.compute_dtype": cfg.quant.compute_dtype,
+        "quant.upcast_non_quantized": cfg.quant.upcast_non_quantized,
         "ref.backend": cfg.ref.backend,
         "reward.backend": cfg.reward.backend,
         "distributed.gpus": cfg.distributed.gpus,

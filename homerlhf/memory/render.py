@@ -50,6 +50,7 @@ def print_plan(plan: Plan, console=None) -> None:
         highlight=False,
     )
     console.print(generation_line(plan), highlight=False)
+    console.print(precision_line(plan), highlight=False)
     dist = plan.distributed
     if dist.get("gpus", 1) > 1:
         console.print(f"{dist['gpus']} GPUs, {'sharded base (FSDP)' if dist['fsdp'] else 'data parallel (DDP)'}: "
@@ -59,10 +60,11 @@ def print_plan(plan: Plan, console=None) -> None:
         table = Table(title=f"{phase.name}: peak at {phase.moment}", title_justify="left", show_footer=True)
         table.add_column("component", footer="total")
         table.add_column("GiB", justify="right", footer=_gib(phase.total_gib))
+        table.add_column("dtype")
         table.add_column("note", footer=f"allocated (torch): {_gib(phase.allocated_gib)} GiB")
         for comp in phase.components:
             note = comp.note + ("" if comp.in_allocator else ("; " if comp.note else "") + "outside the torch allocator")
-            table.add_row(escape(comp.name), _gib(comp.gib), escape(note))
+            table.add_row(escape(comp.name), _gib(comp.gib), escape(comp.dtype), escape(note))
         console.print(table)
     summary = Table(title="phases", title_justify="left")
     for col in ("phase", "peak moment", "allocated GiB", "total GiB"):
@@ -95,6 +97,17 @@ def generation_line(plan: Plan) -> str:
     hint = f"; the card affords {largest} ({affords}): --set rollout.generation_chunk=auto" \
         if largest is not None and largest > gen["chunk"] else ""
     return f"generation chunk {gen['chunk']} ({where}){hint}; {kv}"
+
+
+def precision_line(plan: Plan) -> str:
+    """Which dtype the base's weights, the activations and what trains are in (the components' own)."""
+    dtypes = {c.name: c.dtype for phase in plan.phases for c in phase.components}
+    frozen, act = dtypes.get("embeddings", "?"), dtypes.get("hidden states", "?")
+    upcast = plan.settings.get("quant.upcast_non_quantized")
+    why = ("quant.upcast_non_quantized=true: peft's fp32 upcast" if upcast and frozen == "fp32"
+           else "the compute dtype end to end")
+    return (f"precision: embeddings, LM head and norms {frozen}; hidden states and KV cache {act} ({why}); "
+            "logits, LoRA, value head and gradients fp32; optimizer states as named")
 
 
 def _print_workers(plan: Plan, console) -> None:

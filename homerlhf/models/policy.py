@@ -5,7 +5,9 @@ The base is loaded once in NF4 (bitsandbytes, double quant) and frozen. Two peft
 which is the reference model when ``ref.backend == "adapter_off"``. The value head is a small fp32
 ``Linear(hidden, 1)`` on the critic's final hidden state. With ``critic.shared_adapter`` there is a
 single adapter (named ``actor``) and one forward gives both log-probs and values. Adapters and value
-head are fp32 under every compute dtype (``homerlhf.models.precision``).
+head are fp32 under every compute dtype (``homerlhf.models.precision``); the base's other weights,
+hidden states and KV cache are in the compute dtype (fp32 under ``quant.upcast_non_quantized``), and a
+16-bit LM head returns fp32 logits to every reader (``homerlhf.models.lm_head``).
 
 Sequences everywhere are a left-padded prompt (B, P) followed by a right-padded response (B, T);
 ``attention_mask`` covers both, so padded slots change nothing.
@@ -28,7 +30,8 @@ from homerlhf.config.schema import LoraConfig, QuantConfig, RunConfig
 from homerlhf.errors import UserError
 from homerlhf.models.generation import checkpoint_defaults_off, stop_token_ids
 from homerlhf.models.logprobs import chunked_logprobs, output_logit_transform, position_ids_from_mask, response_hidden
-from homerlhf.models.precision import adapters_to_fp32
+from homerlhf.models.lm_head import install_fp32_logits
+from homerlhf.models.precision import adapters_to_fp32, allow_tf32_on_cuda, prepare_frozen_base
 from homerlhf.models.static_decode import StaticDecoder
 
 ACTOR = "actor"
@@ -206,23 +209,20 @@ class PolicyModel:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
-        from peft import get_peft_model, prepare_model_for_kbit_training
+        from peft import get_peft_model
 
         tokenizer = tokenizer or load_tokenizer(
             model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision
         )
         base = load_base(model_path, cfg)
+        quant = cfg.quant
+        base = prepare_frozen_base(base, load_in_4bit=quant.load_in_4bit, upcast=quant.upcast_non_quantized,
+                                   checkpointing=cfg.training.gradient_checkpointing)
+        if base.get_output_embeddings().weight.dtype != torch.float32:
+            install_fp32_logits(base)  # a 16-bit head: fp32 logits for sampling and scoring alike
+        allow_tf32_on_cuda(compute_dtype(quant, cfg.card.device), quant.load_in_4bit and quant.upcast_non_quantized,
+                           base.device.type == "cuda")
         check_logits_path(base, model_path)
-        checkpointing = cfg.training.gradient_checkpointing
-        if cfg.quant.load_in_4bit:
-            base = prepare_model_for_kbit_training(
-                base,
-                use_gradient_checkpointing=checkpointing,
-                gradient_checkpointing_kwargs={"use_reentrant": False},
-            )
-        elif checkpointing:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            base.enable_input_require_grads()
         model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
         if cfg.has_critic and not cfg.critic.shared_adapter:
             model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))

@@ -13,6 +13,12 @@ fp16 on cards that do not (T4, Colab) and fp32 on the CPU. The rules:
 - **fp32 compute (CPU):** everything fp32.
 
 PPO's adapters and value head are fp32 under every compute dtype (:func:`adapters_to_fp32`).
+
+What else of a 4-bit base is in which dtype is ``quant.upcast_non_quantized`` (:func:`prepare_frozen_base`):
+on, peft's ``prepare_model_for_kbit_training`` casts the embeddings, LM head, norms and biases to fp32, and
+since a bitsandbytes ``Linear4bit`` returns its input's dtype, the residual stream, the KV cache and
+attention are fp32 too; off (the GPU presets), they all stay in the compute dtype: HF's RMSNorm still
+computes in fp32 inside, and the LM head returns fp32 logits (:mod:`homerlhf.models.lm_head`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,38 @@ def cast_trainable(model, compute: torch.dtype, *, all_trainable: bool) -> list[
             param.data = param.data.to(target)
             cast.append(name)
     return cast
+
+
+def prepare_frozen_base(model, *, load_in_4bit: bool, upcast: bool, checkpointing: bool):
+    """The frozen base made ready for LoRA training, as peft's ``prepare_model_for_kbit_training`` does it
+    (gradient checkpointing, non-reentrant, so no input-grad hook is needed), its fp32 upcast only with
+    ``upcast`` (a 4-bit base; ``quant.upcast_non_quantized``). A full-precision base keeps its dtype and
+    gets the input-grad hook the checkpointed forward of a frozen embedding needs. Returns the model."""
+    from peft import prepare_model_for_kbit_training
+
+    kwargs = {"use_reentrant": False}
+    if load_in_4bit and upcast:
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
+                                               gradient_checkpointing_kwargs=kwargs)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if not load_in_4bit:
+            model.enable_input_require_grads()
+    return model
+
+
+def allow_tf32_on_cuda(compute: torch.dtype, upcast: bool, on_cuda: bool) -> bool:
+    """TF32 for the fp32 matmuls left under 16-bit compute (LoRA, value head, the fp32 logits of a head
+    upcast off CUDA): their inputs are bf16/fp16 values or fp32 weights whose results are rounded to
+    the compute dtype, so TF32's 10-bit mantissa loses nothing that is kept. Not with the fp32 upcast,
+    whose fp32 LM head makes the logits. Process-wide (``torch.backends.cuda.matmul.allow_tf32``);
+    returns whether it was set."""
+    if not on_cuda or upcast or compute not in (torch.bfloat16, torch.float16):
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    return True
 
 
 def adapters_to_fp32(params: Iterable[torch.nn.Parameter]) -> None:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import torch
 
 from homerlhf.errors import UserError
-from homerlhf.models.precision import (cast_trainable, release_finished_accelerate_state, trainable_dtype,
-                                       trainer_precision_flags)
+from homerlhf.models.precision import (cast_trainable, prepare_frozen_base, release_finished_accelerate_state,
+                                       trainable_dtype, trainer_precision_flags)
 from homerlhf.tracking import hf
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
 
@@ -105,12 +105,15 @@ def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
             model = auto_cls.from_pretrained(base, **load_kwargs)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load model '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
-    if method == "qlora":
+    if method == "qlora" and cfg.quant.upcast_non_quantized:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=cfg.training.gradient_checkpointing
         )
+    elif method == "qlora":  # the base's other weights in the compute dtype, as the PPO policy holds them
+        model = prepare_frozen_base(model, load_in_4bit=True, upcast=False,
+                                    checkpointing=cfg.training.gradient_checkpointing)
     return model
 
 

@@ -62,6 +62,9 @@ def test_config_is_frozen():
         (["ppo"], "section.key=value"),
         (["rollout.engine=llamacpp", "rollout.async=true", "reward.backend=adapter", "reward.model=rm"],
          "reward.backend 'adapter' scores on the policy's modules"),
+        (["distributed.fsdp=true", "quant.compute_dtype=bf16"],  # cpu-tiny upcasts
+         "set quant.upcast_non_quantized=false with distributed.fsdp"),
+        (["quant.upcast_non_quantized=maybe"], "quant.upcast_non_quantized"),
     ],
 )
 def test_bad_values_name_the_key(overrides, fragment):

@@ -14,25 +14,37 @@ from homerlhf.memory.shapes import BUILTIN_SHAPES
 QWEN7 = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
 
 
-def test_the_4090_plan_of_qwen25_7b_generates_40_prompts_at_once_within_the_card():
-    cfg = load_config("4090")  # rollout.generation_chunk: auto; batch 64, 512 + 256 tokens
-    # K and V x 28 layers x 4 KV heads x 128 x 4 bytes: the 4-bit base's residual stream is fp32, and
-    # so are the k/v projections' outputs the cache keeps. 112 KiB a token, 84 MiB a 768-token sequence.
-    assert kv_bytes_per_token(QWEN7, 4) == 2 * 28 * 4 * 128 * 4 == 114_688
-    assert planned_generation_chunk(cfg, QWEN7) == 40
+def test_the_4090_plan_of_qwen25_7b_generates_the_whole_batch_at_once_within_the_card():
+    cfg = load_config("4090")  # rollout.generation_chunk: auto; batch 64, 512 + 256 tokens; bf16 end to end
+    # K and V x 28 layers x 4 KV heads x 128 x 2 bytes: the k/v projections of a 4-bit base return their
+    # input's dtype, the bf16 residual stream. 56 KiB a token, 42 MiB a 768-token sequence.
+    assert kv_bytes_per_token(QWEN7, 2) == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert planned_generation_chunk(cfg, QWEN7) == 64  # the batch: the cap
     p = plan(cfg, QWEN7)
-    assert p.generation["chunk"] == p.settings["rollout.generation_chunk"] == 40
+    assert p.generation["chunk"] == p.settings["rollout.generation_chunk"] == 64
     gen = {c.name: c.bytes for c in p.phase("generation").components}
-    # The static cache of the captured decode loop, allocated before the prefill: 40 x 768 tokens.
-    assert gen["KV cache (static)"] == 40 * 768 * 114_688  # 3.28 GiB
+    # The static cache of the captured decode loop, allocated before the prefill: 64 x 768 tokens.
+    assert gen["KV cache (static)"] == 64 * 768 * 57_344  # 2.62 GiB
     assert p.phase("generation").total_gib <= 0.9 * 24 and p.status == "fits"
-    # The next multiple of 8 would eat into the margin.
-    above = plan(load_config("4090", None, ["rollout.generation_chunk=48"]), QWEN7)
+    # A batch of 128: 72 at once; the next multiple of 8 would eat into the margin.
+    large = load_config("4090", None, ["rollout.batch_size=128"])
+    assert planned_generation_chunk(large, QWEN7) == 72
+    above = plan(load_config("4090", None, ["rollout.batch_size=128", "rollout.generation_chunk=80"]), QWEN7)
     assert above.phase("generation").total_gib > 0.9 * 24
     # Scoring and the update keep their own sizes: the same bytes as with the chunk of 16.
     sixteen = plan(load_config("4090", None, ["rollout.generation_chunk=16"]), QWEN7)
     for name in ("scoring", "update"):
         assert p.phase(name).total_bytes == sixteen.phase(name).total_bytes
+
+
+def test_with_the_fp32_upcast_the_4090_plan_of_qwen25_7b_generates_40_prompts_at_once():
+    # quant.upcast_non_quantized: fp32 residual stream, K/V at 4 bytes (112 KiB a token).
+    cfg = load_config("4090", None, ["quant.upcast_non_quantized=true"])
+    assert planned_generation_chunk(cfg, QWEN7) == 40
+    gen = {c.name: c.bytes for c in plan(cfg, QWEN7).phase("generation").components}
+    assert gen["KV cache (static)"] == 40 * 768 * 114_688  # 3.28 GiB
+    above = plan(load_config("4090", None, ["quant.upcast_non_quantized=true", "rollout.generation_chunk=48"]), QWEN7)
+    assert above.phase("generation").total_gib > 0.9 * 24
 
 
 @pytest.mark.parametrize("preset, model, batch, chunk", [
@@ -53,7 +65,7 @@ def test_the_chunk_is_capped_at_the_batch_and_is_the_configured_one_on_a_cpu(pre
 
 def test_with_other_phases_above_the_margin_the_chunk_may_reach_their_peak_but_not_raise_it():
     # Workers on llama.cpp, a 14.5 GiB card: scoring peaks at 14.09 GiB, more than 90% of the card.
-    named = ["ref.backend=llamacpp", "reward.backend=llamacpp"]
+    named = ["ref.backend=llamacpp", "reward.backend=llamacpp", "quant.upcast_non_quantized=true"]
     auto = load_config("4090", None, named)
     p = plan(auto, QWEN7, 14.5, with_suggestion=False)
     chunk = p.generation["chunk"]

@@ -16,10 +16,14 @@ from homerlhf.memory.shapes import BUILTIN_SHAPES, resolve_shape
 QWEN7 = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
 
 
-def test_saved_activations_match_autograd_on_a_tiny_qlora_model(tmp_path):
-    """The update's per-layer formula against the bytes autograd really saves (saved-tensor hooks)."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+@pytest.mark.parametrize("upcast", [True, False])
+def test_saved_activations_match_autograd_on_a_tiny_qlora_model(tmp_path, upcast):
+    """The update's per-layer formula against the bytes autograd really saves (saved-tensor hooks), with
+    the fp32 upcast (a = 4) and with bf16 end to end (a = 2, the norms' and LoRA's fp32 inputs saved)."""
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
+
+    from homerlhf.models.precision import prepare_frozen_base
 
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
@@ -28,7 +32,7 @@ def test_saved_activations_match_autograd_on_a_tiny_qlora_model(tmp_path):
     bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                              bnb_4bit_compute_dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=bnb, device_map="cpu", dtype=torch.bfloat16)
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = prepare_frozen_base(model, load_in_4bit=True, upcast=upcast, checkpointing=False)
     model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
     model.train()
     owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
@@ -49,7 +53,8 @@ def test_saved_activations_match_autograd_on_a_tiny_qlora_model(tmp_path):
 
     cfg = load_config("cpu-tiny", overrides=[
         f"rollout.max_prompt_len={prompt}", f"rollout.max_new_tokens={new}", f"ppo.micro_batch_size={m}",
-        "training.gradient_checkpointing=false", "actor.lora.r=8", "critic.lora.r=8",
+        "training.gradient_checkpointing=false", "actor.lora.r=8", "critic.lora.r=8", "quant.compute_dtype=bf16",
+        f"quant.upcast_non_quantized={str(upcast).lower()}",
     ])
     update = plan(cfg, resolve_shape(str(tmp_path))).phase("update")
     predicted = next(c.bytes for c in update.components if c.name == "saved activations")

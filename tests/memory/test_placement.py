@@ -89,7 +89,8 @@ def test_auto_keeps_llamacpp_where_the_cpu_keeps_up_and_named_roles_as_named(sma
 def test_auto_keeps_the_workers_on_llamacpp_when_the_gpu_cannot_hold_the_reward(preset_named):
     from homerlhf.memory.placement import resolve_placement
 
-    cfg = preset_named("4090", "ref.backend=auto", "reward.backend=auto")
+    # (the fp32 upcast, whose plan these figures are)
+    cfg = preset_named("4090", "ref.backend=auto", "reward.backend=auto", "quant.upcast_non_quantized=true")
     shape = shape_for(cfg)
     rates = default_throughputs(shape, cfg, cores=8)
     roomy = recommend(cfg, shape, rates, cores=8, gpu_gib=24)

@@ -28,14 +28,16 @@ def test_offline_plan_from_the_builtin_table_prints_a_table_per_phase():
 
 def test_json_is_valid_and_complete_and_the_chart_is_written(tmp_path):
     chart = tmp_path / "plan.png"
-    out = run("--preset", "4090", "--model", "Qwen/Qwen2.5-7B", "--gpu-gib", "12", "--json", "--plot", str(chart))
+    out = run("--preset", "4090", "--model", "Qwen/Qwen2.5-7B", "--gpu-gib", "10", "--json", "--plot", str(chart))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["model"] == "Qwen/Qwen2.5-7B" and data["gpu_gib"] == 12
+    assert data["model"] == "Qwen/Qwen2.5-7B" and data["gpu_gib"] == 10
     assert [p["name"] for p in data["phases"]] == ["generation", "scoring", "update"]
     assert all(p["components"] and p["total_gib"] > 0 for p in data["phases"])
     assert data["fits"] is False and data["status"] == "over" and data["headroom_gib"] < 0
-    assert data["suggestion"]["peak_gib"] <= 0.9 * 12 and data["suggestion"]["set_args"]  # with the 10% margin
+    assert data["suggestion"]["peak_gib"] <= 0.9 * 10 and data["suggestion"]["set_args"]  # with the 10% margin
+    kv = next(c for c in data["phases"][0]["components"] if c["kind"] == "kv_cache")
+    assert kv["dtype"] == "bf16" and data["settings"]["quant.upcast_non_quantized"] is False
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -51,15 +53,15 @@ def _in_process(capsys, *args):
 
 
 def test_a_plan_that_does_not_fit_prints_the_suggestion(capsys):
-    code, out, err = _in_process(capsys, "--preset", "4090", "--gpu-gib", "12")
+    code, out, err = _in_process(capsys, "--preset", "4090", "--gpu-gib", "10")
     assert code == 0, err
     assert "NO: does NOT fit" in out and "suggestion that fits" in out and "--set " in out
-    # Qwen2.5-7B with the workers on llama.cpp and chunk 16 peaks at 14.09 GiB: on 14.5 GiB it stays
-    # under the card, but with 2.8% free.
+    # Qwen2.5-7B with the workers on llama.cpp and chunk 16 peaks at 10.79 GiB: on 11.5 GiB it stays
+    # under the card, but with 6.2% free.
     named = [a for o in ("ref.backend=llamacpp", "reward.backend=llamacpp", "rollout.generation_chunk=null")
              for a in ("--set", o)]
-    code, out, err = _in_process(capsys, "--preset", "4090", "--gpu-gib", "14.5", *named)
-    assert "TIGHT: tight on GPU (14.5 GiB)" in out and "suggestion that restores the margin" in out
+    code, out, err = _in_process(capsys, "--preset", "4090", "--gpu-gib", "11.5", *named)
+    assert "TIGHT: tight on GPU (11.5 GiB)" in out and "suggestion that restores the margin" in out
 
 
 @pytest.mark.parametrize(
@@ -91,10 +93,11 @@ def test_the_4090_plan_of_qwen25_7b_takes_the_fastest_placement_that_fits(capsys
     assert time["current"]["placement"] == {"ref.backend": "adapter_off", "reward.backend": "adapter",
                                             "rollout.engine": "hf"}
     assert data["settings"]["ref.backend"] == "adapter_off" and data["settings"]["reward.backend"] == "adapter"
-    assert data["generation"]["setting"] == "auto" and data["generation"]["chunk"] == 40
-    assert data["generation"]["kv_bytes_per_token"] == 114_688 and data["status"] == "fits"
+    # bf16 end to end: K/V at 2 bytes, 56 KiB a token; the card affords the whole batch of 64 at once.
+    assert data["generation"]["setting"] == "auto" and data["generation"]["chunk"] == 64
+    assert data["generation"]["kv_bytes_per_token"] == 57_344 and data["status"] == "fits"
     code, out, _ = _in_process(capsys, "--preset", "4090", "--model", "Qwen/Qwen2.5-7B")
-    assert "generation chunk 40 (rollout.generation_chunk=auto: the largest that leaves 10% of the card free" in out
+    assert "generation chunk 64 (rollout.generation_chunk=auto: the largest that leaves 10% of the card free" in out
     assert "placement auto: ref adapter_off, reward adapter, rollout hf:" in out
 
 

@@ -17,6 +17,13 @@ from homerlhf.ppo.trainer import seed_everything
 from homerlhf.ppo.update import UpdateState, train_minibatch
 
 
+def prompt_pair(policy):
+    """Two left-padded prompts (ids, mask)."""
+    from homerlhf.ppo.rollout import pad_sequences
+
+    return pad_sequences([[4, 300, 301, 6], [4, 6]], policy.tokenizer.pad_token_id)
+
+
 def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_dir, ppo_cfg, prompt_ids):
     from accelerate import Accelerator
 
@@ -161,13 +168,21 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
 
 
 def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly_one(tiny_llama_dir, ppo_cfg, prompt_ids):
+    """bf16 end to end (bf16 hidden states and KV cache, fp32 logits): at step 0 the adapter-off reference
+    gives the actor's log-probs exactly (KL 0), and the first mini-batch's ratio is exactly 1."""
     from accelerate import Accelerator
 
     cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=6",
                   "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "actor.lora.dropout=0.5",
-                  "critic.lora.dropout=0.5", "training.gradient_checkpointing=true")
+                  "critic.lora.dropout=0.5", "training.gradient_checkpointing=true", "quant.compute_dtype=bf16",
+                  "quant.upcast_non_quantized=false")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    assert policy.hidden_states(*prompt_pair(policy)).dtype == torch.bfloat16
+    start, _ = collect_experience(policy, prompt_ids(policy.tokenizer, 4), cfg, AdapterOffReference(policy),
+                                  CallableReward(lambda p, r: float(len(r))))
+    mask = start.response_mask.bool()
+    assert torch.equal(start.logprobs[mask], start.ref_logprobs[mask])  # LoRA B = 0: the base, bit for bit
     # Train the adapters off zero first: with LoRA B = 0 dropout on A's input would change nothing.
     for p in policy.actor_parameters() + policy.critic_parameters():
         torch.nn.init.normal_(p, std=0.2)

@@ -17,7 +17,8 @@ import torch
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCRIPT = SCRIPTS / "gpu_check.py"
-CASES = ["ppo-7b", "grpo-1.5b", "rloo-1.5b", "ppo-fp16-1.5b", "reward-adapter-1.5b", "resume-1.5b", "cli-1.5b"]
+CASES = ["ppo-7b", "grpo-1.5b", "grpo-1.5b-upcast", "rloo-1.5b", "ppo-fp16-1.5b", "reward-adapter-1.5b", "resume-1.5b",
+         "cli-1.5b"]
 PHASES = {"generation", "scoring", "update"}
 
 
@@ -44,6 +45,8 @@ def test_cpu_smoke_runs_every_case_and_writes_their_figures(gpu_session_smoke):
             assert case["decoder"] == "static loop, eager"
     by_name = {case["case"]: case for case in report["cases"]}
     assert by_name["grpo-1.5b"]["settings"]["algorithm"] == "grpo" and by_name["rloo-1.5b"]["settings"]["algorithm"] == "rloo"
+    upcast = {name: by_name[name]["settings"]["quant.upcast_non_quantized"] for name in ("grpo-1.5b", "grpo-1.5b-upcast")}
+    assert upcast == {"grpo-1.5b": False, "grpo-1.5b-upcast": True}  # both dtype settings, side by side
     assert by_name["ppo-fp16-1.5b"]["settings"]["quant.compute_dtype"] == "fp16"
     assert "loss_scale" in by_name["ppo-fp16-1.5b"]["rows"][-1]  # the GradScaler path ran
     assert by_name["reward-adapter-1.5b"]["settings"]["reward.backend"] == "adapter"

@@ -95,3 +95,19 @@ def test_fp16_compute_trains_fp32_weights_under_autocast_and_a_grad_scaler(stage
     assert max(float((p.detach() - before[n]).abs().max()) for n, p in trainable.items()) > 0
     moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     assert len(moments) == 2 * len(trainable) and {t.dtype for t in moments} == {torch.float32}
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_a_qlora_stage_holds_the_base_as_the_policy_does(upcast, tiny_llama_dir):
+    """``quant.upcast_non_quantized`` for the SFT and RM stages too: off, the 4-bit base's embeddings and
+    norms stay in the compute dtype (the reward adapter later scores on the policy's base held so);
+    on, peft's fp32 upcast, as before."""
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.stages.common import load_model
+
+    cfg = load_config("cpu-tiny", overrides=["quant.compute_dtype=bf16", f"quant.upcast_non_quantized={upcast}"])
+    model = load_model(AutoModelForCausalLM, str(tiny_llama_dir), cfg, "qlora")
+    frozen = torch.float32 if upcast else torch.bfloat16
+    assert model.model.embed_tokens.weight.dtype == model.model.norm.weight.dtype == frozen
+    assert not any(p.requires_grad for p in model.parameters())
