@@ -30,6 +30,12 @@ class RolloutConfig(Section):
         "turn and generation prompt kept) or dropped, as data.overlong says.",
     )
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
+    prefill_tokens: Optional[int] = Field(
+        4096, ge=0, description="Prompt tokens (rows x columns) one prefill forward takes at most: a generation "
+        "chunk whose padded prompt block holds more is prefilled in column pieces of max(1, prefill_tokens // rows) "
+        "columns into its cache (one layer's transients are then those of a piece, not of the whole block). "
+        "0 or null: one forward.",
+    )
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
     )
@@ -74,6 +80,15 @@ class RolloutConfig(Section):
             raise ValueError("rollout.generation_chunk 'auto' is resolved by the memory plan when a run starts; "
                              "resolve it first (homerlhf.memory.chunks.resolve_generation_chunk)")
         return self.chunk_size if self.generation_chunk is None else self.generation_chunk
+
+    def prefill_columns(self, rows: int, width: int) -> Optional[int]:
+        """Prompt columns per prefill forward of a (rows, width) prompt block: None (one forward) when
+        ``prefill_tokens`` is 0/unset or the block holds no more than it, else max(1, prefill_tokens // rows)."""
+        tokens = self.prefill_tokens
+        if not tokens or rows * width <= tokens:
+            return None
+        columns = max(1, tokens // rows)
+        return columns if columns < width else None
 
     @model_validator(mode="after")
     def _full_distribution(self) -> "RolloutConfig":

@@ -21,12 +21,19 @@ from typing import Iterable, Iterator, Optional
 from homerlhf.data.replies import PROBE_REPLY, template_end_of_turn_ids  # noqa: F401 - part of the stop set's API
 
 
-def build_generation_config(*, max_new_tokens: int, temperature: float, stop_ids: Iterable[int], pad_id: int):
+def build_generation_config(*, max_new_tokens: int, temperature: float, stop_ids: Iterable[int], pad_id: int,
+                            prefill_chunk_size: Optional[int] = None):
     """A complete ``GenerationConfig`` for sampling from ``softmax(logits / temperature)``.
 
     Every field a checkpoint could set to reshape the distribution is given its "off" value here;
     the fields whose only "off" value is ``None`` (suppressed/forced tokens, bad words, sequence
     bias, min-p, min_new_tokens, stop strings) are kept off by :func:`checkpoint_defaults_off`.
+    ``prefill_chunk_size``: prompt columns per prefill forward
+    (:meth:`homerlhf.config.schema.RolloutConfig.prefill_columns`; None: one forward).
+    HF ``generate`` prefills its cache in such pieces itself (transformers' chunked prefill: the
+    attention mask and position ids sliced as one forward has them, the logits of the last piece's
+    last position sampled), and so does :mod:`homerlhf.models.static_decode`: the sampling steps,
+    and what the logits processors see, are the same.
     """
     from transformers import GenerationConfig
 
@@ -52,6 +59,7 @@ def build_generation_config(*, max_new_tokens: int, temperature: float, stop_ids
         eos_token_id=sorted(set(int(i) for i in stop_ids)),
         pad_token_id=pad_id,
         use_cache=True,
+        prefill_chunk_size=prefill_chunk_size,
     )
 
 

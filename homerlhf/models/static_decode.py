@@ -13,6 +13,8 @@ The loop is HF's sampling loop, step for step, so the samples are the same:
 1. Prefill: one forward over the left-padded prompts (the actor adapter active, as in ``generate``)
    into a preallocated cache: one HF ``StaticLayer`` per decoder layer, at least ``P + max_new_tokens``
    slots. Sliding-window layers get a full-length layer too; their window is applied by HF's own mask.
+   A block of more than ``rollout.prefill_tokens`` prompt tokens is forwarded in column pieces, as
+   HF ``generate``'s chunked prefill does (``generation_config.prefill_chunk_size`` columns).
 2. Decode step: the model's forward for one token per row, reading only static buffers: the token
    (B, 1), its position (B, 1) (prompt length of the row + step: left padding skipped), the 2D
    attention mask (B, L) with one more column set per step, the cache (whose write offset is a device
@@ -104,15 +106,24 @@ class DecodeBuffers:
         self.attention_mask[:, slot] = True
 
 
-def prefill(causal_lm, bufs: DecodeBuffers, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
-    """One forward over the left-padded prompts (B, P) into ``bufs.cache``, positions as ``generate``
-    assigns them. Sets ``bufs.positions`` for the first decode step; returns the fp32 logits (B, V) of
-    the last prompt position."""
+def prefill(causal_lm, bufs: DecodeBuffers, prompt_ids: Tensor, prompt_mask: Tensor,
+            columns: Optional[int] = None) -> Tensor:
+    """The left-padded prompts (B, P) into ``bufs.cache``, positions as ``generate`` assigns them: one
+    forward, or (``columns``) forwards of that many prompt columns each, every one with the attention
+    mask up to its last column and its columns' position ids, as one forward has them (the cache's own
+    write offset places each piece); only the last piece runs the LM head. Sets ``bufs.positions``
+    for the first decode step; returns the fp32 logits (B, V) of the last prompt position."""
     width = prompt_ids.shape[1]
     bufs.attention_mask[:, :width] = prompt_mask.bool()
     positions = position_ids_from_mask(prompt_mask)
-    out = causal_lm(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{cache_keyword(causal_lm): bufs.cache})
+    cache = {cache_keyword(causal_lm): bufs.cache}
+    last = 0 if not columns or columns >= width else (width - 1) // columns * columns  # the last piece's start
+    for start in range(0, last, columns or width):
+        end = start + columns
+        causal_lm.get_decoder()(input_ids=prompt_ids[:, start:end], attention_mask=prompt_mask[:, :end],
+                                position_ids=positions[:, start:end], use_cache=True, **cache)
+    out = causal_lm(input_ids=prompt_ids[:, last:], attention_mask=prompt_mask, position_ids=positions[:, last:],
+                    use_cache=True, logits_to_keep=1, **cache)
     bufs.positions.copy_(positions[:, -1:] + 1)
     return out.logits[:, -1].to(dtype=torch.float32, copy=True)
 
@@ -290,16 +301,18 @@ class StaticDecoder:
 
     @torch.no_grad()
     def decode(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, stop_ids: Sequence[int],
-               pad_id: int, temperature: float, processors: Sequence = ()) -> Tensor:
+               pad_id: int, temperature: float, processors: Sequence = (),
+               prefill_columns: Optional[int] = None) -> Tensor:
         """Sample up to ``max_new_tokens`` per row of the left-padded prompts (B, P) with the model (its
-        active adapter) and the static cache. Returns (B, T) generated ids, as
-        ``generate(...)[:, P:]`` returns them. Raises :class:`CaptureFailed`."""
+        active adapter) and the static cache, prefilled in pieces of ``prefill_columns`` (None: one
+        forward). Returns (B, T) generated ids, as ``generate(...)[:, P:]`` returns them. Raises
+        :class:`CaptureFailed`."""
         rows, width = prompt_ids.shape
         self._decoding = True
         try:
             session = self._session_for(rows, width + max_new_tokens, prompt_ids.device)
             with folded_decode_attention(self.causal_lm):
-                first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask)
+                first = prefill(self.causal_lm, session.bufs, prompt_ids, prompt_mask, prefill_columns)
                 run_step = self._ready(session, width, max_new_tokens > 1)
                 return sample(run_step, session.bufs, first, prompt_ids, max_new_tokens=max_new_tokens,
                               stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, processors=processors)
@@ -321,7 +334,8 @@ class StaticDecoder:
             try:
                 return self.decode(prompt_ids, prompt_mask, max_new_tokens=generation_config.max_new_tokens,
                                    stop_ids=generation_config.eos_token_id, pad_id=generation_config.pad_token_id,
-                                   temperature=generation_config.temperature, processors=processors)
+                                   temperature=generation_config.temperature, processors=processors,
+                                   prefill_columns=getattr(generation_config, "prefill_chunk_size", None))
             except CaptureFailed as exc:
                 self.release()
                 reason = self.off_reason = f"the decode step cannot be captured as a CUDA graph ({exc})"

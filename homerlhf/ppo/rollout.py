@@ -8,7 +8,8 @@ without one are ``truncated``; their score can be replaced by ``cfg.rollout.trun
 Sampling uses a complete generation config built from ``cfg.rollout`` alone
 (:func:`homerlhf.models.generation.build_generation_config`), with HF ``generate`` or, as
 ``rollout.decoder`` says, the static-cache loop of :mod:`homerlhf.models.static_decode` (the same
-samples; a captured CUDA graph per decode step on CUDA).
+samples; a captured CUDA graph per decode step on CUDA). Either prefills a chunk whose prompt block
+holds more than ``rollout.prefill_tokens`` in column pieces (the same samples, one piece's transients).
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
     policy.eval()
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
-                                     stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id)
+                                     stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id,
+                                     prefill_chunk_size=rollout.prefill_columns(*prompt_ids.shape))
     recorder = BehaviourLogprobs(rollout.temperature)
     sampler = PerSampleSampler(seeds, rollout.temperature, policy.device) if seeds is not None else None
     response_ids = policy.generate(prompt_ids, prompt_mask, config, recorder=recorder, logits_processor=sampler,

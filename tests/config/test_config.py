@@ -163,3 +163,25 @@ def test_config_yaml_redacts_the_token_of_every_reward_component():
         "reward.components=[{backend: llamacpp, model: builtin:demo-rm, name: rm2, url: 'http://127.0.0.1:9', token: secret-c}]"])
     text = to_yaml(cfg)
     assert "secret-c" not in text and "token: <redacted>" in text
+
+
+@pytest.mark.parametrize("tokens, rows, width, columns", [
+    (4096, 64, 512, 64),  # the 4090 preset's block: 8 pieces of 64 columns
+    (4096, 224, 512, 18),  # 4096 // 224: pieces of 18 columns, the last of 512 - 28 x 18 = 8
+    (4096, 8, 512, None),  # 8 x 512 = 4096 tokens: not more than the budget, one forward
+    (4096, 16, 48, None),  # cpu-tiny's chunk (16 x 48): one forward, the demo's numbers as before
+    (4096, 5000, 2, 1),  # more rows than the budget has tokens: a column at a time
+    (0, 64, 512, None),  # 0: one forward
+    (None, 64, 512, None),  # null: one forward
+])
+def test_prefill_columns_split_a_block_of_more_than_prefill_tokens(tokens, rows, width, columns):
+    rollout = load_config("cpu-tiny", overrides=[f"rollout.prefill_tokens={'null' if tokens is None else tokens}"]).rollout
+    assert rollout.prefill_columns(rows, width) == columns
+
+
+def test_the_cpu_tiny_chunks_and_batch_are_prefilled_in_one_forward():
+    """The demo's prompt blocks (chunks of 16 and the whole batch of 32, prompts of at most 48 tokens)
+    hold fewer tokens than the default rollout.prefill_tokens: its samples are those of one forward."""
+    rollout = load_config("cpu-tiny").rollout
+    assert rollout.prefill_tokens == 4096
+    assert {rollout.prefill_columns(rows, rollout.max_prompt_len) for rows in (rollout.chunk_size, rollout.batch_size)} == {None}

@@ -59,13 +59,14 @@ def _stop_bias(policy, per_step: float = 0.03) -> float:
 
 
 def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=None, hold_first: bool = True,
-                   decoders=("hf", "static")):
+                   decoders=("hf", "static"), prefill_columns=None):
     """``{decoder: (generated ids (B, T), behaviour log-probs (B, T))}`` of ``policy.generate`` with
     HF generate and with the static loop, each with a fresh recorder and per-sample sampler (``noise``
     its noise source; or, ``seeds=None``, torch's global generator, reseeded before each). A hook on
     the LM head (the same module in both loops) adds ``bias`` to the stop tokens' logits of every row
     but the first, whose stop tokens it pushes out of reach (it runs to the end; ``hold_first=False``:
-    the first row too gets the bias)."""
+    the first row too gets the bias). ``prefill_columns``: the prompt block prefilled in pieces of
+    that many columns (``generation_config.prefill_chunk_size``)."""
     def push_stops(module, args, output):
         output = output.clone()
         output[int(hold_first):, :, policy.stop_ids] += bias
@@ -75,7 +76,8 @@ def _both_decoders(policy, prompts, seeds, new_tokens: int, bias: float, noise=N
 
     ids, mask = pad_sequences(prompts, policy.tokenizer.pad_token_id)
     config = build_generation_config(max_new_tokens=new_tokens, temperature=policy.temperature,
-                                     stop_ids=policy.stop_ids, pad_id=policy.tokenizer.pad_token_id)
+                                     stop_ids=policy.stop_ids, pad_id=policy.tokenizer.pad_token_id,
+                                     prefill_chunk_size=prefill_columns)
     handle = policy.lm_head.register_forward_hook(push_stops)
     try:
         out = {}
@@ -158,6 +160,26 @@ def test_the_loop_reads_the_device_on_the_host_every_few_steps_only(tiny_policy)
     assert out.shape == (2, steps) and counter.reads == 1, counter.reads
 
 
+def test_prefill_in_pieces_samples_as_one_forward(tiny_policy):
+    """A prompt block (7 x 6, left-padded: rows of 1 to 6 tokens) prefilled in pieces of 4 columns
+    (6 = 4 + 2; the second piece holds the last token of every row) by the static loop and by HF
+    generate's chunked prefill gives the samples and behaviour log-probs of one forward."""
+    seeds = list(range(11, 18))
+    kwargs = dict(seeds=seeds, new_tokens=12, bias=_stop_bias(tiny_policy), noise="counter")
+    whole = _both_decoders(tiny_policy, TINY_PROMPTS, decoders=("hf",), **kwargs)["hf"]
+    widths = []  # the tokens per row of each forward through the first layer (1: a decode step)
+    layer = tiny_policy.model.get_base_model().model.layers[0]
+    handle = layer.register_forward_pre_hook(
+        lambda module, args, kw: widths.append((args[0] if args else kw["hidden_states"]).shape[1]), with_kwargs=True)
+    try:
+        pieces = _both_decoders(tiny_policy, TINY_PROMPTS, prefill_columns=4, **kwargs)
+    finally:
+        handle.remove()
+    assert [w for w in widths if w > 1] == [4, 2, 4, 2]  # HF generate's prefill, then the static loop's
+    _assert_same_samples(pieces, tiny_policy.stop_ids)
+    assert torch.equal(pieces["hf"][0], whole[0]) and (pieces["hf"][1] - whole[1]).abs().max().item() <= 1e-5
+
+
 def test_same_samples_as_generate_from_the_global_generator(tiny_policy):
     """Without seeds both loops draw with ``multinomial`` from torch's generator, in the same order."""
     out = _both_decoders(tiny_policy, TINY_PROMPTS, seeds=None, new_tokens=12, bias=_stop_bias(tiny_policy))
@@ -179,6 +201,24 @@ def _fresh_last_logits(causal_lm, ids, mask):
     """The last position's fp32 logits of a full forward without a cache: what a step must equal."""
     out = causal_lm(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
     return out.logits[:, -1].float()
+
+
+@pytest.mark.parametrize("columns", [1, 2, 4, 5])
+def test_prefill_in_pieces_fills_the_cache_as_one_forward(tiny_policy, columns):
+    """Pieces of 1, 2, 4 or 5 columns of a 6-column block (an all-padding first piece for the shorter
+    rows; a last piece of 1 to 2 columns): the same last-position logits as a cache-free forward, the
+    same cache (every layer's K and V, the write offset) and first-step positions as one forward."""
+    prompts = [[302, 20, 1, 6], [4, 6], [5, 7, 9], [33, 44, 55, 66, 77, 88]]
+    causal_lm, whole, ids, mask, _ = _prefilled(tiny_policy, prompts, new_tokens=2)
+    bufs = DecodeBuffers(causal_lm, len(prompts), ids.shape[1] + 2, ids.device)
+    with torch.no_grad():
+        first = prefill(causal_lm, bufs, ids, mask, columns)
+    torch.testing.assert_close(first, _fresh_last_logits(causal_lm, ids, mask), atol=1e-5, rtol=0)
+    assert torch.equal(bufs.positions, whole.positions) and torch.equal(bufs.attention_mask, whole.attention_mask)
+    for piece, one in zip(bufs.cache.layers, whole.cache.layers):
+        assert int(piece.cumulative_length) == int(one.cumulative_length) == ids.shape[1]
+        torch.testing.assert_close(piece.keys, one.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(piece.values, one.values, atol=1e-5, rtol=0)
 
 
 def test_step_output_equals_a_fresh_forward_for_inputs_changed_in_place(tiny_policy):

@@ -350,7 +350,9 @@ def test_static_decoder_samples_what_generate_samples(name, real_policies):
     truncation flags, and behaviour log-probs within 1e-5. Chat prompts of different lengths (left
     padding); a hook on the LM head (the same module in both loops) makes each token of the stop set
     likely enough that rows stop at different steps, and keeps row 0 from stopping (truncated);
-    Gemma-3's sliding-window layers (window 16) see prompt + response cross the window."""
+    Gemma-3's sliding-window layers (window 16) see prompt + response cross the window; for it both
+    decoders also prefill in pieces of 8 columns (rollout.prefill_tokens 40 over 5 rows), which cross
+    the window too: the same samples as one forward."""
     import math
 
     policy = real_policies(name)
@@ -367,13 +369,26 @@ def test_static_decoder_samples_what_generate_samples(name, real_policies):
         output[0, :, policy.stop_ids] -= 1e4
         return output
 
-    handle = policy.lm_head.register_forward_hook(push_stops)
+    widths = []  # tokens per row of each forward through the first layer
+    first = policy.model.get_base_model().model.layers[0]
+    hooks = [policy.lm_head.register_forward_hook(push_stops), first.register_forward_pre_hook(
+        lambda module, args, kw: widths.append((args[0] if args else kw["hidden_states"]).shape[1]), with_kwargs=True)]
     try:
-        hf, static = (generate_rollout(policy, prompts, _real_cfg("rollout.max_new_tokens=8", "rollout.max_prompt_len=64",
-                                                                  f"rollout.decoder={decoder}").rollout, seeds=[5, 6, 7, 8, 9])
-                      for decoder in ("hf", "static"))
+        runs = [("hf", 0), ("static", 0)] + ([("hf", 40), ("static", 40)] if name == "gemma3" else [])
+        hf, static, *pieces = (
+            generate_rollout(policy, prompts, _real_cfg("rollout.max_new_tokens=8", "rollout.max_prompt_len=64",
+                                                        f"rollout.decoder={decoder}", f"rollout.prefill_tokens={tokens}"
+                                                        ).rollout, seeds=[5, 6, 7, 8, 9])
+            for decoder, tokens in runs)
     finally:
-        handle.remove()
+        for hook in hooks:
+            hook.remove()
+    width = hf.prompt_ids.shape[1]
+    split = [8] * ((width - 1) // 8) + [width - (width - 1) // 8 * 8]  # the prefill's pieces, as torch.split cuts
+    assert [w for w in widths if w > 1] == [width, width] + [w for w in split * 2 if w > 1] * bool(pieces)
+    for other in [static, *pieces]:
+        assert torch.equal(other.response_ids, hf.response_ids) and torch.equal(other.response_mask, hf.response_mask)
+        assert (other.behaviour_logprobs - hf.behaviour_logprobs).abs().max().item() <= 1e-5
     ends = hf.response_mask.sum(dim=1)[~hf.truncated].tolist()
     assert hf.truncated.tolist()[0] and len(set(ends)) >= 2, (ends, hf.truncated)  # a batch worth checking
     assert max(map(len, prompts)) > 16
