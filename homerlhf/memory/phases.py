@@ -42,15 +42,11 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     kv = kv_bytes_per_token(shape, a)
     per_token = forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora))
     logits_per_row = shape.vocab_size * (16 + (12 if cfg.rollout.top_p < 1 else 0))
-    prefill = b * p * per_token + b * p * p * a  # + the additive causal mask
-    if assumptions.attention == "eager":
-        prefill += 2 * b * shape.num_heads * p * p * a
+    prefill_act, w = _prefill_activations(cfg, shape, assumptions, b, per_token)
     dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute,
                         note="largest linear, a copy per matmul") if cfg.quant.load_in_4bit else None
     kv_note = f"2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B per token"
     static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}", dtype=act)
-    prefill_act = Component("prefill activations", "activations", int(prefill), note=f"one layer over {b} x {p} tokens",
-                            dtype=act)
     logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, + warpers", dtype="fp32")
     # HF generate: sdpa with a mask (left-padded rows) repeats K and V to every query head, over the whole
     # cache, in each layer of a decode step (transformers 5.17's use_gqa_in_sdpa): the step's largest
@@ -64,8 +60,12 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     decoder = _decoder(cfg, assumptions)
     moments = {}
     if decoder in ("hf", "any"):
+        # The logits come after the last layer (and the last decode step holds more beside them); in pieces
+        # generate keeps the previous piece's output, its last position's fp32 logits, through the next.
+        held = [Component("previous piece's logits", "logits", b * shape.vocab_size * 4, dtype="fp32",
+                          note="the last position's, kept through the next piece")] if w < p else []
         moments["prefill"] = [Component("KV cache", "kv_cache", b * p * kv, note=f"{b} x {p} prompt tokens", dtype=act),
-                              prefill_act, logits]
+                              prefill_act, *held]
         moments["last decode step"] = [
             Component("KV cache", "kv_cache", b * t * kv * (shape.num_layers + 1) // shape.num_layers, dtype=act,
                       note=f"{b} x {t} tokens, {kv_note}; + one layer's while torch.cat grows it"),
@@ -74,7 +74,7 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
             logits]
     if decoder in ("static", "any"):
         pool = static_step + b * shape.vocab_size * 4 + (dequant.bytes if dequant else 0)
-        moments["prefill (static cache)"] = [static_kv, prefill_act, logits]
+        moments["prefill (static cache)"] = [static_kv, prefill_act]  # pieces but the last skip the LM head
         moments["decode step (static cache)"] = [
             static_kv, Component("CUDA-graph pool", "activations", int(pool),
                                  note="one captured decode step: layer transients, logits, dequantized weight"),
@@ -83,6 +83,21 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
         in_pool = name == "decode step (static cache)"  # the captured step's dequantized weight is in its pool
         comps.extend(([dequant] if dequant and not in_pool else []) + held_gradients(cfg, shape, assumptions))
     return _largest(moments)
+
+
+def _prefill_activations(cfg, shape, assumptions, b: int, per_token: float) -> tuple[Component, int]:
+    """One layer's transients at the prefill of ``b`` prompts, and the columns ``w`` of its forward: a block
+    of more than ``rollout.prefill_tokens`` is prefilled in pieces of ``w`` columns (both decoders), whose
+    transients, and the mask's rows, are those of a piece (its keys span the block)."""
+    _, a, _ = dtype_bytes(cfg, assumptions)
+    p = cfg.rollout.max_prompt_len
+    w = cfg.rollout.prefill_columns(b, p) or p
+    prefill = b * w * per_token + b * w * p * a  # + the additive causal mask
+    if assumptions.attention == "eager":
+        prefill += 2 * b * shape.num_heads * w * p * a
+    piece = f"{b} x {w} tokens (a piece of the {b} x {p} block: rollout.prefill_tokens)" if w < p else f"{b} x {p} tokens"
+    return Component("prefill activations", "activations", int(prefill), note=f"one layer over {piece}",
+                     dtype=dtype_names(cfg)[1]), w
 
 
 def _decoder(cfg, assumptions) -> str:

@@ -10,7 +10,8 @@ change to the planner moves a prediction away from what the card allocated.
 
 The runs kept a 4-bit base's other weights, and so hidden states and KV cache, in fp32 (peft's
 ``prepare_model_for_kbit_training``, all there was then): they are pinned with
-``quant.upcast_non_quantized=true``. The compute dtype end to end (the setting's default since) has
+``quant.upcast_non_quantized=true``; and they prefilled each chunk's prompt block in one forward (pinned with
+``rollout.prefill_tokens=0``: the pieces came later). The compute dtype end to end (the setting's default since) has
 not run on a GPU: its plans are predictions (docs/memory.md) until ``scripts/gpu_check.py`` measures them.
 """
 
@@ -49,7 +50,7 @@ def run_config(preset, model, chunk, micro, prompt, new, *extra):
         f"rollout.chunk_size={chunk}", f"rollout.batch_size={2 * chunk}", "rollout.generation_chunk=null",
         f"rollout.max_prompt_len={prompt}", f"rollout.max_new_tokens={new}", f"ppo.mini_batch_size={chunk}",
         f"ppo.micro_batch_size={micro}", "ppo.epochs=1", "ref.backend=adapter_off", "reward.backend=hf",
-        "reward.model=in-process", "quant.upcast_non_quantized=true", *extra])
+        "reward.model=in-process", "quant.upcast_non_quantized=true", "rollout.prefill_tokens=0", *extra])
 
 
 def allocated(run: str, assumptions: Assumptions) -> dict[str, float]:

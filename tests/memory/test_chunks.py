@@ -26,25 +26,37 @@ def test_the_4090_plan_of_qwen25_7b_generates_the_whole_batch_at_once_within_the
     # The static cache of the captured decode loop, allocated before the prefill: 64 x 768 tokens.
     assert gen["KV cache (static)"] == 64 * 768 * 57_344  # 2.62 GiB
     assert p.phase("generation").total_gib <= 0.9 * 24 and p.status == "fits"
-    # A batch of 128: 72 at once; the next multiple of 8 would eat into the margin.
-    large = load_config("4090", None, ["rollout.batch_size=128"])
-    assert planned_generation_chunk(large, QWEN7) == 72
-    above = plan(load_config("4090", None, ["rollout.batch_size=128", "rollout.generation_chunk=80"]), QWEN7)
+    # The prompt block is prefilled in pieces of 4096 // 64 = 64 columns (rollout.prefill_tokens): the
+    # prefill's layer transients are those of 64 x 64 tokens. Uncapped (a batch of 512) 224 at once,
+    # the HF decode step's K/V repeat the limit; the next multiple of 8 would eat into the margin.
+    assert gen["prefill activations"] < 1.0 * GIB
+    large = load_config("4090", None, ["rollout.batch_size=512"])
+    assert planned_generation_chunk(large, QWEN7) == 224
+    above = plan(load_config("4090", None, ["rollout.batch_size=512", "rollout.generation_chunk=232"]), QWEN7)
     assert above.phase("generation").total_gib > 0.9 * 24
+    # Prefilled in one forward (rollout.prefill_tokens=0), its transients over 72 x 512 tokens cap it at 72.
+    one = ["rollout.batch_size=512", "rollout.prefill_tokens=0"]
+    assert planned_generation_chunk(load_config("4090", None, one), QWEN7) == 72
+    above = plan(load_config("4090", None, one + ["rollout.generation_chunk=80"]), QWEN7)
+    assert above.phase("generation").total_gib > 0.9 * 24 and above.phase("generation").moment.startswith("prefill")
     # Scoring and the update keep their own sizes: the same bytes as with the chunk of 16.
     sixteen = plan(load_config("4090", None, ["rollout.generation_chunk=16"]), QWEN7)
     for name in ("scoring", "update"):
         assert p.phase(name).total_bytes == sixteen.phase(name).total_bytes
 
 
-def test_with_the_fp32_upcast_the_4090_plan_of_qwen25_7b_generates_40_prompts_at_once():
-    # quant.upcast_non_quantized: fp32 residual stream, K/V at 4 bytes (112 KiB a token).
-    cfg = load_config("4090", None, ["quant.upcast_non_quantized=true"])
+def test_with_the_fp32_upcast_and_one_prefill_forward_the_4090_plan_of_qwen25_7b_generates_40_prompts_at_once():
+    # quant.upcast_non_quantized: fp32 residual stream, K/V at 4 bytes (112 KiB a token); the prompt
+    # block prefilled in one forward (rollout.prefill_tokens=0): the plan before issue 35.
+    named = ["quant.upcast_non_quantized=true", "rollout.prefill_tokens=0"]
+    cfg = load_config("4090", None, named)
     assert planned_generation_chunk(cfg, QWEN7) == 40
     gen = {c.name: c.bytes for c in plan(cfg, QWEN7).phase("generation").components}
     assert gen["KV cache (static)"] == 40 * 768 * 114_688  # 3.28 GiB
-    above = plan(load_config("4090", None, ["quant.upcast_non_quantized=true", "rollout.generation_chunk=48"]), QWEN7)
+    above = plan(load_config("4090", None, named + ["rollout.generation_chunk=48"]), QWEN7)
     assert above.phase("generation").total_gib > 0.9 * 24
+    # In pieces (the default) the upcast plan reaches the batch, 64.
+    assert planned_generation_chunk(load_config("4090", None, named[:1]), QWEN7) == 64
 
 
 @pytest.mark.parametrize("preset, model, batch, chunk", [

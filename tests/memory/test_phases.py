@@ -94,3 +94,40 @@ def test_checkpointing_and_8bit_optimizer_save_memory():
     adam = plan(apply_overrides(cfg, {"actor.optimizer": "adamw", "critic.optimizer": "adamw"}), QWEN7)
     paged = plan(apply_overrides(cfg, {"actor.optimizer": "adamw_8bit", "critic.optimizer": "adamw_8bit"}), QWEN7)
     assert adam.phase("update").allocated_bytes > paged.phase("update").allocated_bytes
+
+
+def test_the_prefill_transients_follow_the_piece():
+    """The 4090 preset's Qwen2.5-7B chunk of 64 x 512 prompt tokens, bf16 end to end, LoRA on every
+    linear: one layer's prefill transients per token, by hand (components.forward_layer_transient_per_token),
+    2 a h + max(attention, MLP) = 2 x 2 x 3584 + (12 x 18944 + 4 x 3584) = 256,000 B, over the tokens of a
+    piece of 4096 // 64 = 64 columns, + the causal mask's rows of the piece over the block's 512 keys."""
+    def prefill_bytes(*extra):
+        cfg = load_config("4090", None, ["rollout.generation_chunk=64", *extra])
+        gen = plan(cfg, QWEN7, with_suggestion=False).phase("generation")
+        return next(c for c in gen.components if c.name == "prefill activations")
+
+    piece = prefill_bytes()
+    assert piece.bytes == 64 * 64 * 256_000 + 64 * 64 * 512 * 2 == 1_052_770_304  # 0.98 GiB
+    assert "64 x 64 tokens (a piece of the 64 x 512 block" in piece.note
+    assert prefill_bytes("rollout.prefill_tokens=0").bytes == 64 * 512 * 256_000 + 64 * 512 * 512 * 2  # 7.84 GiB
+    assert prefill_bytes("rollout.prefill_tokens=8192").bytes == 64 * 128 * 256_000 + 64 * 128 * 512 * 2
+
+
+def test_the_prefill_moment_holds_the_previous_pieces_logits_not_the_sampling_logits():
+    """The sampling logits come after the last layer (the last decode step counts them); HF generate
+    keeps each piece's output, its last position's fp32 logits (64 x V x 4 B), through the next piece.
+    On the CPU allocator this made the plan of a prefill in pieces 0.988 of the measurement, 0.936 before
+    (docs/memory.md, benchmarks/planner_cpu_allocations.py --prefill-tokens 512)."""
+    from homerlhf.memory.components import Assumptions
+    from homerlhf.memory.phases import generation_phase
+
+    def prefill_moment(*extra):
+        # One new token: the decode step's K/V repeat stays below the prefill's transients.
+        cfg = load_config("4090", None, ["rollout.generation_chunk=64", "rollout.max_new_tokens=1", *extra])
+        moment, comps = generation_phase(cfg, QWEN7, Assumptions(decoder="hf"))
+        assert moment == "prefill"
+        return {c.name: c.bytes for c in comps}
+
+    pieces, whole = prefill_moment(), prefill_moment("rollout.prefill_tokens=0")
+    assert "sampling logits" not in pieces and "sampling logits" not in whole
+    assert pieces["previous piece's logits"] == 64 * 152_064 * 4 and "previous piece's logits" not in whole
