@@ -65,3 +65,38 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
     assert saved.ref.backend in ("llamacpp", "adapter_off") and saved.reward.backend in ("llamacpp", "hf")
     line = f"placement auto: ref {saved.ref.backend}, reward {saved.reward.backend}, rollout hf: "
     assert line in out and "s per iteration" in out
+
+
+def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decided(monkeypatch, tmp_path, capsys):
+    """``homerlhf train --preset 4090`` on a CUDA machine with no ``homerlhf bench`` figures: the
+    placement comes from the default rates, and no model is built, no GGUF exported, no worker
+    started to choose it (the GPU machine has no llama.cpp; a user would wait minutes for nothing)."""
+    import torch
+
+    from homerlhf.stages.autoplan import resolve_for_run
+
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))  # no bench figures
+    measured = []
+
+    def forbidden(what):
+        def call(*args, **kwargs):
+            measured.append(what)
+            raise AssertionError(f"a run's start measured: {what}")
+        return call
+
+    for target in ("homerlhf.workers.bench.standin_dir", "homerlhf.workers.gguf.export.export_ref",
+                   "homerlhf.workers.gguf.export.export_reward", "homerlhf.workers.process.WorkerProcess.start",
+                   "homerlhf.models.policy.PolicyModel.from_config"):
+        monkeypatch.setattr(target, forbidden(target))
+    cfg = load_config("4090", overrides=["model.name_or_path=Qwen/Qwen2.5-7B"])  # the builtin table's shape
+    with monkeypatch.context() as deciding:  # the machine reports CUDA while the run decides
+        deciding.setattr(torch.cuda, "is_available", lambda: True)
+        deciding.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
+        resolved = resolve_for_run(cfg, None, reward_given=False)
+    assert not measured
+    assert not has_auto(resolved) and isinstance(resolved.rollout.generation_chunk, int)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"[homerlhf] placement auto: ref {resolved.ref.backend}, reward {resolved.reward.backend}")
+    assert "measured on NVIDIA H200" in said[0]  # the GPU's default rates, as the plan labels them
+    assert said[-1].startswith("[homerlhf]   chosen by default rates (no `homerlhf bench` figures")
+    assert "`homerlhf bench` with this run's preset and --set measures them" in said[-1]
