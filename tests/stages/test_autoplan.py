@@ -49,9 +49,24 @@ def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone():
     assert given.reward.backend == "auto" and given.ref.backend == "adapter_off"
 
 
-def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, tmp_path, capsys):
+def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    import gc
+    import weakref
+
+    from bitsandbytes.nn import Linear4bit
+
+    from homerlhf.models.policy import PolicyModel
     from homerlhf.stages.ppo import run_ppo
     from homerlhf.tiny import build_sequence_classifier
+
+    layers, load = [], PolicyModel.from_config
+
+    def recorded(*args, **kwargs):
+        policy = load(*args, **kwargs)
+        layers.extend(weakref.ref(m) for m in policy.model.modules() if isinstance(m, Linear4bit))
+        return policy
+
+    monkeypatch.setattr(PolicyModel, "from_config", recorded)
 
     rm = build_sequence_classifier(tmp_path / "rm", arch="llama", seed=3)  # an HF classifier: llamacpp or hf
     cfg = load_config("cpu-tiny", overrides=[
@@ -59,7 +74,15 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
         "rollout.batch_size=2", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_len=24",
         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.iterations=1", "logging.progress=false",
         "logging.tensorboard=false", "rollout.truncation_penalty=null"])
-    run_ppo(cfg, out_dir=tmp_path / "run")
+    gc.disable()  # no collection but the stage's own (objects stay young: enabling would collect them)
+    try:
+        run_ppo(cfg, out_dir=tmp_path / "run")
+        alive = sum(ref() is not None for ref in layers)
+    finally:
+        gc.enable()
+    # The policy's 4-bit layers (reference cycles: Params4bit.module) are gone when the run returns:
+    # a notebook's next stage loads into a free card.
+    assert layers and alive == 0
     out = capsys.readouterr().out
     saved = from_yaml_file(tmp_path / "run" / "config.yaml")
     assert saved.ref.backend in ("llamacpp", "adapter_off") and saved.reward.backend in ("llamacpp", "hf")
