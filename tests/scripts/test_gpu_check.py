@@ -82,6 +82,16 @@ def test_a_failing_case_is_a_line_and_the_next_case_still_runs(monkeypatch, tmp_
     assert script["line"](entry).startswith("FAIL broken")
 
 
+def test_a_gpu_case_loads_its_model_from_where_the_build_puts_it(monkeypatch, tmp_path):
+    """On a GPU the checkpoints are kept in the session's models folder: the path a case configures
+    before the build is that folder's (it was the scratch dir's, which the build never wrote)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(tmp_path / "models"))
+    script = runpy.run_path(str(SCRIPT))
+    run = script["Run"](smoke=False, tmp=tmp_path / "scratch")
+    assert run.model_dir("Qwen/Qwen2.5-7B", build=False) == tmp_path / "models" / "Qwen--Qwen2.5-7B-seed0"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_without_cuda_one_line_and_nonzero(tmp_path):
     done = run(out=tmp_path)
