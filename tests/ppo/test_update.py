@@ -179,12 +179,11 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     params = policy.actor_parameters() + policy.critic_parameters()
     start = [p.detach().clone() for p in params]
 
-    def one_step(scaler, guard=None):
+    def one_step(scaler, guard=None, make=lambda ps: torch.optim.SGD(ps, lr=0.5)):
         for p, s in zip(params, start):
             p.data.copy_(s)
-        # Plain SGD: its step is the gradient itself, so any scaling left in it shows.
-        actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
-        critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
+        # Plain SGD by default: its step is the gradient itself, so any scaling left in it shows.
+        actor_opt, critic_opt = make(policy.actor_parameters()), make(policy.critic_parameters())
         policy.train()
         stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
                                 guard, scaler)
@@ -198,6 +197,12 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     assert moved > 1e-3
     # A power-of-two scale and its exact inverse: the same step up to fp16 rounding in the base's backward.
     assert max(float((u - s).abs().max()) for u, s in zip(plain, scaled)) <= 1e-3 * moved
+
+    # A fused AdamW (build_optimizer's on CUDA; it reads the scaler's state itself) takes the unfused one's step.
+    adam = {fused: one_step(torch.amp.GradScaler("cpu", init_scale=2.0**10),
+                            make=lambda ps, f=fused: torch.optim.AdamW(ps, lr=1e-3, fused=f))[1] for fused in (None, True)}
+    assert max(float((u - s).abs().max()) for u, s in zip(adam[None], start)) > 5e-4
+    assert max(float((u - f).abs().max()) for u, f in zip(adam[None], adam[True])) <= 1e-6
 
     # 2**40 overflows fp16 in the 4-bit layers' backward: the step is skipped and the scale halved,
     # and the non-finite guard (one bad step stops the run) does not count it.
