@@ -49,13 +49,15 @@ def default_rates_line(rec, cfg: RunConfig) -> str:
     from homerlhf.memory.placement import explicit
 
     chosen = rec.current
-    close = [c for c in rec.candidates if c is not chosen and c.fits and explicit(c.time.placement, cfg)
-             and c.time.total_s <= CLOSE * chosen.time.total_s]
+    others = [c for c in rec.candidates if c is not chosen and c.fits and explicit(c.time.placement, cfg)]
+    close = [c for c in others if c.time.total_s <= CLOSE * chosen.time.total_s]
     head = "  chosen by default rates (no `homerlhf bench` figures for this machine and model)"
     if close:
         head += f"; {close[0].time.placement.label()} is within {CLOSE:g}x of it"
-    else:
+    elif others:
         head += f"; every alternative that fits is over {CLOSE:g}x slower by them"
+    else:
+        head += "; no other placement fits"
     return head + ": `homerlhf bench` with this run's preset and --set measures them, and later runs choose by them"
 
 
