@@ -67,7 +67,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's homerlhf, whatever else is installed
 from gpu_check_cli import cli_case, without_absent_packages  # noqa: E402 - scripts/, beside this file
 from gpu_runs import (ROOT, build_random_checkpoint, build_reward_adapter, cap_memory, checkpoint_dir,  # noqa: E402
-                      differences, environment, measured_iterations, random_prompts, release_memory, snapshot)
+                      differences, environment, measured_iterations, optimizer_steps, random_prompts, release_memory,
+                      snapshot)
 
 REWARD_FN = '''def reward(response_ids):
     """Share of even ids: spread over the samples of random weights (a GRPO group needs some)."""
@@ -229,14 +230,6 @@ def resume_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
         close(trainer)
     result.update(resumed_from=Path(ckpt).name, state_equal=True, state_entries=len(saved))
     return result
-
-
-def optimizer_steps(rows: list[dict]) -> dict:
-    """The optimizer steps of ``rows`` (metrics rows): taken and skipped (a loss-scale overflow or a
-    non-finite loss), and the fp16 loss scale after the last."""
-    steps = sum(int(r.get("optimizer_steps", 0)) for r in rows)
-    skipped = sum(int(r.get("nonfinite_skipped_steps", 0)) for r in rows)
-    return {"steps": steps, "taken": steps - skipped, "skipped": skipped, "loss_scale": rows[-1].get("loss_scale")}
 
 
 def run_case(case: Case, run: Run) -> dict:

@@ -166,6 +166,14 @@ def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
             "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer)}
 
 
+def optimizer_steps(rows: list[dict]) -> dict:
+    """The optimizer steps of ``rows`` (metrics rows): taken and skipped (a loss-scale overflow or a
+    non-finite loss), and the fp16 loss scale after the last."""
+    steps = sum(int(r.get("optimizer_steps", 0)) for r in rows)
+    skipped = sum(int(r.get("nonfinite_skipped_steps", 0)) for r in rows)
+    return {"steps": steps, "taken": steps - skipped, "skipped": skipped, "loss_scale": rows[-1].get("loss_scale")}
+
+
 def decoder_used(trainer) -> str:
     """What sampled the rollouts (``rollout.decoder``): HF ``generate``, the static loop with its step
     captured as a CUDA graph (or eager on the CPU), or HF ``generate`` after the loop declined, and why."""
