@@ -38,9 +38,10 @@ at 16,000 and the update at 4,350 tokens/s for the 7B, ~6 s of scoring + update 
   gradio, datasets, trl and matplotlib made absent: the GPU machine lacks some of them), one
   iteration, then ``train --resume`` for the next: two interpreters' start (~10 s each) + 2 x 5 s.
 
-With this process's start (~10 s): 10 + 36 + 231 = 277 s. In the CPU smoke the ``cli`` case's run
-decides its placement as the GPU machine does (CUDA reported to the decision, the 4090 card): it
-must start no worker and export nothing (llama_cpp is absent), and its placement line is in the JSON.
+With this process's start (~10 s) and the builds (4 s a billion parameters): 10 + 37 + 231 = 278 s
+(``estimate_h200_s`` in the JSON). In the CPU smoke the ``cli`` case's run decides its placement as
+the GPU machine does (CUDA reported to the decision, the 4090 card): it must start no worker and
+export nothing (llama_cpp is absent), and its placement line is in the JSON.
 
 It prints one line per case (``ok`` with its figures, or ``FAIL`` and the error's last line), never
 stops at a failed case, and writes JSON (``--out``; default ``$OUT/gpu_check.json``, else

@@ -21,12 +21,12 @@
 # and saved in ~30 s, loaded in ~5 s, a 1.5B in ~6 and ~2; HF generate 84 ms a decode step of a 28-layer
 # model; scoring 16,000 and update 4,350 tokens/s for the 7B; the captured loop priced as HF generate,
 # since no GPU has run it yet):
-#   check  277 s: its start 10, builds 30 + 6, ppo-7b 95 (5 + 2 x (256 x 84 ms + 2.3 + 5.6)), the six
+#   check  278 s: its start 10, builds 31 + 6, ppo-7b 95 (5 + 2 x (256 x 84 ms + 2.3 + 5.6)), the six
 #          1.5B cases 14 + 20 + 22 + 24 + 26 + 30 (scripts/gpu_check.py's docstring has each sum)
 #   speed  209 s: its start 10; per model build + load + 3 rates x (2 + 16 + 64 steps) + agreement
 #          (8 rows x 32 steps, both samplers): 1.5B 6 + 2 + 29 + 8, 7B 30 + 5 + 32 + 8; the 7B's two
 #          PPO iterations of 32 prompts at chunk 32: 2 x (256 x 84 ms + 2 capture + 4.6 + 11.3) = 79
-#   together 486 s (8.1 minutes); 450 s when speed follows check on a machine still warm (builds reused).
+#   together 487 s (8.1 minutes); 450 s when speed follows check on a machine still warm (builds reused).
 set -u
 cmd=${1:-}
 case "$cmd" in
