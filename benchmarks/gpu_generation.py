@@ -1,11 +1,12 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Rollout tokens/s on one GPU: HF generate at chunk 16, HF generate at the planned chunk and the
 captured static loop (``rollout.decoder: static``) at the planned chunk, side by side with ratios;
 whether the loop samples what HF samples; and a PPO iteration on the 4090 preset with each.
 
-    python benchmarks/gpu_generation.py --out gpu_generation.json    # one GPU; sized for < 4 min on an H200 (estimated)
-    python benchmarks/gpu_generation.py --cpu                        # the demo's model and preset on the CPU
-    python benchmarks/gpu_generation.py --cpu-smoke                  # the plumbing, on CPU, in seconds
+    python3 benchmarks/gpu_generation.py --out gpu_generation.json   # one GPU; ~3.5 min on an H200 (estimated:
+                                                                      # scripts/gpu_session.sh's header)
+    python3 benchmarks/gpu_generation.py --cpu                       # the demo's model and preset on the CPU
+    python3 benchmarks/gpu_generation.py --cpu-smoke                 # the plumbing, on CPU, in seconds
 
 For each model of ``--models`` (names from the planner's builtin table; nothing is downloaded) the
 architecture is built from its published shape with random bf16 weights on the GPU and saved with
@@ -342,8 +343,22 @@ def run_model(name: str, args, tmp: Path) -> dict:
             row["iteration"]["hf"] = predicted_hf_iteration(row["iteration"]["static"], hf_rate, args.batch,
                                                             args.new_tokens)
     del policy
+    gc.collect()  # bitsandbytes' Params4bit.module -> Linear4bit cycle: only then is the next model's memory free
+    _empty_cache()
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
+
+
+def summary_line(row: dict) -> str:
+    """The model in one line: tokens/s of each setting, then the PPO iteration's seconds by decoder."""
+    rates = "; ".join(f"{label} {r['error']}" if "error" in r else f"{label} {r['tokens_per_s'] or 0:.0f} tokens/s"
+                      for label, r in row["rates"].items())
+    iterations = "; ".join(f"iteration {d} {it['error']}" if "error" in it else
+                           f"iteration {d} {it['time_iteration_s']:.1f} s" + (" (predicted)" if it.get("predicted") else "")
+                           for d, it in row.get("iteration", {}).items())
+    failed = any("error" in r for r in [*row["rates"].values(), *row.get("iteration", {}).values()])
+    return f"{'FAIL' if failed else 'ok  '} {row['model']}  {row['seconds']:.1f} s; {rates}" + (
+        f"; {iterations}" if iterations else "")
 
 
 def print_model(row: dict) -> None:
@@ -414,6 +429,7 @@ def main(argv=None) -> None:
             report["seconds"] = round(time.perf_counter() - started, 1)
             args.out.write_text(json.dumps(report, indent=2))  # partial results survive a later crash
             print_model(row)
+            print(summary_line(row), flush=True)
     print(f"\nwrote {args.out} ({report['seconds']} s)")
 
 

@@ -1,35 +1,58 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """The check a GPU session runs first: homerlhf's GPU code paths, each run and measured, in one command.
 
-    python scripts/gpu_check.py                # every case below; budgeted at about 5 minutes on one H200
-    python scripts/gpu_check.py --largest      # instead: the largest table model the planner fits in 24 GiB
-    python scripts/gpu_check.py --cpu-smoke    # every case's code path on the CPU with tiny models (CI)
+    python3 scripts/gpu_check.py                # every case below: about 4.5 minutes on one H200 (estimate)
+    python3 scripts/gpu_check.py --largest      # instead: the largest table model the planner fits in 24 GiB
+    python3 scripts/gpu_check.py --cpu-smoke    # every case's code path on the CPU with tiny models (CI)
 
-Models are random weights of published shapes (the planner's builtin table), built on the GPU and
-saved with the tiny tokenizer: nothing is downloaded. The process is capped at each preset's card
-(``set_per_process_memory_fraction``: 24 GiB for 4090, 15 GiB for t4-colab). The reference is the
-policy's base with its adapters off and the reward an in-process function (no llama.cpp anywhere):
+(``bash scripts/gpu_session.sh check`` runs it under ``timeout -k 15 300``.) Models are random
+weights of published shapes (the planner's builtin table), built on the GPU and saved with the tiny
+tokenizer into ``.gpu-models`` of this checkout (or ``$HOMERLHF_GPU_MODELS``; a disk, and kept for
+the next command): nothing is downloaded. The process is capped at each preset's card
+(``set_per_process_memory_fraction``: 24 GiB for 4090, 15 GiB for t4-colab; a card that reports a
+little less, as a 4090's 23.99 GiB, is capped at its whole memory). The reference is the policy's
+base with its adapters off and the reward an in-process function (no llama.cpp anywhere).
 
-- ``ppo-7b``: PPO, 4090 preset, Qwen2.5-7B, the preset's 512+256 tokens, chunk 16, micro 4, one
-  chunk of 16 prompts, 2 iterations (peaks are read from the last: the first runs before the
-  optimizer states exist);
-- ``grpo-1.5b``, ``rloo-1.5b``: GRPO and RLOO (groups of 4), Qwen2.5-1.5B, 8 prompts, 256+128 tokens;
-  ``grpo-1.5b-upcast``: that GRPO run with ``quant.upcast_non_quantized=true`` (fp32 embeddings, LM head,
-  norms, hidden states and KV cache, as the H200 calibration ran), beside the bf16 end to end of the others;
-- ``ppo-fp16-1.5b``: the fp16 compute path of t4-colab (GradScaler), Qwen2.5-1.5B;
-- ``reward-adapter-1.5b``: ``reward.backend=adapter``, a reward LoRA + score head on the policy's base;
-- ``resume-1.5b``: an iteration, a checkpoint written on the GPU, a new trainer resumed from it
-  (weights, optimizer states, counters and RNG equal to the saved ones), the next iteration;
-- ``cli-1.5b``: ``homerlhf train`` in a subprocess on the builtin prompts (with llama_cpp, gradio,
-  datasets, trl and matplotlib made absent: the GPU machine lacks some of them), one iteration, then
-  ``train --resume`` for the next.
+The cases, the 7B first, then the others from the quickest to the slowest (a run cut short by its
+timeout loses the fewest; what ran is in the JSON, written after every case). Each one's H200
+estimate (``Case.estimate_s``, in the JSON beside its wall time) is an upper bound from the H200
+figures in DESIGN.md and docs/time.md, priced as HF ``generate`` (84 ms a decode step of a 28-layer
+model, NF4 + LoRA; the captured loop a GPU run samples with should be faster: unmeasured), scoring
+at 16,000 and the update at 4,350 tokens/s for the 7B, ~6 s of scoring + update for 8 rows of the
+1.5B (its runs' 3 + 9 s for 16 rows), a 7B built in 30 s and loaded in 5, a 1.5B in 6 and 2:
+
+- ``ppo-7b`` (95 s; 30 s build): PPO, 4090 preset, Qwen2.5-7B, the preset's 512+256 tokens, chunk 16,
+  micro 4, one chunk of 16 prompts, 2 iterations (peaks are read from the last: the first runs
+  before the optimizer states exist): 5 + 2 x (256 x 84 ms + 2.3 + 5.6);
+- ``rloo-1.5b`` (14 s; the first 1.5B case builds it: 6 s) and ``grpo-1.5b`` (14 s): RLOO and GRPO
+  (groups of 4), 1 iteration each, Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens: 2 + 64 x 84 ms + 6;
+- ``grpo-1.5b-upcast`` (14 s): that GRPO run with ``quant.upcast_non_quantized=true`` (fp32
+  embeddings, LM head, norms, hidden states and KV cache, as the H200 calibration ran), beside the
+  bf16 end to end of ``grpo-1.5b``;
+- ``reward-adapter-1.5b`` (20 s): ``reward.backend=adapter``, a reward LoRA + score head on the
+  policy's base (its build ~5 s), 1 iteration;
+- ``resume-1.5b`` (22 s): an iteration of 32 new tokens, a checkpoint written on the GPU, a new
+  trainer resumed from it (weights, optimizer states, counters and RNG equal to the saved ones), the
+  next iteration;
+- ``ppo-fp16-1.5b`` (24 s): the fp16 compute path of t4-colab (its GradScaler), 2 iterations of two
+  optimizer steps each (8 prompts, mini-batches of 4); it fails when the scaler skipped every step
+  (the JSON counts the steps taken and skipped): 95 ms a decode step (the H200's fp16 1.5B run);
+- ``cli-1.5b`` (30 s): ``homerlhf train`` in a subprocess on the builtin prompts (with llama_cpp,
+  gradio, datasets, trl and matplotlib made absent: the GPU machine lacks some of them), one
+  iteration, then ``train --resume`` for the next: two interpreters' start (~10 s each) + 2 x 5 s.
+
+With this process's start (~10 s) and the builds (4 s a billion parameters): 10 + 37 + 233 = 280 s
+(``estimate_h200_s`` in the JSON). In the CPU smoke the ``cli`` case's run decides its placement as
+the GPU machine does (CUDA reported to the decision, the 4090 card): it must start no worker and
+export nothing (llama_cpp is absent), and its placement line is in the JSON.
 
 It prints one line per case (``ok`` with its figures, or ``FAIL`` and the error's last line), never
 stops at a failed case, and writes JSON (``--out``; default ``$OUT/gpu_check.json``, else
 ``./gpu_check.json``): per case the exact settings, the planner's allocated GiB per phase beside the
 measured peaks (``PhaseMeter``), the most memory reserved, every iteration's metrics row (seconds per
-phase, tokens/s), and the device, torch, transformers, peft and bitsandbytes versions. Without
-CUDA (and without ``--cpu-smoke``) it exits with one line saying so.
+phase, tokens/s), the optimizer steps taken and skipped, and the device, torch, transformers, peft
+and bitsandbytes versions; while a case runs, ``running`` names it. Without CUDA (and without
+``--cpu-smoke``) it exits with one line saying so.
 """
 
 from __future__ import annotations
@@ -45,10 +68,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's homerlhf, whatever else is installed
-from gpu_runs import (build_random_checkpoint, build_reward_adapter, cap_memory, differences,  # noqa: E402
-                      environment, measured_iterations, random_prompts, release_memory, snapshot)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's homerlhf, whatever else is installed
+from gpu_check_cli import cli_case, without_absent_packages  # noqa: E402 - scripts/, beside this file
+from gpu_runs import (ROOT, build_random_checkpoint, build_reward_adapter, cap_memory, checkpoint_dir,  # noqa: E402
+                      differences, environment, measured_iterations, optimizer_steps, random_prompts, release_memory,
+                      snapshot)
 
 REWARD_FN = '''def reward(response_ids):
     """Share of even ids: spread over the samples of random weights (a GRPO group needs some)."""
@@ -57,7 +81,7 @@ REWARD_FN = '''def reward(response_ids):
 COMMON = ("ref.backend=adapter_off", "reward.backend=function", "reward.function={reward_fn}:reward",
           "logging.tensorboard=false", "logging.progress=false")
 SEVEN_B = ("rollout.batch_size=16", "ppo.mini_batch_size=16")  # the 4090 preset's chunk, lengths and micro-batch
-SMALL = ("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_prompt_len=256", "rollout.max_new_tokens=128",
+SMALL = ("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_prompt_len=256", "rollout.max_new_tokens=64",
          "ppo.mini_batch_size=8")
 # rollout.decoder=static: the loop a GPU run samples with (``auto`` there), eager on the CPU.
 SMOKE = ("card.device=cpu", "quant.compute_dtype=fp32", "rollout.batch_size=4", "rollout.chunk_size=2",
@@ -66,16 +90,10 @@ SMOKE = ("card.device=cpu", "quant.compute_dtype=fp32", "rollout.batch_size=4", 
 # The CPU smoke's model: the case's architecture (type, tied embeddings, biases) at a tiny size.
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=16)
-ABSENT = ("llama_cpp", "gradio", "datasets", "trl", "matplotlib")  # what the GPU machine lacks, or may
 TIME_KEYS = ("time_generation_s", "time_scoring_s", "time_reference_reward_wait_s", "time_advantages_s",
              "time_update_s", "time_iteration_s")
-
-
-def without_absent_packages() -> None:
-    """Make :data:`ABSENT` missing, as on the GPU machine: importing one raises ModuleNotFoundError and
-    ``importlib.util.find_spec`` finds nothing (no case may need them). Those already imported stay."""
-    for name in ABSENT:
-        sys.modules.setdefault(name, None)
+START_S = 10  # this process's start on the GPU machine (imports), estimated
+BUILD_S_PER_B = 4.0  # building and saving a random checkpoint, per billion parameters (a 7B in ~30 s on an H200)
 
 
 @dataclass(frozen=True)
@@ -85,27 +103,40 @@ class Case:
     model: str  # a name of the planner's table: its published shape (the CPU smoke builds a tiny one)
     overrides: tuple[str, ...]  # over the preset and COMMON; {placeholders} are the run's files
     iterations: int
+    estimate_s: int  # on an H200, the model's build aside (BUILD_S_PER_B): the module docstring's arithmetic
     kind: str = "train"  # train | resume | cli
     keep: tuple[str, ...] = ()  # overrides that hold in the CPU smoke too (after SMOKE)
 
 
 def cases() -> list[Case]:
+    """Every case: the 7B first (the figure a session is for), then the rest from the quickest to the
+    slowest. A new case goes anywhere in ``rest`` with its estimate."""
     small = "Qwen/Qwen2.5-1.5B"
-    return [
-        Case("ppo-7b", "4090", "Qwen/Qwen2.5-7B", SEVEN_B, 2),
-        Case("grpo-1.5b", "4090", small, SMALL + ("algorithm=grpo", "ppo.group_size=4"), 2),
-        # The same run with the fp32 upcast of the H200 calibration: both dtype settings measured side by side.
+    rest = [
+        Case("grpo-1.5b", "4090", small, SMALL + ("algorithm=grpo", "ppo.group_size=4"), 1, 14),
+        # The GRPO run with the fp32 upcast of the H200 calibration: both dtype settings measured side by side.
         Case("grpo-1.5b-upcast", "4090", small, SMALL + ("algorithm=grpo", "ppo.group_size=4",
-                                                          "quant.upcast_non_quantized=true"), 2),
-        Case("rloo-1.5b", "4090", small, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1),
-        Case("ppo-fp16-1.5b", "t4-colab", small, SMALL, 2, keep=("quant.compute_dtype=fp16",)),
+                                                          "quant.upcast_non_quantized=true"), 1, 14),
+        Case("rloo-1.5b", "4090", small, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1, 14),
+        # Two optimizer steps an iteration (mini-batches of 4 of 8 rows; the smoke's of 2 of 4): the scaler steps.
+        Case("ppo-fp16-1.5b", "t4-colab", small, SMALL + ("ppo.mini_batch_size=4",), 2, 24,
+             keep=("quant.compute_dtype=fp16", "ppo.mini_batch_size=2")),
         Case("reward-adapter-1.5b", "4090", small, SMALL + ("reward.backend=adapter", "reward.model={reward_adapter}",
-                                                           "reward.function=null"), 1),
-        Case("resume-1.5b", "4090", small, SMALL + ("rollout.max_new_tokens=64",), 1, kind="resume"),
+                                                           "reward.function=null"), 1, 20),
+        Case("resume-1.5b", "4090", small, SMALL + ("rollout.max_new_tokens=32",), 1, 22, kind="resume"),
         Case("cli-1.5b", "4090", small, ("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=32",
                                          "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "data.prompts=builtin:demo"),
-             1, kind="cli", keep=("rollout.max_prompt_len=64",)),
+             1, 30, kind="cli", keep=("rollout.max_prompt_len=64",)),
     ]
+    return [Case("ppo-7b", "4090", "Qwen/Qwen2.5-7B", SEVEN_B, 2, 95)] + sorted(rest, key=lambda c: c.estimate_s)
+
+
+def estimated_seconds(todo: list[Case]) -> int:
+    """The H200 estimate of running ``todo``: this process's start, each model's build once, each case."""
+    from homerlhf.memory.shapes import builtin_shape
+
+    builds = sum(BUILD_S_PER_B * builtin_shape(m).total_params / 1e9 for m in {c.model for c in todo})
+    return round(START_S + builds + sum(c.estimate_s for c in todo))
 
 
 @dataclass
@@ -132,15 +163,15 @@ class Run:
         return [o.format(**self.files) for o in listed]
 
     def model_dir(self, name: str, build: bool = True) -> Path:
-        """``name``'s random checkpoint (its architecture at a tiny size in the CPU smoke), built once
-        (``build`` False: only where it is or will be)."""
+        """``name``'s random checkpoint (its architecture at a tiny size in the CPU smoke; on a GPU in
+        ``gpu_runs.models_dir()``), built once (``build`` False: only where it is or will be)."""
         from dataclasses import replace
 
         from homerlhf.memory.shapes import builtin_shape
 
-        path = self.tmp / name.replace("/", "--")
+        shape = replace(builtin_shape(name), **TINY) if self.smoke else builtin_shape(name)
+        path = checkpoint_dir(shape, self.tmp / name.replace("/", "--"), device=self.device)
         if build and name not in self.models:
-            shape = replace(builtin_shape(name), **TINY) if self.smoke else builtin_shape(name)
             if not self.smoke:
                 cap_memory(None)  # a card's cap from the case before must not stop the build
             self.models[name] = build_random_checkpoint(shape, path, device=self.device)
@@ -208,35 +239,6 @@ def resume_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
     return result
 
 
-def run_cli(args: list[str], cap_gib: float, run: Run) -> None:
-    """``homerlhf <args>`` in a subprocess (this checkout's package; :data:`ABSENT` missing),
-    capped at ``cap_gib`` on a GPU; its error's last line raised on failure."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    cap = "0" if run.smoke else str(cap_gib)
-    done = subprocess.run([sys.executable, __file__, "--as-cli", cap, *args], capture_output=True, text=True,
-                          env=env, timeout=600)
-    if done.returncode:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["(no output)"]
-        raise RuntimeError(f"`homerlhf {args[0]}` exited {done.returncode}: {lines[-1]}")
-
-
-def cli_case(case: Case, overrides: list[str], cap_gib: float, run: Run) -> dict:
-    """``homerlhf train`` for ``case.iterations``, then ``train --resume`` for one more."""
-    run_dir = run.tmp / case.name
-    n = run.iterations(case)
-    sets = [arg for o in overrides + [f"ppo.iterations={n}"] for arg in ("--set", o)]
-    run_cli(["train", "--preset", case.preset, *sets, "--out", str(run_dir)], cap_gib, run)
-    run_cli(["train", "--resume", str(run_dir), "--set", f"ppo.iterations={n + 1}"], cap_gib, run)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if [r["iteration"] for r in rows] != list(range(1, n + 2)):
-        raise AssertionError(f"metrics.jsonl holds iterations {[r['iteration'] for r in rows]}")
-    last = rows[-1]
-    measured = {k[len("peak_mem_"):-len("_gib")]: v for k, v in last.items()
-                if k.startswith("peak_mem_") and k.endswith("_gib")}
-    return {"rows": rows, "measured_gib": measured, "max_reserved_gib": None,
-            "checkpoints": sorted(p.name for p in (run_dir / "checkpoints").iterdir())}
-
-
 def run_case(case: Case, run: Run) -> dict:
     """One case: settings, the plan, the run and its figures (see the module docstring)."""
     from homerlhf.config import load_config
@@ -254,6 +256,7 @@ def run_case(case: Case, run: Run) -> dict:
     cap = float(cfg.card.gpu_gib)
     planned = plan(cfg, resolve_shape(str(model_dir)), cap, with_suggestion=False)
     entry = {"case": case.name, "kind": case.kind, "preset": case.preset, "model": case.model, "cap_gib": cap,
+             "estimate_s": case.estimate_s,
              "iterations": run.iterations(case), "overrides": overrides, "settings": planned.settings,
              "plan": {"status": planned.status, "phases": {p.name: {"allocated_gib": round(p.allocated_gib, 4),
                                                                     "total_gib": round(p.total_gib, 4)}
@@ -268,6 +271,10 @@ def run_case(case: Case, run: Run) -> dict:
     else:
         result = (resume_case if case.kind == "resume" else train_case)(case, cfg, model_dir, run)
     last = result["rows"][-1]
+    entry["optimizer_steps"] = optimizer_steps(result["rows"])
+    if cfg.quant.compute_dtype == "fp16" and not entry["optimizer_steps"]["taken"]:
+        raise AssertionError(f"the fp16 loss scaler skipped all {entry['optimizer_steps']['steps']} optimizer "
+                             f"steps (loss scale {entry['optimizer_steps']['loss_scale']}): no update was tested")
     entry.update(result, comparison=compare(planned, result["measured_gib"]),
                  seconds={k: last.get(k) for k in TIME_KEYS},
                  tokens_per_s={k: v for k, v in last.items() if k.startswith("tokens_per_s_")})
@@ -277,7 +284,8 @@ def run_case(case: Case, run: Run) -> dict:
 
 # -- the report ----------------------------------------------------------------------------------------
 def line(entry: dict) -> str:
-    name = f"{entry['case']:<20} {entry['wall_s']:6.1f} s"
+    name = f"{entry['case']:<20} {entry['wall_s']:6.1f} s" + (f" (H200 est. {entry['estimate_s']} s)"
+                                                             if "estimate_s" in entry else "")
     if "error" in entry:
         return f"FAIL {name}  {entry['error']}"
     unit = "GiB" if entry.get("max_reserved_gib") is not None or entry["kind"] == "cli" else "GiB (CPU RSS)"
@@ -291,6 +299,11 @@ def line(entry: dict) -> str:
                  f"scoring {s['time_scoring_s']:.1f}, update {s['time_update_s']:.1f})")
     parts.append(f"{entry['tokens_per_s'].get('tokens_per_s_generation', 0):.0f} tokens/s generated"
                  + (f" ({entry['decoder']})" if entry.get("decoder") else ""))
+    steps = entry["optimizer_steps"]
+    parts.append(f"optimizer steps {steps['taken']} taken, {steps['skipped']} skipped"
+                 + (f" (loss scale {steps['loss_scale']:g})" if steps.get("loss_scale") is not None else ""))
+    if entry.get("placement"):
+        parts.append(entry["placement"][0].removeprefix("[homerlhf] "))
     if entry["kind"] == "resume":
         parts.append(f"resumed from {entry['resumed_from']}: state equal ({entry['state_entries']} entries)")
     if entry["kind"] == "cli":
@@ -314,7 +327,9 @@ def largest_case(run: Run) -> Case:
         if planned.fits or (extra and not any(a.startswith("rollout.max_") for a in extra)):
             fits.append((builtin_shape(name).total_params, name, () if planned.fits else extra))
     _, name, extra = max(fits)
-    return Case(f"largest-{name.split('/')[-1]}", "4090", name, SEVEN_B + extra, 1)
+    layers = builtin_shape(name).num_layers  # 3 ms a layer a decode step, 256 steps; the update by FLOPs
+    return Case(f"largest-{name.split('/')[-1]}", "4090", name, SEVEN_B + extra, 1,
+                round(10 + layers * 0.003 * 256 + 8 * builtin_shape(name).total_params / 7.6e9))
 
 
 def guarded(case: Case, run: Run) -> dict:
@@ -327,7 +342,7 @@ def guarded(case: Case, run: Run) -> dict:
     except Exception as exc:  # noqa: BLE001 - one case's failure is a result; the next case still runs
         text = str(exc).strip().splitlines()
         return {"case": case.name, "kind": case.kind, "preset": case.preset, "model": case.model,
-                "overrides": run.overrides(case), "error": f"{'OOM' if is_oom(exc) else type(exc).__name__}: "
+                "estimate_s": case.estimate_s, "overrides": run.overrides(case), "error": f"{'OOM' if is_oom(exc) else type(exc).__name__}: "
                 f"{text[-1] if text else ''}", "traceback": traceback.format_exc(),
                 "wall_s": round(time.perf_counter() - started, 1)}
     finally:
@@ -360,7 +375,10 @@ def main(argv=None) -> int:
         return 2
     out = args.out or Path(os.environ.get("OUT") or ".") / "gpu_check.json"
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="homerlhf-gpu-check-") as tmp:
+    scratch = None if args.cpu_smoke else ROOT / ".gpu-scratch"  # run dirs and checkpoints: a disk, gitignored
+    if scratch is not None:
+        scratch.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="homerlhf-gpu-check-", dir=scratch) as tmp:
         run = Run(smoke=args.cpu_smoke, tmp=Path(tmp))
         write_files(run)
         todo = [largest_case(run)] if args.largest else cases()
@@ -371,35 +389,20 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         todo = [c for c in todo if not wanted or c.name in wanted]
-        report = {**environment(run.smoke), "cases": []}
+        report = {**environment(run.smoke), "estimate_h200_s": estimated_seconds(todo), "cases": []}
         print(" ".join(f"{k} {v}" for k, v in report.items() if k != "cases"), flush=True)
         for case in todo:
+            report["running"] = case.name
+            out.write_text(json.dumps(report, indent=1))  # what ran survives a timeout or a crash
             report["cases"].append(guarded(case, run))
             report["wall_s"] = round(time.perf_counter() - started, 1)
-            out.write_text(json.dumps(report, indent=1))  # what ran survives a later crash
+            del report["running"]
+            out.write_text(json.dumps(report, indent=1))
             print(line(report["cases"][-1]), flush=True)
     passed = sum("error" not in entry for entry in report["cases"])
     print(f"{passed}/{len(todo)} ok in {time.perf_counter() - started:.0f} s; wrote {out}")
     return 0 if passed == len(todo) else 1
 
 
-def as_cli(argv: list[str]) -> None:
-    """The CLI case's child: ``homerlhf <argv[1:]>`` without :data:`ABSENT`, capped at ``argv[0]`` GiB
-    (0: no cap)."""
-    import runpy
-
-    without_absent_packages()
-    cap = float(argv[0])
-    if cap:
-        import torch
-
-        torch.cuda.set_per_process_memory_fraction(cap * 2**30 / torch.cuda.get_device_properties(0).total_memory)
-    sys.argv = ["homerlhf", *argv[1:]]
-    runpy.run_module("homerlhf.cli", run_name="__main__")
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--as-cli"]:
-        as_cli(sys.argv[2:])
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -17,27 +17,42 @@ from pathlib import Path
 from typing import Any
 
 GIB = 2**30
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def models_dir() -> Path:
+    """Where GPU checkpoints are kept across the scripts of a session: ``$HOMERLHF_GPU_MODELS``, else
+    ``.gpu-models`` in this checkout (gitignored): a disk, not ``/tmp`` (which may be RAM), and a
+    folder the next command on the same machine finds (a 7B's random checkpoint is ~15 GB)."""
+    import os
+
+    return Path(os.environ.get("HOMERLHF_GPU_MODELS") or ROOT / ".gpu-models")
+
+
+def checkpoint_dir(shape, out_dir: Path, seed: int = 0, device: str = "cuda") -> Path:
+    """Where :func:`build_random_checkpoint` puts ``shape``'s checkpoint: on a GPU, the shared
+    :func:`models_dir` by shape and seed; on the CPU (tiny models), ``out_dir``."""
+    if device == "cuda":
+        return models_dir() / f"{shape.name.replace('/', '--')}-seed{seed}"
+    return out_dir
 
 
 def build_random_checkpoint(shape, out_dir: Path, seed: int = 0, device: str = "cuda") -> Path:
     """``shape``'s architecture with random weights (bf16 on a GPU, fp32 on the CPU), initialised on
-    ``device``, saved into ``out_dir`` with the tiny tokenizer (its ids as pad/eos/bos).
+    ``device``, saved with the tiny tokenizer (its ids as pad/eos/bos) into :func:`checkpoint_dir`.
 
-    With ``$HOMERLHF_GPU_MODELS`` set (``scripts/gpu_session.sh`` sets it), a GPU checkpoint is kept
-    there by shape and seed, and the next script of the session loads it instead of building it again
-    (a 7B: ~30 s saved); it is written under another name and renamed, so a killed build is never reused."""
-    import os
-
-    shared = os.environ.get("HOMERLHF_GPU_MODELS")
-    if shared and device == "cuda":
-        out_dir = Path(shared) / f"{shape.name.replace('/', '--')}-seed{seed}"
-        if (out_dir / "config.json").is_file():
-            return out_dir
-        final, out_dir = out_dir, out_dir.with_name(out_dir.name + ".partial")
-        _save_random_checkpoint(shape, out_dir, seed, device)
-        out_dir.rename(final)
+    A GPU checkpoint is built once per shape and seed: the next script of the session (or the next
+    case) loads it instead of building it again (a 7B: ~30 s saved); it is written under another
+    name and renamed, so a killed build is never reused."""
+    final = checkpoint_dir(shape, out_dir, seed, device)
+    if device != "cuda":
+        return _save_random_checkpoint(shape, final, seed, device)
+    if (final / "config.json").is_file():
         return final
-    return _save_random_checkpoint(shape, out_dir, seed, device)
+    partial = final.with_name(final.name + ".partial")
+    _save_random_checkpoint(shape, partial, seed, device)
+    partial.rename(final)
+    return final
 
 
 def _save_random_checkpoint(shape, out_dir: Path, seed: int, device: str) -> Path:
@@ -112,15 +127,23 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+REPORTED_SHORT = 0.05  # a card reports up to this share less than its size (an RTX 4090: 23.99 of 24 GiB)
+
+
 def cap_memory(cap_gib: float | None) -> float:
     """Cap this process's CUDA allocations at ``cap_gib`` (a card's size; None: the whole GPU) with
-    ``torch.cuda.set_per_process_memory_fraction``. Returns the GPU's GiB."""
+    ``torch.cuda.set_per_process_memory_fraction``. Returns the GPU's GiB.
+
+    A cap at or a little over this GPU's memory (within :data:`REPORTED_SHORT`: a 24 GiB RTX 4090
+    reports about 23.99 GiB) is the whole GPU; one well over it is an error: the case was planned
+    for a larger card."""
     import torch
 
     total = torch.cuda.get_device_properties(0).total_memory / GIB
-    if cap_gib is not None and not 0 < cap_gib <= total:
-        raise ValueError(f"a cap of {cap_gib:g} GiB must be in (0, {total:.1f}] (this GPU's memory)")
-    torch.cuda.set_per_process_memory_fraction(1.0 if cap_gib is None else cap_gib / total)
+    if cap_gib is not None and not 0 < cap_gib <= total / (1 - REPORTED_SHORT):
+        raise ValueError(f"a cap of {cap_gib:g} GiB must be in (0, {total:.2f}] (this GPU's memory; a card's "
+                         f"nominal size up to {REPORTED_SHORT:.0%} over what it reports is taken as the whole card)")
+    torch.cuda.set_per_process_memory_fraction(1.0 if cap_gib is None else min(1.0, cap_gib / total))
     return total
 
 
@@ -141,6 +164,14 @@ def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
             reserved = max(reserved, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
     return {"rows": rows, "measured_gib": dict(trainer.meter.peaks()),
             "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer)}
+
+
+def optimizer_steps(rows: list[dict]) -> dict:
+    """The optimizer steps of ``rows`` (metrics rows): taken and skipped (a loss-scale overflow or a
+    non-finite loss), and the fp16 loss scale after the last."""
+    steps = sum(int(r.get("optimizer_steps", 0)) for r in rows)
+    skipped = sum(int(r.get("nonfinite_skipped_steps", 0)) for r in rows)
+    return {"steps": steps, "taken": steps - skipped, "skipped": skipped, "loss_scale": rows[-1].get("loss_scale")}
 
 
 def decoder_used(trainer) -> str:

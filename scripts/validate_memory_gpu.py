@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Predicted vs measured GPU memory per PPO phase, on real architectures with random weights.
 
 For each model in ``--models`` (names from the planner's builtin table; nothing is downloaded):
@@ -10,7 +10,7 @@ adapter-off reference and an in-process reward, clipped update). Peaks per phase
 ``torch.cuda.max_memory_allocated`` (``PhaseMeter``) of the last iteration, beside the planner's
 predicted allocated bytes. Writes JSON to ``--out`` and prints a table.
 
-    python scripts/validate_memory_gpu.py --cap-gib 24 --out memory_validation.json
+    python3 scripts/validate_memory_gpu.py --cap-gib 24 --out memory_validation.json
 
 Needs a CUDA GPU; on a machine without one it exits with one line saying so.
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Data parallel and sharded QLoRA on a machine with several GPUs (never needed by the tests).
 
 1. **DDP PPO:** tiny models built from code (nothing is downloaded), ``homerlhf train --gpus 1`` and
@@ -11,7 +11,7 @@
    the sharded forward/backward against the unsharded one
    (:func:`homerlhf.models.sharding.smoke`), and what each GPU holds.
 
-    python scripts/validate_multi_gpu.py --gpus 2 --out multi_gpu_validation.json
+    python3 scripts/validate_multi_gpu.py --gpus 2 --out multi_gpu_validation.json
 
 Needs at least 2 CUDA GPUs; on a machine with fewer it exits with one line saying so.
 """

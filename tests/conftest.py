@@ -24,18 +24,27 @@ def _isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gpu_session_smoke(tmp_path_factory):
-    """``bash scripts/gpu_session.sh --cpu-smoke`` run once: what a GPU session runs (scripts/gpu_check.py,
-    then benchmarks/gpu_generation.py), each in its CPU smoke mode. Returns the finished process and
-    its ``$OUT`` folder."""
+    """``bash scripts/gpu_session.sh check --cpu-smoke`` then ``... speed --cpu-smoke``, run once into
+    one ``$OUT``: what a GPU session runs (scripts/gpu_check.py, benchmarks/gpu_generation.py), each in
+    its CPU smoke mode. Returns the two finished processes as one (exit code: the worse; output: both)
+    and the ``$OUT`` folder; ``done.each`` holds them by command."""
     import subprocess
+    import time
     from pathlib import Path
 
     out = tmp_path_factory.mktemp("gpu-session-out")
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, OUT=str(out), CUDA_VISIBLE_DEVICES="")
     env.pop("HOMERLHF_GPU_MODELS", None)
-    done = subprocess.run(["bash", str(root / "scripts" / "gpu_session.sh"), "--cpu-smoke"], capture_output=True,
-                          text=True, timeout=1200, env=env, cwd=out)
+    each = {}
+    for command in ("check", "speed"):
+        started = time.perf_counter()
+        each[command] = subprocess.run(["bash", str(root / "scripts" / "gpu_session.sh"), command, "--cpu-smoke"],
+                                       capture_output=True, text=True, timeout=1200, env=env, cwd=out)
+        each[command].seconds = time.perf_counter() - started
+    done = subprocess.CompletedProcess([c.args for c in each.values()], max(c.returncode for c in each.values()),
+                                       "".join(c.stdout for c in each.values()), "".join(c.stderr for c in each.values()))
+    done.each = each
     return done, out
 
 

@@ -55,15 +55,21 @@ def get_models(run_dir: str | Path, checkpoint: str | Path) -> EvalModels:
     key = (str(Path(run_dir).resolve()), str(Path(checkpoint).resolve()))
     with _LOAD_LOCK:
         if key not in _LOADED:
-            for old in list(_LOADED.values()):
-                old.close()
-            _LOADED.clear()
+            _drop_loaded()
             _LOADED[key] = load_models(run_dir, checkpoint)
         return _LOADED[key]
 
 
 def unload_all() -> None:
     with _LOAD_LOCK:
-        for old in _LOADED.values():
-            old.close()
-        _LOADED.clear()
+        _drop_loaded()
+
+
+def _drop_loaded() -> None:
+    """Close the loaded checkpoint and free its memory before another loads: its 4-bit layers are
+    reference cycles (bitsandbytes' ``Params4bit.module``), gone only once collected."""
+    from homerlhf.memory.oom import free_memory
+
+    while _LOADED:
+        _LOADED.popitem()[1].close()
+    free_memory()

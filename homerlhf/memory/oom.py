@@ -54,19 +54,30 @@ class OutOfMemoryAtMicroBatch1(UserError):
         )
 
 
+# What a RuntimeError says when the device ran out of memory without torch's typed error: bitsandbytes
+# and older kernels ("out of memory"), and cuBLAS / cuDNN failing to allocate their handle or workspace
+# (torch's TORCH_CUDABLAS_CHECK and cuDNN checks raise a plain RuntimeError naming the status).
+OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+
+
 def is_oom(exc: BaseException) -> bool:
-    """True for a CUDA OOM (typed, or the plain RuntimeError some kernels raise) or a simulated one."""
+    """True for a CUDA OOM (typed, or a plain RuntimeError with one of :data:`OOM_TEXTS`) or a simulated one."""
     if isinstance(exc, SimulatedOOM):
         return True
     oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
     if oom_type is not None and isinstance(exc, oom_type):
         return True
-    # bitsandbytes and some older kernels raise a bare RuntimeError with this text.
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in OOM_TEXTS)
 
 
 def free_memory() -> None:
-    """Drop unreachable tensors and hand cached CUDA blocks back so the retry starts clean."""
+    """Drop unreachable tensors and hand cached CUDA blocks back (a retry after an OOM, a model dropped).
+
+    The collection comes first and is not optional: bitsandbytes' ``Params4bit.module`` points back at
+    its ``Linear4bit`` (``bitsandbytes/nn/modules.py``, ``Linear4bit.__init__``), so a dropped 4-bit
+    model is a reference cycle that holds its weights until the cyclic GC runs; ``empty_cache`` alone
+    would hand back nothing."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -102,7 +102,8 @@ class AdapterOffReference(ReferenceBackend):
     the chunked computation by ``PolicyModel.reference_logprobs``), like the actor's.
 
     It shares the policy's modules, so it must not run concurrently with a policy forward:
-    ``submit_logprobs`` computes in the caller's thread and returns a finished future.
+    ``submit_logprobs`` computes in the caller's thread and returns a finished future. An
+    out-of-memory error halves its batch (down to 1, for the rest of the run) and scores again.
     """
 
     uses_policy = True
@@ -112,23 +113,33 @@ class AdapterOffReference(ReferenceBackend):
         self.batch_size = batch_size
 
     def logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> list[list[float]]:
+        from homerlhf.memory.oom import halved_after_oom
+
+        out: list[list[float]] = []
+        start = 0
+        while start < len(prompt_ids):
+            end = min(len(prompt_ids), start + self.batch_size)
+            try:
+                out.extend(self._batch(prompt_ids[start:end], response_ids[start:end]))
+            except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
+                self.batch_size = halved_after_oom(exc, end - start, "reference scoring")
+                continue
+            start = end
+        return out
+
+    def _batch(self, prompts: TokenIds, responses: TokenIds) -> list[list[float]]:
         import torch
 
         from homerlhf.ppo.rollout import pad_sequences
 
-        out: list[list[float]] = []
         pad = self.policy.tokenizer.pad_token_id
-        for start in range(0, len(prompt_ids), self.batch_size):
-            prompts = prompt_ids[start:start + self.batch_size]
-            responses = response_ids[start:start + self.batch_size]
-            # Prompts left-padded, responses right-padded to a common width: the policy's layout.
-            p_ids, p_mask = pad_sequences(prompts, pad, "left", self.policy.device)
-            r_ids, r_mask = pad_sequences(responses, pad, "right", self.policy.device)
-            ids = torch.cat([p_ids, r_ids], dim=1)
-            mask = torch.cat([p_mask, r_mask], dim=1)
-            lp = self.policy.reference_logprobs(ids, mask, r_ids.shape[1])
-            out.extend(row[:len(r)].tolist() for row, r in zip(lp.float().cpu(), responses))
-        return out
+        # Prompts left-padded, responses right-padded to a common width: the policy's layout.
+        p_ids, p_mask = pad_sequences(prompts, pad, "left", self.policy.device)
+        r_ids, r_mask = pad_sequences(responses, pad, "right", self.policy.device)
+        ids = torch.cat([p_ids, r_ids], dim=1)
+        mask = torch.cat([p_mask, r_mask], dim=1)
+        lp = self.policy.reference_logprobs(ids, mask, r_ids.shape[1])
+        return [row[:len(r)].tolist() for row, r in zip(lp.float().cpu(), responses)]
 
     def submit_logprobs(self, prompt_ids: TokenIds, response_ids: TokenIds) -> "Future[list[list[float]]]":
         return _completed(self.logprobs, prompt_ids, response_ids)

@@ -84,9 +84,19 @@ class Experience:
 
     def trimmed(self) -> "Experience":
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
-        prompt_keep = int(self.prompt_mask.any(dim=0).long().argmax()) if self.prompt_mask.any() else 0
-        response_used = self.response_mask.any(dim=0).nonzero()
-        response_keep = int(response_used.max()) + 1 if len(response_used) else 1
+        return self._cut(*_kept_widths(self._extents()))
+
+    def _extents(self) -> list[tuple[Optional[int], int]]:
+        """Per row: its first prompt column that is not padding (None when none is) and one past its
+        last response column that is not (0 when none is), read from the device in one transfer."""
+        prompt, response = self.prompt_mask.bool(), self.response_mask.bool()
+        width_p, width_t = prompt.shape[1], response.shape[1]
+        first = torch.where(prompt.any(dim=1), prompt.long().argmax(dim=1), width_p)  # argmax: the first 1
+        last = torch.where(response.any(dim=1), width_t - response.flip(1).long().argmax(dim=1), 0)
+        return [(None if p == width_p else p, t) for p, t in torch.stack([first, last], dim=1).tolist()]
+
+    def _cut(self, prompt_keep: int, response_keep: int) -> "Experience":
+        """The prompt block from column ``prompt_keep`` on, the response block's first ``response_keep`` columns."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -97,6 +107,11 @@ class Experience:
             elif f.name in _RESPONSE_FIELDS:
                 out[f.name] = value[:, :response_keep]
         return replace(self, **out)
+
+    def rows(self, start: int, stop: int) -> "Experience":
+        """Rows ``start:stop`` (views, no copy)."""
+        return replace(self, **{f.name: getattr(self, f.name)[start:stop] for f in fields(self)
+                                if getattr(self, f.name) is not None})
 
     def to(self, device) -> "Experience":
         return replace(self, **{
@@ -127,18 +142,32 @@ class Experience:
 
     def minibatches(self, size: int, generator: torch.Generator) -> Iterator["Experience"]:
         """Shuffled mini-batches of ``size`` rows (the last may be smaller), each trimmed of padding.
-        The permutation is drawn on ``generator``'s device (the trainer's is a CPU one)."""
+        The permutation is drawn on ``generator``'s device (the trainer's is a CPU one); the rows'
+        widths are read from the device once for all of them."""
         order = torch.randperm(len(self), generator=generator, device=generator.device)
+        extents, rows, picks = self._extents(), order.tolist(), order.to(self.device)  # read and sent once
         for start in range(0, len(self), size):
-            yield self.select(order[start : start + size]).trimmed()
+            widths = _kept_widths([extents[i] for i in rows[start : start + size]])
+            yield self.select(picks[start : start + size])._cut(*widths)
 
     def split(self, size: int) -> Iterator["Experience"]:
-        """Consecutive micro-batches of ``size`` rows, in order, each trimmed of padding."""
+        """Consecutive micro-batches of ``size`` rows, in order, each trimmed of padding. The widths of
+        all of them are read from the device at once (one transfer, not a few per micro-batch)."""
+        extents = self._extents()
         for start in range(0, len(self), size):
-            yield self.select(torch.arange(start, min(start + size, len(self)), device=self.device)).trimmed()
+            stop = min(start + size, len(self))
+            yield self.rows(start, stop)._cut(*_kept_widths(extents[start:stop]))
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Experience))
+
+
+def _kept_widths(extents: list[tuple[Optional[int], int]]) -> tuple[int, int]:
+    """(first prompt column to keep, response columns to keep) of rows with these
+    :meth:`Experience._extents`: the columns that are padding in every row go (every prompt column
+    stays when no row has a prompt token; at least one response column stays)."""
+    firsts = [p for p, _ in extents if p is not None]
+    return (min(firsts) if firsts else 0), max([1] + [t for _, t in extents])
 
 
 def check_one_device(exp: Experience) -> None:

@@ -33,10 +33,13 @@ from homerlhf.ppo.math import masked_mean, value_loss
 
 
 def build_optimizer(name: str, params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float):
-    """``adamw`` (torch, fp32 states) or bitsandbytes' ``adamw_8bit`` / ``paged_adamw_8bit``."""
+    """``adamw`` (torch, fp32 states; fused on CUDA: a few kernels a step for all the LoRA tensors) or
+    bitsandbytes' ``adamw_8bit`` / ``paged_adamw_8bit`` (a quarter of the states' bytes, but one kernel
+    and one ``torch.cuda.synchronize()`` per tensor a step: bitsandbytes/optim/optimizer.py, 0.50)."""
     params = list(params)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        fused = bool(params) and all(p.device.type == "cuda" for p in params)  # the CPU keeps torch's default
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
     import bitsandbytes as bnb
 
     if name == "adamw_8bit":
@@ -127,20 +130,24 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
     gives the same step. The optimizer step is the caller's (see ``homerlhf.memory.oom``).
     ``group``: the GRPO / RLOO loss (no critic); None for PPO. ``totals``: the response tokens and
     rows of the whole mini-batch when ``minibatch`` is this rank's part of it (data parallel).
+
+    The stats are 0-d tensors on the policy's device (read by :func:`host_floats`, once a mini-batch)
+    and the micro-batches' widths are read once: nothing here makes the host wait for the device, so
+    the next forward is queued while the last one runs.
     """
     from homerlhf.memory.oom import maybe_raise
 
     total_tokens, total_rows = totals if totals is not None else (minibatch.response_mask.sum(), len(minibatch))
 
-    def accumulate(micro_batch_size: int) -> dict[str, float]:
+    def accumulate(micro_batch_size: int) -> dict[str, Tensor]:
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
-        stats: dict[str, float] = {}
+        stats: dict[str, Tensor] = {}
         for micro in minibatch.split(micro_batch_size):
             maybe_raise(micro_batch_size)
             share = micro.response_mask.sum() / total_tokens
             if group is not None:
-                share = torch.tensor(len(micro) / total_rows, device=share.device) if group.per_row else share
+                share = len(micro) / total_rows if group.per_row else share  # a Python float: no upload
                 out = group_micro_losses(policy, micro, group)
                 backward(out["policy_loss"] * share)
             elif policy.shared_adapter:
@@ -149,10 +156,21 @@ def make_accumulate(policy, minibatch: Experience, ppo: PPOConfig, optimizers, b
             else:
                 out = backward_separate_adapters(policy, micro, ppo, backward, share)
             for key, value in out.items():
-                stats[key] = stats.get(key, 0.0) + float(value.detach()) * float(share)
+                weighted = value.detach().float() * share
+                stats[key] = stats[key] + weighted if key in stats else weighted
         return stats
 
     return accumulate
+
+
+def host_floats(stats: dict[str, Tensor | float]) -> dict[str, float]:
+    """``stats`` as Python floats, the tensors among them read from their device in one transfer."""
+    tensors = {k: v for k, v in stats.items() if torch.is_tensor(v)}
+    out = {k: float(v) for k, v in stats.items() if not torch.is_tensor(v)}
+    if tensors:
+        values = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
+        out.update(zip(tensors, values))
+    return {k: out[k] for k in stats}
 
 
 @dataclass
@@ -222,14 +240,16 @@ def train_minibatch(policy, minibatch: Experience, cfg: RunConfig, actor_opt, cr
         stats = run_with_backoff(accumulate, state.micro_batch_size, on_retry=on_retry, phase="update")
     else:
         stats = accumulate(state.micro_batch_size)
-    stats = _summed_over_ranks(ranks, optimizers, stats)
+    if ranks.distributed:
+        stats = _summed_over_ranks(ranks, optimizers, host_floats(stats))
     for optimizer in optimizers:
         scaler.unscale_(optimizer)  # clipping and the guard see the true gradients
     actor_params = [p for g in actor_opt.param_groups for p in g["params"]]
-    stats["grad_norm_actor"] = float(accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm))
+    stats["grad_norm_actor"] = accelerator.clip_grad_norm_(actor_params, cfg.ppo.max_grad_norm)
     if critic_opt is not None:
         critic_params = [p for g in critic_opt.param_groups for p in g["params"]]
-        stats["grad_norm_critic"] = float(accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm))
+        stats["grad_norm_critic"] = accelerator.clip_grad_norm_(critic_params, cfg.ppo.max_grad_norm)
+    stats = host_floats(stats)  # the mini-batch's one wait for the device
     checked = ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
     if _scale_overflow(scaler, stats) or (guard is not None and not guard.check({k: stats[k] for k in checked
                                                                                  if k in stats})):

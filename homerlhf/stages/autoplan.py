@@ -3,12 +3,13 @@
 (``rollout.generation_chunk: auto``).
 
 The choice is the fastest placement that fits the card (:func:`homerlhf.memory.placement.choose`),
-by this machine's throughputs: ``homerlhf bench`` figures from the cache; on a CUDA machine that has
-none yet, a ``bench --quick`` now (once; its figures are cached); elsewhere, and under ``accelerate
-launch`` (every rank must choose alike without measuring at once), the documented defaults. Roles
-the config names are kept as named. The choice is printed with the alternatives' seconds per
-iteration, and the resolved values are what the run's ``config.yaml`` records. A resumed run keeps
-the choice its checkpoint was written with.
+by the throughputs at hand: this machine's ``homerlhf bench`` figures from the cache, else the
+documented defaults. A run's start plans; it never measures: no export, no worker and no model is
+started to choose (measuring is ``homerlhf bench``'s job, asked for by the user), on a CUDA machine
+as on a CPU, so every rank of ``accelerate launch`` chooses alike too. Roles the config names are
+kept as named. The choice is printed with the alternatives' seconds per iteration and, when the
+defaults decided, a line saying so and naming ``homerlhf bench``; the resolved values are what the
+run's ``config.yaml`` records. A resumed run keeps the choice its checkpoint was written with.
 """
 
 from __future__ import annotations
@@ -28,31 +29,39 @@ def has_auto(cfg: RunConfig) -> bool:
     return "auto" in (cfg.ref.backend, cfg.reward.backend) or cfg.rollout.generation_chunk == "auto"
 
 
-def run_rates(cfg: RunConfig, shape: ModelShape, say: Callable[[str], None] = print) -> Throughputs:
-    """This machine's throughputs for ``cfg``'s model: cached bench figures; else, on a CUDA machine
-    (one process), a quick bench now; else the documented defaults."""
+def run_rates(cfg: RunConfig, shape: ModelShape) -> tuple[Throughputs, bool]:
+    """(the throughputs ``cfg``'s model is planned with, whether ``homerlhf bench`` measured them):
+    this machine's cached bench figures, else the documented defaults. Nothing is measured here."""
     from homerlhf.memory.threads import physical_cores
     from homerlhf.memory.timing import default_throughputs
     from homerlhf.workers.bench import cached_throughputs
 
     cached = cached_throughputs(cfg, shape)
     if cached is not None:
-        return cached
-    if cfg.card.device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) == 1 and _cuda():
-        from homerlhf.memory.placement import Placement, with_placement
-        from homerlhf.workers.bench import bench
-
-        say(SAY_PREFIX + "placement auto: no bench figures for this machine and model yet; measuring them once "
-            "(homerlhf bench --quick)")
-        measured = with_placement(cfg, Placement("llamacpp", "llamacpp", cfg.rollout.engine))
-        return bench(measured, shape, quick=True, say=say)[0]
-    return default_throughputs(shape, cfg, physical_cores())
+        return cached, True
+    return default_throughputs(shape, cfg, physical_cores()), False
 
 
-def _cuda() -> bool:
-    import torch
+def default_rates_line(rec, cfg: RunConfig) -> str:
+    """What to say when the documented defaults chose the placement: whether an alternative that fits
+    comes within 2x of the choice (then this machine's own figures may well choose otherwise), and
+    that ``homerlhf bench`` measures them for the next run."""
+    from homerlhf.memory.placement import explicit
 
-    return torch.cuda.is_available()
+    chosen = rec.current
+    others = [c for c in rec.candidates if c is not chosen and c.fits and explicit(c.time.placement, cfg)]
+    close = [c for c in others if c.time.total_s <= CLOSE * chosen.time.total_s]
+    head = "  chosen by default rates (no `homerlhf bench` figures for this machine and model)"
+    if close:
+        head += f"; {close[0].time.placement.label()} is within {CLOSE:g}x of it"
+    elif others:
+        head += f"; every alternative that fits is over {CLOSE:g}x slower by them"
+    else:
+        head += "; no other placement fits"
+    return head + ": `homerlhf bench` with this run's preset and --set measures them, and later runs choose by them"
+
+
+CLOSE = 2.0  # an alternative within this factor of the choice may win on this machine's own figures
 
 
 def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: Optional[Throughputs] = None,
@@ -60,7 +69,7 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
                  reward_given: bool = False, say: Callable[[str], None] = print) -> RunConfig:
     """``cfg`` with every ``auto`` resolved (a config without one is returned as it is).
 
-    ``rates``: throughputs (default: :func:`run_rates`); ``rewards``: the backends the reward model can
+    ``rates``: throughputs (default: :func:`run_rates`, without measuring); ``rewards``: the backends the reward model can
     run on (default: from its files, :func:`homerlhf.models.reward_kinds.possible_reward_backends`);
     ``saved``: the config of the checkpoint a resumed run continues from, whose choices are kept;
     ``reward_given``: the run's reward is a ready backend (its placement is not the config's to pick)."""
@@ -79,11 +88,15 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
         planned = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"backend": "function"})})
     if rewards is None and not reward_given:
         rewards = possible_reward_backends(cfg.reward.model, cfg.model.name_or_path, build=True)
-    rates = rates or run_rates(cfg, shape, say)
+    measured = rates is not None
+    if rates is None:
+        rates, measured = run_rates(cfg, shape)
     rec = recommend(planned, shape, rates, cores=physical_cores(), logical=max(1, os.cpu_count() or 1),
                     rewards=rewards)
     for line in choice_lines(rec, planned):
         say(SAY_PREFIX + line)
+    if not measured and "auto" in (cfg.ref.backend, cfg.reward.backend):
+        say(SAY_PREFIX + default_rates_line(rec, planned))
     resolved = resolve_placement(planned, rec)
     if reward_given:
         resolved = resolved.model_copy(update={"reward": cfg.reward})

@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import torch
 
 from homerlhf.errors import UserError
+from homerlhf.memory.oom import free_memory
 from homerlhf.models.precision import (cast_trainable, prepare_frozen_base, release_finished_accelerate_state,
                                        trainable_dtype, trainer_precision_flags)
 from homerlhf.tracking import hf
@@ -231,12 +232,13 @@ def train_and_save(make_trainer: Callable[[], Any], method: Method, cfg, out: Pa
     if method == "full":
         trainer.model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
+        del trainer
+        free_memory()  # the next stage (a notebook chains them) loads into a card this one no longer holds
     else:
         trainer.model.save_pretrained(adapter_dir)
         tokenizer.save_pretrained(adapter_dir)
         del trainer
-        if on_cuda(cfg):
-            torch.cuda.empty_cache()
+        free_memory()  # before the merge loads the full-precision base
         save_merged(auto_cls, base_path, adapter_dir, model_dir, cfg, tokenizer, **merge_kwargs)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     report.update(model_dir=str(model_dir), adapter_dir=None if method == "full" else str(adapter_dir))

@@ -110,6 +110,14 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     Under ``accelerate launch`` (several processes) each process runs this with the same arguments:
     see :mod:`homerlhf.stages.data_parallel` for what process 0 does alone.
     """
+    from homerlhf.memory.oom import free_memory
+
+    result = _run_ppo(cfg, out_dir, resume, overwrite, reward, stop)
+    free_memory()  # the policy's 4-bit layers are reference cycles: collected now, the card is free for what follows
+    return result
+
+
+def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[RewardBackend], stop) -> dict[str, Any]:
     from homerlhf.models.policy import PolicyModel, load_tokenizer
     from homerlhf.models.sharding import check_trainable_sharded
     from homerlhf.ppo.distributed import check_data_parallel, current_ranks

@@ -193,11 +193,11 @@ def check_plan_tab(page, reward_dir):
     time_text = wait_text(page, "plan-time", r"H200 figures scaled to the RTX 3060 12GB by its published specs")
     assert "--set" not in time_text and not re.search(r"\d{4,}\.\d s", time_text)
     assert value_of(page, "plan-model") == "Qwen/Qwen2.5-1.5B-Instruct", page.locator("#plan-message").inner_text()
-    fill(page, "plan-model", "Qwen/Qwen2.5-7B")
+    fill(page, "plan-model", "google/gemma-2-9b")  # bf16 end to end: a 7B fits 12 GiB, a 9B is tight
     page.locator("#plan-run").click()
     wait_text(page, "plan-verdict", r"^TIGHT: tight on RTX 3060 12GB")
     page.locator("#plan-apply").click()
-    wait_text(page, "plan-message", r"^Applied: rollout\.chunk_size=4")  # smaller items: the Applied line stays
+    wait_text(page, "plan-message", r"^Applied: actor\.optimizer=paged_adamw_8bit")  # smaller items: the Applied line stays
     page.screenshot(path=str(ARTIFACTS / "2a-plan-3060.png"), full_page=True)
     # Item 2: back on cpu-tiny the model is the preset's and the 3060's suggestion is taken out, said so.
     choose(page, "plan-preset", "cpu-tiny")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from homerlhf.app import chat
 
@@ -57,3 +58,36 @@ def test_a_weighted_reward_is_rebuilt_whole_not_one_worker(run_dir):
     assert [(name, weight, type(part)) for name, weight, part in reward.parts] == [
         ("reverse", 1.0, FunctionReward), ("rm", 0.5, HFReward)]
     reward.close()
+
+
+def test_a_checkpoint_switched_away_from_is_freed_before_the_next_loads(monkeypatch, tiny_llama_dir):
+    """One checkpoint at a time: the one left is closed and its 4-bit layers freed (they are reference
+    cycles) before the next loads, so a 24 GB card holds one policy, not two."""
+    import gc
+    import weakref
+
+    from bitsandbytes.nn import Linear4bit
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    class Loaded:  # what EvalModels holds that matters here: a 4-bit policy and a close()
+        def __init__(self, run_dir, checkpoint):
+            quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, quantization_config=quant, device_map="cpu")
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(chat, "load_models", Loaded)
+    gc.disable()  # no collection but the cache's own
+    try:
+        first = chat.get_models("run", "iter_000001")
+        layers = [weakref.ref(m) for m in first.model.modules() if isinstance(m, Linear4bit)]
+        assert chat.get_models("run", "iter_000001") is first  # kept while in use
+        del first
+        second = chat.get_models("run", "iter_000002")
+        alive = sum(ref() is not None for ref in layers)
+        chat.unload_all()
+    finally:
+        gc.enable()
+    assert layers and alive == 0 and second.closed

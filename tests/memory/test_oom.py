@@ -126,6 +126,10 @@ def test_is_oom_and_injector_scope():
     assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_oom(torch.cuda.OutOfMemoryError("x"))
     assert not is_oom(RuntimeError("shape mismatch"))
+    # cuBLAS / cuDNN failing to allocate raise a plain RuntimeError naming the status (torch's checks).
+    assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert not is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))
     maybe_raise(1024)  # no injector active: nothing happens
     with inject_oom_at(micro_batch_size=8) as inj:
         maybe_raise(4)  # below the threshold

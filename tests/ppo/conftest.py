@@ -90,3 +90,89 @@ class StrayTensorsOnMeta:
 def stray_tensors_on_meta():
     """``with stray_tensors_on_meta() as mode: ...``: see :class:`StrayTensorsOnMeta`."""
     return StrayTensorsOnMeta
+
+
+class HostSyncs:
+    """While active, counts what would make the host wait for a GPU, by the homerlhf line that asked
+    (``counts``: ``{"ppo/update.py:123": n}``): reading a tensor's value (``.item()``, ``float(t)``,
+    ``bool(t)``, ``int(t)``: ``aten._local_scalar_dense``), ``.tolist()``, data-dependent shapes
+    (``nonzero``, boolean indexing) and an upload of host data (``torch.tensor(..., device=...)``). On
+    the CPU nothing waits, but the same calls run, so their count is the GPU's. Calls made inside other
+    libraries (transformers' mask checks, torch's clipping) are counted under ``other``."""
+
+    SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "equal")
+
+    def __init__(self):
+        import os
+        from pathlib import Path
+
+        import homerlhf
+
+        self.package = str(Path(homerlhf.__file__).resolve().parent) + os.sep
+        self.counts: dict[str, int] = {}
+        self.others: list[str] = []  # where the ``other`` ones were asked for
+
+    def _record(self) -> None:
+        import sys
+
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(self.package):
+                key = f"{name[len(self.package):]}:{frame.f_lineno}"
+                break
+            if "site-packages" in name and "/torch/" not in name:  # another library's own call
+                key = "other"
+                self.others.append(f"{name.split('site-packages/')[-1]}:{frame.f_lineno}")
+                break
+            frame = frame.f_back
+        else:
+            key = "other"
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def ours(self) -> int:
+        return sum(n for key, n in self.counts.items() if key != "other")
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                bool_index = func.overloadpacket in (torch.ops.aten.index, torch.ops.aten.index_put_) and any(
+                    isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
+                if func.overloadpacket.__name__ in HostSyncs.SYNCS or bool_index:
+                    counter._record()
+                return func(*args, **(kwargs or {}))
+
+        self._tolist, self._tensor = torch.Tensor.tolist, torch.tensor
+        tolist, tensor = self._tolist, self._tensor
+
+        def counted_tolist(t, *args, **kwargs):
+            counter._record()
+            return tolist(t, *args, **kwargs)
+
+        def counted_tensor(data, *args, **kwargs):
+            if kwargs.get("device") is not None:
+                counter._record()
+            return tensor(data, *args, **kwargs)
+
+        torch.Tensor.tolist, torch.tensor = counted_tolist, counted_tensor
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self._mode.__exit__(*exc)
+        torch.Tensor.tolist, torch.tensor = self._tolist, self._tensor
+        return False
+
+
+@pytest.fixture
+def host_syncs():
+    """``with host_syncs() as syncs: ...; syncs.counts``: see :class:`HostSyncs`."""
+    return HostSyncs

@@ -83,6 +83,26 @@ def test_oom_in_generation_and_in_scoring_halves_the_chunk_and_keeps_every_sampl
     assert torch.equal(again.scores, clean.scores)
 
 
+def test_oom_in_reference_scoring_halves_its_batch_and_gives_the_same_logprobs(setup):
+    """``ref.backend=adapter_off`` on the policy's own base: an OOM there is the trainer's OOM, so it
+    halves the reference's batch (for the rest of the run) instead of ending the run at
+    ``ref_future.result()``."""
+    _, policy, prompts = setup
+    responses = [p[-6:] for p in reversed(prompts[:5])]  # in-vocabulary ids, rows of other lengths
+    reference = AdapterOffReference(policy, batch_size=4)
+    clean = reference.logprobs(prompts[:5], responses)
+    seen = _fail_first(policy, "reference_logprobs", times=1)
+    try:
+        future = reference.submit_logprobs(prompts[:5], responses)
+        again = future.result()
+    finally:
+        del policy.reference_logprobs
+    assert seen == [4, 2, 2, 1] and reference.batch_size == 2  # 4: OOM -> 2; then 2, 2 and the last row
+    assert [len(r) for r in again] == [len(r) for r in responses]
+    for a, b in zip(again, clean):
+        assert a == pytest.approx(b, abs=1e-5)  # other batches, other padding: the same log-probs
+
+
 def test_seeds_make_samples_independent_of_the_chunking(setup):
     cfg, policy, prompts = setup
     seeds = sample_seeds(cfg.seed, 3, len(prompts))

@@ -24,22 +24,37 @@ def prompt_pair(policy):
     return pad_sequences([[4, 300, 301, 6], [4, 6]], policy.tokenizer.pad_token_id)
 
 
-def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_dir, ppo_cfg, prompt_ids):
-    from accelerate import Accelerator
+@pytest.fixture(scope="module")
+def update_run(tiny_llama_dir):
+    """(cfg, policy, experience): 8 rollouts of the 4-bit tiny policy, rows of different widths, with
+    advantages. Tests that step it restore the weights they start from."""
+    from homerlhf.config import load_config
+    from homerlhf.data.builtin import all_examples
 
-    from homerlhf.memory.oom import inject_oom_at
-
-    cfg = ppo_cfg("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_new_tokens=6",
-               "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.max_grad_norm=1e6")
+    cfg = load_config("cpu-tiny", overrides=[
+        "ref.backend=adapter_off", "reward.backend=hf", "logging.progress=false", "ppo.kl_coef=0.02",
+        "ppo.adaptive_kl=false", "rollout.truncation_penalty=null", "actor.lr=2e-3", "rollout.batch_size=8",
+        "rollout.chunk_size=8", "rollout.max_new_tokens=6", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
+        "ppo.max_grad_norm=1e6"])
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    prompts = prompt_ids(policy.tokenizer, 8)
+    prompts = [list(policy.tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=False))
+               for e in all_examples()[:8]]
     # The target token rewards rows unevenly, so advantages (and gradients) are far from uniform.
     reward = CallableReward(lambda p, r: sum(t % 7 == 0 for t in r) / len(r))
     exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
     exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
     assert exp.response_mask.sum(dim=1).unique().numel() > 1 or exp.prompt_mask.sum(dim=1).unique().numel() > 1
+    return cfg, policy, exp
 
+
+def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(update_run):
+    from accelerate import Accelerator
+
+    from homerlhf.memory.oom import inject_oom_at
+
+    cfg, policy, exp = update_run
     params = policy.actor_parameters() + policy.critic_parameters()
     start = [p.detach().clone() for p in params]
     accelerator = Accelerator(cpu=True)
@@ -68,6 +83,41 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(tiny_llama_d
     assert moved > 1e-3  # the step really changed the LoRA weights
     diff = max(float((u - r).abs().max()) for u, r in zip(unsplit, retried))
     assert diff <= 1e-5, diff
+
+
+def test_an_update_reads_the_device_twice_a_mini_batch_however_many_micro_batches(update_run, host_syncs):
+    """homerlhf's update never makes the host wait for the device inside the micro-batch loop, so the
+    next forward is queued while the last one runs: per mini-batch the micro-batches' widths are read
+    once and the stats once (with the gradient norms); per epoch the rows' widths once. (It was ~15
+    a micro-batch: ``float()`` of every stat and share, ``trimmed()``'s widths.)"""
+    from accelerate import Accelerator
+
+    from homerlhf.ppo.update import ppo_update
+
+    cfg, policy, exp = update_run
+    params = policy.actor_parameters() + policy.critic_parameters()
+    start = [p.detach().clone() for p in params]
+    counted = {}
+    try:
+        for micro in (4, 2):  # 1 and 2 micro-batches in each of the 2 mini-batches
+            run_cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"mini_batch_size": 4, "epochs": 1})})
+            opts = [torch.optim.SGD(policy.actor_parameters(), lr=0.1), torch.optim.SGD(policy.critic_parameters(), lr=0.1)]
+            with host_syncs() as syncs:
+                stats = ppo_update(policy, exp, run_cfg, *opts, Accelerator(cpu=True), torch.Generator().manual_seed(0),
+                                   UpdateState(micro))
+            counted[micro] = {key: n for key, n in syncs.counts.items() if key != "other"}  # ours
+            assert stats["optimizer_steps"] == 2 and math.isfinite(stats["policy_loss"])
+    finally:
+        for p, s in zip(params, start):
+            p.data.copy_(s)
+    assert counted[4] == counted[2], counted  # nothing per micro-batch
+    by_file = {}
+    for key, n in counted[2].items():
+        by_file[key.split(":")[0]] = by_file.get(key.split(":")[0], 0) + n
+    # experience.py: the epoch's widths and its permutation (on the CPU generator: no wait there), each
+    # mini-batch's micro-batch widths; update.py: each mini-batch's stats and gradient norms.
+    assert by_file == {"ppo/experience.py": 1 + 1 + 2, "ppo/update.py": 2}, counted[2]
+    # (transformers' own mask check reads the padding mask at each forward: HostSyncs' "other".)
 
 
 # -- fp16 compute: fp32 trainable weights and the grad scaler ----------------------------------------
@@ -136,12 +186,11 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     params = policy.actor_parameters() + policy.critic_parameters()
     start = [p.detach().clone() for p in params]
 
-    def one_step(scaler, guard=None):
+    def one_step(scaler, guard=None, make=lambda ps: torch.optim.SGD(ps, lr=0.5)):
         for p, s in zip(params, start):
             p.data.copy_(s)
-        # Plain SGD: its step is the gradient itself, so any scaling left in it shows.
-        actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
-        critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
+        # Plain SGD by default: its step is the gradient itself, so any scaling left in it shows.
+        actor_opt, critic_opt = make(policy.actor_parameters()), make(policy.critic_parameters())
         policy.train()
         stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
                                 guard, scaler)
@@ -155,6 +204,12 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     assert moved > 1e-3
     # A power-of-two scale and its exact inverse: the same step up to fp16 rounding in the base's backward.
     assert max(float((u - s).abs().max()) for u, s in zip(plain, scaled)) <= 1e-3 * moved
+
+    # A fused AdamW (build_optimizer's on CUDA; it reads the scaler's state itself) takes the unfused one's step.
+    adam = {fused: one_step(torch.amp.GradScaler("cpu", init_scale=2.0**10),
+                            make=lambda ps, f=fused: torch.optim.AdamW(ps, lr=1e-3, fused=f))[1] for fused in (None, True)}
+    assert max(float((u - s).abs().max()) for u, s in zip(adam[None], start)) > 5e-4
+    assert max(float((u - f).abs().max()) for u, f in zip(adam[None], adam[True])) <= 1e-6
 
     # 2**40 overflows fp16 in the 4-bit layers' backward: the step is skipped and the scale halved,
     # and the non-finite guard (one bad step stops the run) does not count it.

@@ -17,7 +17,7 @@ import torch
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCRIPT = SCRIPTS / "gpu_check.py"
-CASES = ["ppo-7b", "grpo-1.5b", "grpo-1.5b-upcast", "rloo-1.5b", "ppo-fp16-1.5b", "reward-adapter-1.5b", "resume-1.5b",
+CASES = ["ppo-7b", "grpo-1.5b", "grpo-1.5b-upcast", "rloo-1.5b", "reward-adapter-1.5b", "resume-1.5b", "ppo-fp16-1.5b",
          "cli-1.5b"]
 PHASES = {"generation", "scoring", "update"}
 
@@ -47,8 +47,20 @@ def test_cpu_smoke_runs_every_case_and_writes_their_figures(gpu_session_smoke):
     assert by_name["grpo-1.5b"]["settings"]["algorithm"] == "grpo" and by_name["rloo-1.5b"]["settings"]["algorithm"] == "rloo"
     upcast = {name: by_name[name]["settings"]["quant.upcast_non_quantized"] for name in ("grpo-1.5b", "grpo-1.5b-upcast")}
     assert upcast == {"grpo-1.5b": False, "grpo-1.5b-upcast": True}  # both dtype settings, side by side
-    assert by_name["ppo-fp16-1.5b"]["settings"]["quant.compute_dtype"] == "fp16"
-    assert "loss_scale" in by_name["ppo-fp16-1.5b"]["rows"][-1]  # the GradScaler path ran
+    fp16 = by_name["ppo-fp16-1.5b"]
+    assert fp16["settings"]["quant.compute_dtype"] == "fp16" and "loss_scale" in fp16["rows"][-1]  # the GradScaler
+    steps = fp16["optimizer_steps"]  # two steps an iteration; the case fails when the scaler skipped them all
+    assert steps["steps"] == 2 and steps["taken"] + steps["skipped"] == 2 and steps["taken"] >= 1
+    assert all(case["optimizer_steps"]["taken"] >= 1 for case in report["cases"])
+    # The 7B first, the rest from the quickest to the slowest by their H200 estimates; within the budget.
+    estimates = [case["estimate_s"] for case in report["cases"][1:]]
+    assert estimates == sorted(estimates) and "running" not in report
+    assert report["estimate_h200_s"] <= 300 - 15  # timeout -k 15 300 in scripts/gpu_session.sh
+    # `homerlhf train` decided as on the GPU machine (CUDA reported, the 4090's card), measuring nothing:
+    # no llama.cpp there (nor here: absent), the default rates' label of a GPU card.
+    (placement,) = by_name["cli-1.5b"]["placement"]
+    assert placement.startswith("[homerlhf] placement as configured: ref adapter_off, reward function, rollout hf")
+    assert "GPU: measured on NVIDIA H200" in placement
     assert by_name["reward-adapter-1.5b"]["settings"]["reward.backend"] == "adapter"
     assert by_name["resume-1.5b"]["state_equal"] and [r["iteration"] for r in by_name["resume-1.5b"]["rows"]] == [2]
     assert by_name["cli-1.5b"]["checkpoints"] == ["iter_000001", "iter_000002"]
@@ -65,12 +77,22 @@ def test_a_failing_case_is_a_line_and_the_next_case_still_runs(monkeypatch, tmp_
     monkeypatch.syspath_prepend(str(SCRIPTS))
     script = runpy.run_path(str(SCRIPT))  # defines everything; main does not run (__name__ is not __main__)
     Case, Run = script["Case"], script["Run"]
-    broken = Case("broken", "no-such-preset", "Qwen/Qwen2.5-1.5B", (), 1)
+    broken = Case("broken", "no-such-preset", "Qwen/Qwen2.5-1.5B", (), 1, 10)
     entry = script["guarded"](broken, Run(smoke=True, tmp=tmp_path))
     assert not list(tmp_path.iterdir())  # refused before any model was built
     assert entry["error"].startswith("UserError: ") and "no-such-preset" in entry["error"]
     assert "Traceback" in entry["traceback"] and entry["overrides"]
     assert script["line"](entry).startswith("FAIL broken")
+
+
+def test_a_gpu_case_loads_its_model_from_where_the_build_puts_it(monkeypatch, tmp_path):
+    """On a GPU the checkpoints are kept in the session's models folder: the path a case configures
+    before the build is that folder's (it was the scratch dir's, which the build never wrote)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(tmp_path / "models"))
+    script = runpy.run_path(str(SCRIPT))
+    run = script["Run"](smoke=False, tmp=tmp_path / "scratch")
+    assert run.model_dir("Qwen/Qwen2.5-7B", build=False) == tmp_path / "models" / "Qwen--Qwen2.5-7B-seed0"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -49,9 +49,24 @@ def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone():
     assert given.reward.backend == "auto" and given.ref.backend == "adapter_off"
 
 
-def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, tmp_path, capsys):
+def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    import gc
+    import weakref
+
+    from bitsandbytes.nn import Linear4bit
+
+    from homerlhf.models.policy import PolicyModel
     from homerlhf.stages.ppo import run_ppo
     from homerlhf.tiny import build_sequence_classifier
+
+    layers, load = [], PolicyModel.from_config
+
+    def recorded(*args, **kwargs):
+        policy = load(*args, **kwargs)
+        layers.extend(weakref.ref(m) for m in policy.model.modules() if isinstance(m, Linear4bit))
+        return policy
+
+    monkeypatch.setattr(PolicyModel, "from_config", recorded)
 
     rm = build_sequence_classifier(tmp_path / "rm", arch="llama", seed=3)  # an HF classifier: llamacpp or hf
     cfg = load_config("cpu-tiny", overrides=[
@@ -59,9 +74,60 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
         "rollout.batch_size=2", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_len=24",
         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.iterations=1", "logging.progress=false",
         "logging.tensorboard=false", "rollout.truncation_penalty=null"])
-    run_ppo(cfg, out_dir=tmp_path / "run")
+    gc.disable()  # no collection but the stage's own (objects stay young: enabling would collect them)
+    try:
+        run_ppo(cfg, out_dir=tmp_path / "run")
+        alive = sum(ref() is not None for ref in layers)
+    finally:
+        gc.enable()
+    # The policy's 4-bit layers (reference cycles: Params4bit.module) are gone when the run returns:
+    # a notebook's next stage loads into a free card.
+    assert layers and alive == 0
     out = capsys.readouterr().out
     saved = from_yaml_file(tmp_path / "run" / "config.yaml")
     assert saved.ref.backend in ("llamacpp", "adapter_off") and saved.reward.backend in ("llamacpp", "hf")
     line = f"placement auto: ref {saved.ref.backend}, reward {saved.reward.backend}, rollout hf: "
     assert line in out and "s per iteration" in out
+
+
+def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decided(monkeypatch, tmp_path, capsys):
+    """``homerlhf train --preset 4090`` on a CUDA machine with no ``homerlhf bench`` figures: the
+    placement comes from the default rates, and no model is built, no GGUF exported, no worker
+    started to choose it (the GPU machine has no llama.cpp; a user would wait minutes for nothing),
+    whether or not the candidates are within 2x by those rates."""
+    import bitsandbytes  # noqa: F401 - imported while the real device shows (its import reads it)
+    import torch
+
+    from homerlhf.stages.autoplan import resolve_for_run
+
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))  # no bench figures
+    measured = []
+
+    def forbidden(what):
+        def call(*args, **kwargs):
+            measured.append(what)
+            raise AssertionError(f"a run's start measured: {what}")
+        return call
+
+    for target in ("homerlhf.workers.bench.standin_dir", "homerlhf.workers.gguf.export.export_ref",
+                   "homerlhf.workers.gguf.export.export_reward", "homerlhf.workers.process.WorkerProcess.start",
+                   "homerlhf.models.policy.PolicyModel.from_config"):
+        monkeypatch.setattr(target, forbidden(target))
+    # The 4090's 7B: every alternative far slower by the defaults; the 3060's 1.5B: an in-process hf
+    # reward ties the reward adapter, within 2x, so this machine's own figures could pick either.
+    for preset, model, verdict in (("4090", "Qwen/Qwen2.5-7B", "every alternative that fits is over 2x slower"),
+                                   ("3060-12g", "Qwen/Qwen2.5-1.5B", "ref adapter_off, reward hf, rollout hf is "
+                                                                     "within 2x of it")):
+        cfg = load_config(preset, overrides=[f"model.name_or_path={model}"])  # the builtin table's shape
+        with monkeypatch.context() as deciding:  # the machine reports CUDA while the run decides
+            deciding.setattr(torch.cuda, "is_available", lambda: True)
+            deciding.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
+            resolved = resolve_for_run(cfg, None, reward_given=False)
+        assert not measured
+        assert not has_auto(resolved) and isinstance(resolved.rollout.generation_chunk, int)
+        said = capsys.readouterr().out.splitlines()
+        assert said[0].startswith(f"[homerlhf] placement auto: ref {resolved.ref.backend}, "
+                                  f"reward {resolved.reward.backend}")
+        assert "measured on NVIDIA H200" in said[0]  # the GPU's default rates, as the plan labels them
+        assert said[-1].startswith("[homerlhf]   chosen by default rates (no `homerlhf bench` figures")
+        assert verdict in said[-1] and "`homerlhf bench` with this run's preset and --set measures them" in said[-1]

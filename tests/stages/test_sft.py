@@ -32,14 +32,38 @@ def _cfg(method, *extra):
     ])
 
 
-def test_qlora_sft_writes_adapter_and_merged_model(tiny_llama_dir, sft_file, tmp_path):
+def test_qlora_sft_writes_adapter_and_merged_model(tiny_llama_dir, sft_file, tmp_path, monkeypatch):
+    import gc
+    import weakref
+
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import homerlhf.stages.common as common
     from homerlhf.stages.sft import run_sft
 
+    # The trained 4-bit model is gone when the merge loads the full-precision base (on a 24 GB card the
+    # next load): bitsandbytes' Params4bit.module -> Linear4bit cycle needs the stage's own collection.
+    from bitsandbytes.nn import Linear4bit
+
+    trained, alive_at_merge = [], []
+    match, merge = common.match_trainable_dtype, common.save_merged
+
+    def record(model, *args):
+        trained.extend(weakref.ref(m) for m in model.modules() if isinstance(m, Linear4bit))
+        return match(model, *args)
+
+    monkeypatch.setattr(common, "match_trainable_dtype", record)
+    monkeypatch.setattr(common, "save_merged",
+                        lambda *args, **kw: (alive_at_merge.append(sum(r() is not None for r in trained)),
+                                             merge(*args, **kw))[1])
     out = tmp_path / "run"
-    summary = run_sft(_cfg("qlora"), out, data=sft_file, base=str(tiny_llama_dir))
+    gc.disable()  # no collection but the stage's own
+    try:
+        summary = run_sft(_cfg("qlora"), out, data=sft_file, base=str(tiny_llama_dir))
+    finally:
+        gc.enable()
+    assert trained and alive_at_merge == [0]  # none of its 4-bit layers
 
     run = json.loads((out / "sft_run.json").read_text())
     assert run["method"] == "qlora" and run["steps"] == 3 and run["n_train"] == 8
