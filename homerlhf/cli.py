@@ -87,8 +87,6 @@ def train(
     """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
     from homerlhf.config import check_device
 
-    from homerlhf.stages.ppo import run_ppo
-
     if resume is not None:
         from homerlhf.ppo.resuming import resume_config
 
@@ -103,6 +101,7 @@ def train(
         cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"gpus": gpus})})
     check_device(cfg)
     from homerlhf.stages.data_parallel import launched, relaunch
+    from homerlhf.stages.ppo import run_ppo  # torch and the trainer: only once the config checked out
 
     if cfg.distributed.gpus > 1 and not launched():
         relaunch(cfg, _train_args(preset, config, set_, out, resume, overwrite, cfg.distributed.gpus))
@@ -226,10 +225,11 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (TRL SFTTrainer, QLoRA); writes OUT/adapter, OUT/model, OUT/sft_run.json."""
     from homerlhf.config import check_device
-    from homerlhf.stages.sft import run_sft
 
     cfg = _load(preset, config, set_)
     check_device(cfg)
+    from homerlhf.stages.sft import run_sft  # torch, transformers, TRL: only once the config checked out
+
     summary = run_sft(cfg, out, data=data, base=model, overwrite=overwrite)
     typer.echo(f"sft done: {summary['n_train']} examples, {summary['steps']} steps, "
                f"loss {summary['train_loss']:.3f}, model in {summary['model_dir']}")
@@ -250,10 +250,11 @@ def reward(
 
     Writes OUT/adapter, OUT/model, OUT/gguf and OUT/reward_run.json; train with reward.model=OUT."""
     from homerlhf.config import check_device
-    from homerlhf.stages.reward import run_reward
 
     cfg = _load(preset, config, set_)
     check_device(cfg)
+    from homerlhf.stages.reward import run_reward  # torch, transformers, TRL: only once the config checked out
+
     summary = run_reward(cfg, out, data=data, base=model, eval_data=eval_data, overwrite=overwrite)
     acc = summary["eval_accuracy"]
     typer.echo(f"reward done: {summary['n_train']} pairs, held-out accuracy "

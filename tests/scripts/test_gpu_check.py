@@ -60,7 +60,7 @@ def test_cpu_smoke_runs_every_case_and_writes_their_figures(gpu_session_smoke):
     # no llama.cpp there (nor here: absent), the default rates' label of a GPU card.
     (placement,) = by_name["cli-1.5b"]["placement"]
     assert placement.startswith("[homerlhf] placement as configured: ref adapter_off, reward function, rollout hf")
-    assert "GPU: measured on NVIDIA H200" in placement
+    assert "GPU: H200 figures scaled to the RTX 4090 by its published specs" in placement
     assert by_name["reward-adapter-1.5b"]["settings"]["reward.backend"] == "adapter"
     assert by_name["resume-1.5b"]["state_equal"] and [r["iteration"] for r in by_name["resume-1.5b"]["rows"]] == [2]
     assert by_name["cli-1.5b"]["checkpoints"] == ["iter_000001", "iter_000002"]

@@ -128,6 +128,6 @@ def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decid
         said = capsys.readouterr().out.splitlines()
         assert said[0].startswith(f"[homerlhf] placement auto: ref {resolved.ref.backend}, "
                                   f"reward {resolved.reward.backend}")
-        assert "measured on NVIDIA H200" in said[0]  # the GPU's default rates, as the plan labels them
+        assert "GPU: H200 figures scaled to the" in said[0]  # the GPU's default rates, as the plan labels them
         assert said[-1].startswith("[homerlhf]   chosen by default rates (no `homerlhf bench` figures")
         assert verdict in said[-1] and "`homerlhf bench` with this run's preset and --set measures them" in said[-1]
