@@ -23,21 +23,9 @@ import tempfile
 
 
 def build(out: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
+    from homerlhf.tiny import build_causal_lm
 
-    from homerlhf.tiny import build_tokenizer, model_config
-
-    tok = build_tokenizer()
-    config = model_config("llama", len(tok), hidden=64, layers=2)
-    config.pad_token_id, config.eos_token_id, config.bos_token_id = tok.pad_token_id, tok.eos_token_id, tok.bos_token_id
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    model.generation_config.pad_token_id, model.generation_config.eos_token_id = tok.pad_token_id, tok.eos_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    build_causal_lm(out, hidden=64, layers=2, head_scale=20.0)  # the tests' peaked_policy_dir
 
 
 def measure(model_dir: str, upcast: bool, fp32_logits: bool, prompts: int, new: int) -> dict:

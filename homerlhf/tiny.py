@@ -117,11 +117,13 @@ def _tokenizer(tokenizer_dir: Optional[str | Path]):
 
 
 def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
-                    tokenizer_dir: Optional[str | Path] = None, **shape) -> Path:
+                    tokenizer_dir: Optional[str | Path] = None, head_scale: float = 1.0, **shape) -> Path:
     """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path.
 
     With ``tokenizer_dir``, its tokenizer is used, and its ``generation_config.json``, if it holds
     one, becomes the model's (as a checkpoint ships it: eos list, sampling defaults).
+    ``head_scale`` multiplies the LM head's weights: above 1 a peaked next-token distribution, like a
+    trained LM's (20 gives ~3 nats of entropy instead of ln 512).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -133,6 +135,9 @@ def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
     config.bos_token_id = tokenizer.bos_token_id
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if head_scale != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(head_scale)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     if tokenizer_dir is not None and (Path(tokenizer_dir) / "generation_config.json").is_file():

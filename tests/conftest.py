@@ -11,7 +11,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -110,23 +109,9 @@ def peaked_policy_dir(tmp_path_factory):
     """A tiny Llama whose LM head is scaled up: a random model with a peaked next-token
     distribution (entropy ~3 nats instead of ln 512), like a trained LM, so a reward on one
     token has signal from the start."""
-    from transformers import AutoModelForCausalLM
+    from homerlhf.tiny import build_causal_lm
 
-    from homerlhf.tiny import build_tokenizer, model_config
-
-    tok = build_tokenizer()
-    config = model_config("llama", len(tok), hidden=64, layers=2)
-    config.pad_token_id, config.eos_token_id, config.bos_token_id = tok.pad_token_id, tok.eos_token_id, tok.bos_token_id
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    out = tmp_path_factory.mktemp("peaked-llama")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return build_causal_lm(tmp_path_factory.mktemp("peaked-llama"), hidden=64, layers=2, head_scale=20.0)
 
 
 # The preference pairs a LoRA reward model is trained on in a few steps (tests of reward.backend adapter).
