@@ -20,8 +20,18 @@ RIGHT_LABEL = "Reference (adapter off)"
 
 
 def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
-    """(label, path) of the run's checkpoints, newest first."""
-    return [(p.name, str(p)) for p in runs.list_checkpoints(run_dir)] if run_dir else []
+    """(label, path) of the run's checkpoints, newest first; one whose actor adapter is not what its
+    manifest recorded is marked with why (Send refuses it)."""
+    from homerlhf.ppo.checkpoint import POLICY_FILES
+
+    states = runs.checkpoint_states(run_dir, POLICY_FILES) if run_dir else []
+    return [(runs.checkpoint_label(p.name, problem), str(p)) for p, problem in states]
+
+
+def default_checkpoint(choices: list[tuple[str, str]]):
+    """The newest checkpoint not marked unusable (else the newest; None for none)."""
+    usable = [path for label, path in choices if label == Path(path).name]
+    return (usable or [path for _, path in choices] or [None])[0]
 
 
 def score_markdown(answer: chat.Answer) -> str:
@@ -152,6 +162,7 @@ def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, to
         raise UserError("pick a checkpoint (Refresh checkpoints); a run writes one every checkpoint.every iterations")
     if not Path(ckpt).is_dir():
         raise UserError(f"checkpoint not found: {ckpt}")
+    _verify(ckpt)
     sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
     models = chat.get_models(run_dir, ckpt)
     left, right = models.answer_both(text, sampling)
@@ -167,6 +178,14 @@ def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, to
                  f"{sampling.temperature:g} the model joined byte tokens that make no UTF-8 text.)")
     return (left_hist, right_hist, score_markdown(left), score_markdown(right), info, pending, "",
             *button_states(pending))
+
+
+def _verify(ckpt: str) -> None:
+    """Refuse a checkpoint whose actor adapter changed since it was written, before it loads."""
+    from homerlhf.ppo.checkpoint import POLICY_FILES, verify_checkpoint
+
+    verify_checkpoint(ckpt, POLICY_FILES, lambda fallback: f"pick {fallback.name} instead" if fallback
+                      else "no earlier checkpoint's actor is intact")
 
 
 def on_resample(pending, run_dir, ckpt, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
@@ -202,14 +221,16 @@ def judge(choice: str):
 
 def follow_checkpoints(run_dir: str, current: str, known: list) -> tuple:
     """The checkpoint list as the run writes new ones: (dropdown update, known). A new newest one is
-    selected unless the user picked an older one; nothing changes while the list is the same."""
+    selected (the newest usable one) unless the user picked an older one; nothing changes while the
+    list is the same."""
     import gradio as gr
 
-    paths = [path for _, path in checkpoint_choices(run_dir)]
+    choices = checkpoint_choices(run_dir)
+    paths = [path for _, path in choices]
     if paths == list(known or []):
         return gr.update(), known
     follow = not current or not known or current == known[0] or current not in paths
-    return gr.update(choices=checkpoint_choices(run_dir), value=paths[0] if follow and paths else current), paths
+    return gr.update(choices=choices, value=default_checkpoint(choices) if follow else current), paths
 
 
 def _wire_checkpoints(panel: EvalPanel, run_dir_shared) -> None:
@@ -218,14 +239,14 @@ def _wire_checkpoints(panel: EvalPanel, run_dir_shared) -> None:
 
     def sync_run(shared):
         choices = checkpoint_choices(shared)
-        return shared, gr.update(choices=choices, value=choices[0][1] if choices else None), [p for _, p in choices]
+        return shared, gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices]
 
     run_dir_shared.change(sync_run, run_dir_shared, [panel.run_dir, panel.checkpoint, panel.known])
 
     def on_refresh(run_dir):
         choices = checkpoint_choices(run_dir)
         note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
-        return gr.update(choices=choices, value=choices[0][1] if choices else None), note, [p for _, p in choices]
+        return gr.update(choices=choices, value=default_checkpoint(choices)), note, [p for _, p in choices]
 
     panel.refresh_btn.click(on_refresh, panel.run_dir, [panel.checkpoint, panel.info, panel.known])
     panel.run_dir.submit(on_refresh, panel.run_dir, [panel.checkpoint, panel.info, panel.known])

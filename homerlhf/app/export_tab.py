@@ -17,10 +17,17 @@ from homerlhf.errors import UserError
 DEFAULT_TYPES = ["q4_k_m"]
 
 
-def checkpoint_choices(run_dir: str) -> list[str]:
-    """``last``, ``best`` and the run's checkpoint iterations, newest first."""
-    iterations = [str(int(p.name.split("_")[1])) for p in runs.list_checkpoints(run_dir)] if run_dir else []
-    return ["last", "best", *iterations] if iterations else []
+def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
+    """(label, value): ``last``, ``best`` and the run's checkpoint iterations, newest first; one whose
+    actor adapter is not what its manifest recorded is marked with why (its export is refused)."""
+    from homerlhf.ppo.checkpoint import POLICY_FILES
+
+    states = runs.checkpoint_states(run_dir, POLICY_FILES) if run_dir else []
+    if not states:
+        return []
+    numbers = [(str(int(p.name.split("_")[1])), problem) for p, problem in states]
+    return [(runs.checkpoint_label("last", states[0][1]), "last"), ("best", "best"),
+            *[(runs.checkpoint_label(n, problem), n) for n, problem in numbers]]
 
 
 def default_out(run_dir: str) -> str:
@@ -91,13 +98,13 @@ def build(run_dir_shared) -> None:
 
     def sync(run):
         choices = checkpoint_choices(run)
-        return run, gr.update(choices=choices, value=choices[0] if choices else None), default_out(run)
+        return run, gr.update(choices=choices, value=choices[0][1] if choices else None), default_out(run)
 
     run_dir_shared.change(sync, run_dir_shared, [run_dir, checkpoint, out])
 
     def on_refresh(run, current_out):
         choices = checkpoint_choices(run)
-        return gr.update(choices=choices, value=choices[0] if choices else None), current_out or default_out(run)
+        return gr.update(choices=choices, value=choices[0][1] if choices else None), current_out or default_out(run)
 
     refresh.click(on_refresh, [run_dir, out], [checkpoint, out])
     run_dir.submit(on_refresh, [run_dir, out], [checkpoint, out])

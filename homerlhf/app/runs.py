@@ -314,6 +314,19 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+def checkpoint_states(run_dir: str | Path, files: Sequence[str] = ()) -> list[tuple[Path, str]]:
+    """The run's checkpoints newest first, each with what makes ``files`` of it (prefixes; all by
+    default) differ from what its manifest recorded, '' when nothing does. Hashed once per file."""
+    from homerlhf.ppo.manifest import checkpoint_problem
+
+    return [(p, checkpoint_problem(p, files) or "") for p in list_checkpoints(run_dir)]
+
+
+def checkpoint_label(label: str, problem: str) -> str:
+    """A checkpoint's entry in a list: as it is, or marked with why it cannot be used."""
+    return f"{label} (not usable: {problem})" if problem else label
+
+
 def _launcher_main(args: list[str]) -> int:
     """``python -m homerlhf.app.runs APP_DIR -- COMMAND...``: run it, record its exit code."""
     app_dir, sep, command = Path(args[0]), args[1], args[2:]

@@ -11,6 +11,8 @@ whole dialogue: chat templates write text after the end-of-turn token (Qwen's an
 
 from __future__ import annotations
 
+import json
+
 from homerlhf.data.formats import Message
 from homerlhf.data.tokens import prompt_ids, render
 from homerlhf.errors import UserError
@@ -63,6 +65,12 @@ def turn_end_id(tokenizer) -> int:
     return int(tokenizer.eos_token_id)
 
 
+def _reply_inside(rendered: str, before: str, after: str, content: str) -> str:
+    if rendered.startswith(before) and rendered.endswith(after) and len(rendered) >= len(before) + len(after):
+        return rendered[len(before):len(rendered) - len(after)]
+    return content  # a template that rewrites the content: take it as given
+
+
 def reply_text(tokenizer, context: list[Message], content: str) -> str:
     """``content`` as the model writes it after the generation prompt of ``context``.
 
@@ -72,10 +80,45 @@ def reply_text(tokenizer, context: list[Message], content: str) -> str:
     template it is the content as given.
     """
     before, after = _probe(tokenizer, context)
-    rendered = render(tokenizer, [*context, {"role": "assistant", "content": content}])
-    if rendered.startswith(before) and rendered.endswith(after) and len(rendered) >= len(before) + len(after):
-        return rendered[len(before):len(rendered) - len(after)]
-    return content  # a template that rewrites the content: take it as given
+    return _reply_inside(render(tokenizer, [*context, {"role": "assistant", "content": content}]), before, after, content)
+
+
+class ReplyEncoder:
+    """:func:`reward_sequence_ids` for the many records of one tokenizer: the turn's end token found
+    once, and each distinct context's probe and prompt ids once (datasets repeat their prompts, and
+    a preference pair's two replies share one). The same ids as the function, in about a quarter of
+    the template renders; the tokenizer must not change while the encoder is in use."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._end_id: int | None = None
+        self._contexts: dict[str, tuple[str, str, list[int]]] = {}
+
+    def end_id(self) -> int:
+        if self._end_id is None:
+            self._end_id = turn_end_id(self.tokenizer)
+        return self._end_id
+
+    def _context(self, context: list[Message]) -> tuple[str, str, list[int]]:
+        key = json.dumps(context, sort_keys=True, default=str)
+        if key not in self._contexts:
+            self._contexts[key] = (*_probe(self.tokenizer, context), prompt_ids(self.tokenizer, context))
+        return self._contexts[key]
+
+    def prompt_ids(self, prompt: list[Message]) -> list[int]:
+        """:func:`homerlhf.data.tokens.prompt_ids` of ``prompt`` (a copy)."""
+        return list(self._context(prompt)[2])
+
+    def sequence_ids(self, prompt: list[Message], reply: list[Message]) -> list[int]:
+        """:func:`reward_sequence_ids` of ``reply`` to ``prompt``."""
+        if not reply or reply[-1]["role"] != "assistant":
+            raise UserError("a reply to score must end with an assistant turn")
+        context = [*prompt, *reply[:-1]]
+        before, after, head = self._context(context)
+        content = reply[-1]["content"]
+        rendered = render(self.tokenizer, [*context, {"role": "assistant", "content": content}])
+        text = _reply_inside(rendered, before, after, content)
+        return [*head, *self.tokenizer(text, add_special_tokens=False)["input_ids"], self.end_id()]
 
 
 def reward_sequence_ids(tokenizer, prompt: list[Message], reply: list[Message]) -> list[int]:
@@ -84,10 +127,6 @@ def reward_sequence_ids(tokenizer, prompt: list[Message], reply: list[Message]) 
     ``prompt_ids(prompt)`` (rendered with the generation prompt) + the reply's tokens + the turn's
     end token (:func:`turn_end_id`), and nothing after it. ``reply``: the assistant turn(s) after
     ``prompt``; turns before the last one become part of the context, the last one is the reply.
+    Many records of one tokenizer: :class:`ReplyEncoder`, the same ids in fewer renders.
     """
-    if not reply or reply[-1]["role"] != "assistant":
-        raise UserError("a reply to score must end with an assistant turn")
-    context = [*prompt, *reply[:-1]]
-    text = reply_text(tokenizer, context, reply[-1]["content"])
-    return [*prompt_ids(tokenizer, context), *tokenizer(text, add_special_tokens=False)["input_ids"],
-            turn_end_id(tokenizer)]
+    return ReplyEncoder(tokenizer).sequence_ids(prompt, reply)

@@ -2,5 +2,6 @@
 
 An iteration's stages: :mod:`.collect` (rollout and scoring), :mod:`.advantages`, :mod:`.update`,
 :mod:`.metrics`; :mod:`.trainer` runs them in order and holds what lives across iterations.
-Checkpoints: :mod:`.checkpoint` (format, save, load), :mod:`.rng`, :mod:`.resuming`.
+Checkpoints: :mod:`.checkpoint` (format, save, verify, load), :mod:`.manifest` (what was written),
+:mod:`.rng`, :mod:`.resuming`.
 """

@@ -46,6 +46,12 @@ def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: 
     return replace(exp, rewards=rewards, kl=kl, advantages=advantages, returns=returns)
 
 
+def experience_kl_estimator(cfg: RunConfig) -> str:
+    """The estimator of ``Experience.kl``: k3 when the KL is a loss term (GRPO / RLOO), else
+    ``ppo.kl_estimator`` (PPO's KL is always in the reward)."""
+    return "k3" if cfg.kl_in_loss else cfg.ppo.kl_estimator
+
+
 def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, scores: Tensor) -> Experience:
     """GRPO / RLOO: each response's sequence reward (the score, minus ``kl_coef`` times its summed KL
     when the KL goes in the reward), turned into an advantage by its group (rows ``[g * n, (g + 1) * n)``
@@ -55,9 +61,8 @@ def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, sc
     the loss penalises, kept for the metrics and the KL controller.
     """
     mask = exp.response_mask
-    in_loss = cfg.kl_in_loss
-    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask, 0.0 if in_loss else kl_coef,
-                                       "k3" if in_loss else cfg.ppo.kl_estimator)
+    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask,
+                                       0.0 if cfg.kl_in_loss else kl_coef, experience_kl_estimator(cfg))
     sequence_rewards = rewards.sum(dim=1)
     if cfg.algorithm == "grpo":
         advantages = grpo_advantages(sequence_rewards, cfg.ppo.group_size, scale_std=not cfg.ppo.dr_grpo)

@@ -13,12 +13,16 @@ A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
 - ``buffer/``                        the asynchronous mode's batch sampled ahead, if one is pending
                                      (:mod:`homerlhf.ppo.buffer`)
 - ``MANIFEST.json``                  every file above with its size and sha256, written last
+                                     (:mod:`homerlhf.ppo.manifest`)
 
 It is written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
 then renamed into place and the parent fsynced. A crash at any moment therefore leaves either the
 previous checkpoints untouched plus a ``.tmp-`` directory (ignored and later removed), or a
 complete new one: a directory named ``iter_*`` whose manifest matches its files. ``.pt`` files are
 our own tensors and plain containers and are loaded with ``torch.load(..., weights_only=True)``.
+What reads a checkpoint (``--resume``, ``export policy``, the app) first checks that the files it
+loads are what the manifest recorded (:func:`verify_checkpoint`): a file changed, cut short or gone
+since is named in one line, with the newest earlier checkpoint that is intact.
 
 The random states are :mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds (which checkpoint, which
 config, the logs cut back) is :mod:`homerlhf.ppo.resuming`.
@@ -34,16 +38,17 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from homerlhf.errors import UserError
+from homerlhf.ppo.manifest import (FORMAT_VERSION, MANIFEST, checkpoint_problem, is_complete,  # noqa: F401
+                                   read_manifest, write_manifest)
 from homerlhf.ppo.rng import capture_rng_state, restore_rng_state
 
 CHECKPOINTS = "checkpoints"
-MANIFEST = "MANIFEST.json"
-FORMAT_VERSION = 1
+POLICY_FILES = ("actor/", "config.yaml")  # what a policy export and the app's Evaluate tab read
 LOG_FILES = ("metrics.jsonl", "samples.jsonl")
 _NAME = re.compile(r"^iter_(\d{6,})$")
 
@@ -88,14 +93,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _dotted(data: Mapping[str, Any], key: str) -> Any:
@@ -150,37 +147,47 @@ def log_offsets(run_dir: str | Path) -> dict[str, int]:
     return {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOG_FILES}
 
 
-# -- finding checkpoints -----------------------------------------------------------------------
-def read_manifest(ckpt: Path) -> Optional[dict[str, Any]]:
-    try:
-        manifest = json.loads((ckpt / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT_VERSION else None
-
-
-def is_complete(ckpt: str | Path, verify_hashes: bool = False) -> bool:
-    """A manifest is present and every file it lists exists with its recorded size (and hash)."""
-    ckpt = Path(ckpt)
-    manifest = read_manifest(ckpt)
-    if manifest is None:
-        return False
-    for rel, meta in manifest.get("files", {}).items():
-        path = ckpt / rel
-        if not path.is_file() or path.stat().st_size != meta["bytes"]:
-            return False
-        if verify_hashes and _sha256(path) != meta["sha256"]:
-            return False
-    return True
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
+# -- finding and verifying checkpoints ---------------------------------------------------------
+def _sealed_in(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found) if is_complete(p)]
+    return [p for _, p in sorted(found) if read_manifest(p) is not None]
+
+
+def sealed_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The checkpoints of a run whose manifest was written, oldest first, whatever became of their
+    files since (:func:`verify_checkpoint` says)."""
+    return _sealed_in(Path(run_dir) / CHECKPOINTS)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run (every file of the size its manifest records), oldest first."""
+    return [p for p in sealed_checkpoints(run_dir) if is_complete(p)]
+
+
+def verify_checkpoint(ckpt: str | Path, files: Sequence[str] = (),
+                      fix: Optional[Callable[[Optional[Path]], str]] = None) -> None:
+    """Refuse, in one ``UserError`` line naming the file, a checkpoint whose files are not what its
+    manifest recorded: sizes first, then sha256 (:func:`homerlhf.ppo.manifest.checkpoint_problem`).
+
+    ``files``: what the caller loads, as paths or folder prefixes (``POLICY_FILES``); empty: all.
+    ``fix(fallback)``: the advice of the caller's command, given the newest earlier checkpoint
+    whose same files are intact (None when there is none).
+    """
+    ckpt = Path(ckpt)
+    problem = checkpoint_problem(ckpt, files)
+    if problem is None:
+        return
+    here = _NAME.match(ckpt.name)
+    number = int(here.group(1)) if here else -1
+    earlier = [p for p in _sealed_in(ckpt.parent) if int(_NAME.match(p.name).group(1)) < number]
+    fallback = next((p for p in reversed(earlier) if checkpoint_problem(p, files) is None), None)
+    if fix is not None:
+        advice = fix(fallback)
+    else:
+        advice = f"use {fallback.name} instead" if fallback else "no earlier checkpoint is intact"
+    raise UserError(f"checkpoint {ckpt}: {problem}; {advice}")
 
 
 def latest_complete_checkpoint(run_dir: str | Path) -> Optional[Path]:
@@ -260,15 +267,11 @@ def save_checkpoint(
 def _seal(tmp: Path, iteration: int) -> None:
     """fsync every file and directory under ``tmp``, then write the manifest (sizes and sha256) last:
     until it exists, nothing there counts as a checkpoint."""
-    files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
         _fsync_file(path)
-        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
         _fsync_dir(sub)
-    manifest = tmp / MANIFEST
-    manifest.write_text(json.dumps({"format": FORMAT_VERSION, "iteration": iteration, "files": files}, indent=1))
-    _fsync_file(manifest)
+    _fsync_file(write_manifest(tmp, iteration))
     _fsync_dir(tmp)
 
 
@@ -365,9 +368,7 @@ def load_checkpoint(
     Returns the ``trainer_state.json`` dict (``iteration``, ``trainer`` counters, ``logs`` offsets).
     """
     ckpt = Path(ckpt)
-    if not is_complete(ckpt):
-        raise UserError(f"{ckpt} is not a complete checkpoint (no valid {MANIFEST}); "
-                        "use latest_complete_checkpoint(run_dir) or resume the run dir itself")
+    verify_checkpoint(ckpt)  # hashed once per process: after find_resume_checkpoint's, only a stat per file
     state = json.loads((ckpt / "trainer_state.json").read_text())
     if policy is not None:
         load_adapters(policy, ckpt)

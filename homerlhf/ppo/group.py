@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from homerlhf.ppo.math import _bool_mask, _check_shapes
+from homerlhf.ppo.math import _bool_mask, _check_shapes, k3_kl
 
 __all__ = [
     "AGGREGATIONS",
@@ -33,7 +33,6 @@ __all__ = [
     "rloo_advantages",
     "group_zero_spread",
     "token_advantages",
-    "k3_kl",
     "aggregate",
     "clipped_group_loss",
 ]
@@ -82,16 +81,6 @@ def token_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, advantages.unsqueeze(1).to(torch.float32), torch.zeros((), device=mask.device))
 
 
-def k3_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """Per-token k3 estimate of KL(policy || reference): ``exp(ref - logp) - (ref - logp) - 1`` (>= 0),
-    0 off the mask. Differentiable in ``logprobs`` (GRPO puts it in the loss)."""
-    _check_shapes(logprobs, ref_logprobs=ref_logprobs, mask=mask)
-    mask = _bool_mask(mask)
-    log_ratio = torch.where(mask, ref_logprobs - logprobs, torch.zeros((), dtype=logprobs.dtype,
-                                                                         device=logprobs.device))
-    return torch.expm1(log_ratio) - log_ratio
-
-
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = None) -> Tensor:
     """One scalar from per-token terms ``[B, T]`` (see the module docstring for the three ``mode``s);
     ``constant`` divides by ``B * max_len``."""
@@ -114,15 +103,17 @@ def clipped_group_loss(
     clip_range: float, kl_coef: float, mode: str, max_len: int | None = None, weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO/RLOO actor loss: PPO's clipped ratio term per token with the sequence advantages, plus
-    ``kl_coef`` times the k3 KL to the reference per token (``kl_coef`` 0: KL kept out of the loss),
-    aggregated by ``mode``.
+    ``kl_coef`` times the bounded k3 KL to the reference per token (:func:`homerlhf.ppo.math.k3_kl`: a
+    token whose k3 is capped gives no KL gradient; ``kl_coef`` 0: KL kept out of the loss), aggregated
+    by ``mode``.
 
     Args: ``logprobs`` ``[B, T]`` with grad; ``old_logprobs``, ``ref_logprobs`` ``[B, T]``;
     ``advantages`` ``[B]`` (one per sequence); ``mask`` ``[B, T]``; ``weights`` ``[B, T]`` importance
     weights of the clipped term (:mod:`homerlhf.ppo.importance`; None: all 1).
 
     Returns the loss (with graph) and its stats (no graph): ``clipfrac``, ``approx_kl`` (k3 of
-    KL(old || new), as PPO's) and ``kl_ref`` (mean per-token k3 KL to the reference).
+    KL(old || new), as PPO's), ``kl_ref`` (mean per-token k3 KL to the reference) and ``kl_clamped``
+    (fraction of response tokens whose k3 was capped).
     """
     _check_shapes(logprobs, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, mask=mask)
     mask = _bool_mask(mask)
@@ -135,7 +126,7 @@ def clipped_group_loss(
     per_token = torch.maximum(unclipped, clipped)
     if weights is not None:  # w > 0: w * max(x, y) = max(w * x, w * y), the clip fraction is unchanged
         per_token = per_token * torch.where(mask, weights.to(per_token.dtype), zero)
-    kl = k3_kl(logprobs, ref_logprobs, mask)
+    kl, kl_clamped = k3_kl(logprobs, ref_logprobs, mask)
     if kl_coef:
         per_token = per_token + kl_coef * kl
     loss = aggregate(per_token, mask, mode, max_len)
@@ -145,5 +136,6 @@ def clipped_group_loss(
             "clipfrac": torch.where(mask, (clipped > unclipped).to(logprobs.dtype), zero).sum() / count,
             "approx_kl": torch.where(mask, (ratio - 1.0) - log_ratio, zero).sum() / count,
             "kl_ref": kl.detach().sum() / count,
+            "kl_clamped": kl_clamped.to(logprobs.dtype).sum() / count,
         }
     return loss, stats

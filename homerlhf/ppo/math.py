@@ -20,6 +20,9 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "K3_LOG_RATIO_BOUND",
+    "K3_MAX",
+    "k3_kl",
     "kl_penalized_rewards",
     "gae",
     "policy_loss",
@@ -97,6 +100,43 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return torch.where(mask, whitened, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+# k3's bounds, as verl's ``kl_penalty`` (low_var_kl): unbounded, k3 grows as exp(d), and a real GRPO
+# run once read 40 nats with a gradient norm of 13.9 (issue 41). The cap binds first: k3 > 10 once the
+# log-ratio d leaves about (-11, 2.61), so the bound on d never changes a value. It keeps exp(d)
+# finite (exp(20) ~ 4.9e8 in fp32 / bf16, where exp overflows past ~88) so that the zero gradient of
+# a capped token stays 0 in backward (0 * exp(d), not 0 * inf = nan).
+K3_LOG_RATIO_BOUND = 20.0  # nats: ref_logp - logp is clamped to +-this before exp
+K3_MAX = 10.0  # nats: the most one token's k3 reads
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token k3 estimate of KL(policy || reference), bounded (Schulman 2020; bounds as verl).
+
+    ``d = clamp(ref_logp - logp, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)``,
+    ``kl_t = min(exp(d) - 1 - d, K3_MAX)``: >= 0, and inside the bounds exactly the unbounded k3.
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the taken tokens under the policy (with grad in a loss).
+        ref_logprobs: ``[B, T]`` the same under the reference model.
+        mask: ``[B, T]`` response mask.
+
+    Returns:
+        kl ``[B, T]``: ``kl_t``, 0 where mask is 0. Differentiable in ``logprobs``: ``1 - exp(d)``
+            per token, and 0 for a clamped token (``torch.clamp``'s gradient outside its bounds, as
+            verl's): the loss stops pulling on a token once its k3 exceeds ``K3_MAX``.
+        clamped ``[B, T]`` bool: True on the response tokens whose k3 was capped (every token whose
+            ``d`` hit the log-ratio bound is among them), False on padding.
+    """
+    _check_shapes(logprobs, ref_logprobs=ref_logprobs, mask=mask)
+    mask = _bool_mask(mask)
+    # log(p_ref / p) on response tokens only, so padding garbage never reaches exp().
+    log_ratio = torch.where(mask, ref_logprobs - logprobs, torch.zeros((), dtype=logprobs.dtype,
+                                                                         device=logprobs.device))
+    log_ratio = torch.clamp(log_ratio, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    kl = torch.expm1(log_ratio) - log_ratio
+    return torch.clamp(kl, max=K3_MAX), mask & (kl.detach() > K3_MAX)
+
+
 def kl_penalized_rewards(
     scores: Tensor,
     logprobs: Tensor,
@@ -115,7 +155,8 @@ def kl_penalized_rewards(
         kl_coef: penalty weight beta.
         estimator: ``"k1"``: ``kl_t = logp - ref_logp`` (unbiased, can be negative);
             ``"k3"``: ``kl_t = exp(ref_logp - logp) - 1 - (ref_logp - logp)`` (unbiased for the
-            sum's expectation, always >= 0, lower variance).
+            sum's expectation, always >= 0, lower variance), bounded as :func:`k3_kl` (biased low
+            on the capped tokens only).
 
     Returns:
         rewards ``[B, T]``: ``-kl_coef * kl_t``, plus ``scores[b]`` at the last position where
@@ -127,12 +168,10 @@ def kl_penalized_rewards(
         raise ValueError(f"scores has shape {tuple(scores.shape)}, expected ({logprobs.shape[0]},)")
     mask = _bool_mask(mask)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    # log(p_ref / p) on response tokens only, so padding garbage never reaches exp().
-    ref_log_ratio = torch.where(mask, ref_logprobs - logprobs, zero)
     if estimator == "k1":
-        kl = -ref_log_ratio
+        kl = -torch.where(mask, ref_logprobs - logprobs, zero)  # padding garbage never reaches the result
     elif estimator == "k3":
-        kl = torch.expm1(ref_log_ratio) - ref_log_ratio
+        kl, _ = k3_kl(logprobs, ref_logprobs, mask)
     else:
         raise ValueError(f"estimator must be 'k1' or 'k3', got {estimator!r}")
     rewards = -kl_coef * kl

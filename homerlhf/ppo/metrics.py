@@ -21,7 +21,7 @@ from homerlhf.ppo.group import group_zero_spread, groups
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.importance import importance_metrics
-from homerlhf.ppo.math import explained_variance, masked_mean
+from homerlhf.ppo.math import K3_MAX, explained_variance, k3_kl, masked_mean
 from homerlhf.tracking.session import TrackerSession
 from homerlhf.tracking.settings import report_to
 
@@ -34,11 +34,13 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_mean": "Mean over sequences of the summed per-token KL(actor || reference) estimate, in nats.",
     "kl_per_token": "The same KL estimate averaged over response tokens.",
     "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
+    "kl_clamped_frac": f"k3 runs only: fraction of the rollout's response tokens whose k3 KL to the reference was capped at {K3_MAX:g} nats (log-ratio beyond about -11 or +2.6).",
     "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
     "group_zero_spread_fraction": "GRPO/RLOO: fraction of prompt groups whose sequence rewards are all equal (no signal).",
     "group_reward_std": "GRPO/RLOO: mean over groups of the (unbiased) std of their sequence rewards.",
     "kl_ref_loss": "GRPO/RLOO: mean per-token k3 KL(actor || reference) under the update's forward, averaged over steps.",
+    "kl_clamped_frac_loss": f"GRPO/RLOO: fraction of response tokens whose k3 KL to the reference was capped at {K3_MAX:g} nats under the update's forward (no KL gradient from them), averaged over steps.",
     "value_mean": "Mean critic value over response tokens at rollout.",
     "return_mean": "Mean GAE return over response tokens (the critic's target).",
     "policy_loss": "Clipped surrogate policy loss, averaged over optimizer steps.",
@@ -161,21 +163,31 @@ def version_lag_metrics(exp: Experience, iteration: int) -> dict[str, float]:
     return {"policy_version_lag_mean": float(lag.mean()), "policy_version_lag_max": float(lag.max())}
 
 
+def kl_clamp_metrics(exp: Experience) -> dict[str, float]:
+    """Where ``exp.kl`` is k3: the fraction of response tokens whose k3 was capped
+    (:func:`homerlhf.ppo.math.k3_kl`, the function that computed it)."""
+    mask = exp.response_mask
+    _, clamped = k3_kl(exp.logprobs, exp.ref_logprobs, mask)
+    return {"kl_clamped_frac": float(masked_mean(clamped.to(exp.logprobs.dtype), mask))}
+
+
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
 
 
 def kl_ref_start(exp: Experience) -> float:
     """Mean per-token KL(actor || reference) over response tokens, k3 estimator (>= 0):
     ``exp(ref_logp - logp) - 1 - (ref_logp - logp)``. On iteration 1's experience, before any
-    update, it measures how far the reference is from the actor's starting weights."""
+    update, it measures how far the reference is from the actor's starting weights. In float64 and
+    unbounded on purpose (not :func:`homerlhf.ppo.math.k3_kl`): a diagnostic, in no reward or gradient."""
     mask = exp.response_mask.bool()
     log_ratio = (exp.ref_logprobs - exp.logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
     return float(masked_mean(log_ratio.expm1() - log_ratio, mask))
 
 
 UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfrac", "approx_kl", "grad_norm_actor",
-                  "grad_norm_critic", "kl_ref_loss", "optimizer_steps", "nonfinite_skipped_steps", "early_stopped",
-                  "micro_batch_size", "oom_retries", "rollout_chunk_size", "oom_retries_generation", "oom_retries_scoring")
+                  "grad_norm_critic", "kl_ref_loss", "kl_clamped_frac_loss", "optimizer_steps",
+                  "nonfinite_skipped_steps", "early_stopped", "micro_batch_size", "oom_retries", "rollout_chunk_size",
+                  "oom_retries_generation", "oom_retries_scoring")
 OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
 
 
@@ -200,19 +212,22 @@ def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_
 
 def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float,
                       update: dict[str, float], times: StageTimes, *, mini_batch_size: int,
-                      started: float, group_size: int | None = None) -> dict[str, Any]:
+                      started: float, group_size: int | None = None,
+                      kl_estimator: str | None = None) -> dict[str, Any]:
     """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
 
     ``update``: ``ppo_update``'s stats (the critic's and the group loss's only where they exist) plus
     the OOM bookkeeping (``micro_batch_size``, ``oom_retries``, ``rollout_chunk_size``,
     ``oom_retries_generation``, ``oom_retries_scoring``); ``started``: ``time.perf_counter()`` at
-    the iteration's start; ``group_size``: GRPO / RLOO's, for the group metrics (None for PPO).
+    the iteration's start; ``group_size``: GRPO / RLOO's, for the group metrics (None for PPO);
+    ``kl_estimator``: that of ``exp.kl`` (``"k3"`` adds ``kl_clamped_frac``).
     """
     row: dict[str, Any] = {
         "iteration": iteration,
         **rollout_metrics(exp, scores, entropy, kl_coef),
         **version_lag_metrics(exp, iteration),
         **(group_metrics(exp, group_size) if group_size else {}),
+        **(kl_clamp_metrics(exp) if kl_estimator == "k3" else {}),
         **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
         **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),

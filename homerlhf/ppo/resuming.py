@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from homerlhf.errors import UserError
-from homerlhf.ppo.checkpoint import check_resume_compatible, latest_complete_checkpoint
+from homerlhf.ppo.checkpoint import check_resume_compatible, sealed_checkpoints, verify_checkpoint
 
 
 def truncate_logs(run_dir: str | Path, offsets: Mapping[str, int]) -> None:
@@ -43,15 +43,25 @@ def saved_config(ckpt: str | Path):
 
 
 def find_resume_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint ``--resume RUN_DIR`` continues from, or a one-line error saying why there is none."""
+    """The checkpoint ``--resume RUN_DIR`` continues from: the newest one, every file of it what its
+    manifest recorded; else a one-line error naming the file that is not, or saying there is none."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"--resume {run_dir}: no such run directory; give the --out of an earlier run")
-    ckpt = latest_complete_checkpoint(run_dir)
-    if ckpt is None:
+    sealed = sealed_checkpoints(run_dir)
+    if not sealed:
         raise UserError(f"--resume {run_dir}: the run has no complete checkpoint yet; start it again with "
                         "--overwrite (checkpoints are written every checkpoint.every iterations and at stop)")
-    return ckpt
+    verify_checkpoint(sealed[-1], fix=lambda fallback: _resume_fix(run_dir, sealed[-1], fallback))
+    return sealed[-1]
+
+
+def _resume_fix(run_dir: Path, ckpt: Path, fallback: Optional[Path]) -> str:
+    if fallback is None:
+        return ("no earlier checkpoint is intact: restore the file from a backup, or start the run again "
+                "with --overwrite")
+    return (f"move it out of the way (mv {ckpt} {run_dir}/{ckpt.name}.damaged) and run "
+            f"`homerlhf train --resume {run_dir}` again to continue from {fallback.name}")
 
 
 def resume_config(run_dir: str | Path, *, preset: Optional[str] = None, config_file: Optional[str | Path] = None,

@@ -31,7 +31,8 @@ from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.shapes import policy_shape
 from homerlhf.models.policy import compute_dtype
 from homerlhf.models.precision import loss_scaler, unmixed_accelerator
-from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
+from homerlhf.ppo.advantages import (compute_advantages, compute_group_advantages, experience_kl_estimator,
+                                     normalized_scores, sequence_kl)
 from homerlhf.ppo.asynchronous import rollouts_ahead
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
 from homerlhf.ppo.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
@@ -204,7 +205,8 @@ class PPOTrainer:
                                                         self.policy.tokenizer.pad_token_id)
         row = iteration_metrics(self.iteration, exp, scores, entropy, kl_coef, update, times,
                                 mini_batch_size=self.cfg.ppo.mini_batch_size, started=started,
-                                group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None)
+                                group_size=self.cfg.ppo.group_size if not self.cfg.has_critic else None,
+                                kl_estimator=experience_kl_estimator(self.cfg))
         if self.iteration == 1:
             row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(component_metrics(components))

@@ -99,7 +99,8 @@ def group_micro_losses(policy, micro: Experience, group: GroupLoss) -> dict[str,
                                      clip_range=group.clip_range, kl_coef=group.kl_coef, mode=group.mode,
                                      max_len=group.max_len, weights=micro.is_weights)
     return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
-            "kl_ref_loss": stats["kl_ref"], "entropy": masked_mean(entropy, mask)}
+            "kl_ref_loss": stats["kl_ref"], "kl_clamped_frac_loss": stats["kl_clamped"],
+            "entropy": masked_mean(entropy, mask)}
 
 
 def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backward: Callable[[Tensor], None],

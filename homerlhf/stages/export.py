@@ -6,10 +6,11 @@ where the run's rollouts stopped) in bf16 (fp16 for an fp16 base), ``OUT/gguf/``
 asked for and an Ollama Modelfile per GGUF, ``README.md`` (the model card) and ``export.json``
 (what was exported and the measured log-prob gap), and optionally uploads ``OUT`` to the Hub.
 
-:func:`plan_policy_export` checks everything it can from files alone (the run, the checkpoint, the
-adapter, the output dir, the architecture and tokenizer for GGUF, the Hub login) before
-:func:`run_policy_export` loads a weight. ``OUT`` is written as a temporary sibling and renamed into
-place at the end: a failed export leaves no half-written directory and replaces nothing.
+:func:`plan_policy_export` checks everything it can from files alone (the run, the checkpoint and that
+its actor is what its manifest recorded, the adapter, the output dir, the architecture and tokenizer
+for GGUF, the Hub login) before :func:`run_policy_export` loads a weight. ``OUT`` is written as a
+temporary sibling and renamed into place at the end: a failed export leaves no half-written
+directory and replaces nothing.
 """
 
 from __future__ import annotations
@@ -54,14 +55,15 @@ class PolicyExport:
 
 
 def resolve_checkpoint(run_dir: Path, which: str) -> Path:
-    """The complete checkpoint ``--checkpoint`` names: an iteration number, ``last`` or ``best``
-    (the one whose iteration logged the highest ``score_mean``, the mean reward of its rollouts)."""
-    from homerlhf.ppo.checkpoint import checkpoint_name, list_checkpoints
+    """The checkpoint ``--checkpoint`` names: an iteration number, ``last`` or ``best`` (the one whose
+    iteration logged the highest ``score_mean``, the mean reward of its rollouts), among those whose
+    manifest was written (whether their files still match it is :func:`verify_policy_files`'s)."""
+    from homerlhf.ppo.checkpoint import checkpoint_name, sealed_checkpoints
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory; give the --out of a `homerlhf train` run")
-    found = list_checkpoints(run_dir)
+    found = sealed_checkpoints(run_dir)
     if not found:
         raise UserError(f"{run_dir} has no complete checkpoint: nothing trained to export yet "
                         "(checkpoints are written every checkpoint.every iterations and at the end)")
@@ -78,6 +80,19 @@ def resolve_checkpoint(run_dir: Path, which: str) -> Path:
         raise UserError(f"--checkpoint {int(which)}: {run_dir} has no complete checkpoint of that iteration; "
                         f"it has {iterations} (or pass last or best)")
     return wanted
+
+
+def verify_policy_files(ckpt: Path) -> None:
+    """Refuse a checkpoint whose actor adapter or config is not what its manifest recorded, naming
+    the file and the newest earlier checkpoint to export instead."""
+    from homerlhf.ppo.checkpoint import POLICY_FILES, verify_checkpoint
+
+    def fix(fallback: Optional[Path]) -> str:
+        if fallback is None:
+            return "no earlier checkpoint's actor is intact: restore the file from a backup, or train again"
+        return f"export {fallback.name} instead with --checkpoint {int(fallback.name.split('_')[1])}"
+
+    verify_checkpoint(ckpt, POLICY_FILES, fix)
 
 
 def _best_checkpoint(run_dir: Path, found: list[Path]) -> Path:
@@ -134,6 +149,7 @@ def plan_policy_export(run_dir: str | Path, out: str | Path, checkpoint: str = "
     run_dir = Path(run_dir)
     out = _check_out(Path(out), run_dir, overwrite)
     ckpt = resolve_checkpoint(run_dir, checkpoint)
+    verify_policy_files(ckpt)  # before its config or a weight is read
     if not (ckpt / ACTOR / "adapter_model.safetensors").is_file() or not (ckpt / ACTOR / "adapter_config.json").is_file():
         raise UserError(f"checkpoint {ckpt} has no actor adapter ({ACTOR}/adapter_model.safetensors); "
                         "export a checkpoint of a `homerlhf train` run")

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 import torch
 
 from homerlhf.data.load import load_preferences
-from homerlhf.data.replies import reward_sequence_ids
-from homerlhf.data.tokens import fit_length, fit_prompt, prompt_ids
+from homerlhf.data.replies import ReplyEncoder
+from homerlhf.data.tokens import fit_length, fit_prompt
 from homerlhf.models.fingerprint import base_fingerprint
 from homerlhf.models.registry import resolve_model_dir
 from homerlhf.models.scores import grouped_sequence_scores, score_sequences
@@ -44,7 +44,7 @@ class Pair(NamedTuple):
     n_full: int  # tokens of the longer sequence before fitting
 
 
-def _fit_pair(tokenizer, record, max_len: int) -> Pair:
+def _fit_pair(encoder: ReplyEncoder, record, max_len: int) -> Pair:
     """The sequences PPO scores (:func:`homerlhf.data.replies.reward_sequence_ids`: the prompt
     rendered with its generation prompt, the reply, its end-of-turn token, nothing after it), each
     rendered once. A pair longer than ``max_len`` keeps both replies whole and its prompt's head
@@ -53,22 +53,23 @@ def _fit_pair(tokenizer, record, max_len: int) -> Pair:
     reply alone leaves no room for an emptied last user message (or the template renders the prompt
     differently inside the dialogue) are the ids cut from the left, keeping the end where the score
     is read."""
-    chosen = reward_sequence_ids(tokenizer, record["prompt"], record["chosen"])
-    rejected = reward_sequence_ids(tokenizer, record["prompt"], record["rejected"])
+    chosen = encoder.sequence_ids(record["prompt"], record["chosen"])
+    rejected = encoder.sequence_ids(record["prompt"], record["rejected"])
     n_full = max(len(chosen), len(rejected))
     if n_full <= max_len:
         return Pair(chosen, rejected, n_full)
-    head = prompt_ids(tokenizer, record["prompt"])
+    head = encoder.prompt_ids(record["prompt"])
     if chosen[:len(head)] == head and rejected[:len(head)] == head:
         tails = chosen[len(head):], rejected[len(head):]
-        fitted = fit_prompt(tokenizer, record["prompt"], max_len - max(map(len, tails)))
+        fitted = fit_prompt(encoder.tokenizer, record["prompt"], max_len - max(map(len, tails)))
         if fitted is not None:
             return Pair(fitted + tails[0], fitted + tails[1], n_full)
     return Pair(chosen[-max_len:], rejected[-max_len:], n_full)
 
 
 def _pairs(records, tokenizer, max_len: int) -> list[Pair]:
-    return [_fit_pair(tokenizer, r, max_len) for r in records]
+    encoder = ReplyEncoder(tokenizer)
+    return [_fit_pair(encoder, r, max_len) for r in records]
 
 
 def _columns(pairs: Sequence[Pair]) -> dict[str, list[list[int]]]:
@@ -93,10 +94,11 @@ def score_ids(model, sequences: Sequence[Sequence[int]], pad_id: int, batch_size
 
 
 def pairwise_accuracy(model, pairs: dict[str, list[list[int]]], pad_id: int) -> float:
-    """Fraction of pairs where r(chosen) > r(rejected)."""
+    """Fraction of pairs where r(chosen) > r(rejected): hits / pairs, counted (a float32 mean of
+    the hits reads 180 of 200 as 0.8999999762, below a 0.9 it is)."""
     chosen = score_ids(model, pairs["chosen_ids"], pad_id)
     rejected = score_ids(model, pairs["rejected_ids"], pad_id)
-    return float((chosen > rejected).float().mean())
+    return int((chosen > rejected).sum()) / len(chosen)
 
 
 def _accuracies(model, train_pairs, eval_pairs, pad_id: int) -> dict[str, Optional[float]]:

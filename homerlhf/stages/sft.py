@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from homerlhf.data.load import load_sft
-from homerlhf.data.replies import reward_sequence_ids
-from homerlhf.data.tokens import fit_length, prompt_ids
+from homerlhf.data.replies import ReplyEncoder
+from homerlhf.data.tokens import fit_length
 from homerlhf.stages.common import load_model, lora_config, open_base, prepare_out, train_and_save, trainer_args, write_json
 
 
-def sft_sequence(tokenizer, record) -> tuple[list[int], list[int]]:
+def sft_sequence(tokenizer, record, encoder: ReplyEncoder | None = None) -> tuple[list[int], list[int]]:
     """(input ids, completion mask) of one SFT record, in the shape PPO samples and scores.
 
     The ids are :func:`homerlhf.data.replies.reward_sequence_ids`: the prompt rendered with its
@@ -33,8 +33,9 @@ def sft_sequence(tokenizer, record) -> tuple[list[int], list[int]]:
     the reply, the newline after its end-of-turn token). The mask is 1 from the end of the rendered
     prompt on (every completion turn trains), 0 over the prompt.
     """
-    ids = reward_sequence_ids(tokenizer, record["prompt"], record["completion"])
-    head = prompt_ids(tokenizer, record["prompt"])
+    encoder = encoder or ReplyEncoder(tokenizer)  # one for many records: each prompt rendered once
+    ids = encoder.sequence_ids(record["prompt"], record["completion"])
+    head = encoder.prompt_ids(record["prompt"])
     # where the ids leave the rendered prompt: its end, unless the template renders the prompt
     # differently inside the dialogue
     n_prompt = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), min(len(ids), len(head)))
@@ -45,7 +46,8 @@ def _dataset(records, tokenizer):
     """Tokenised rows (``input_ids``, ``completion_mask``): TRL trains on them as given."""
     from datasets import Dataset
 
-    rows = [dict(zip(("input_ids", "completion_mask"), sft_sequence(tokenizer, r))) for r in records]
+    encoder = ReplyEncoder(tokenizer)
+    rows = [dict(zip(("input_ids", "completion_mask"), sft_sequence(tokenizer, r, encoder))) for r in records]
     return Dataset.from_list(rows)
 
 
@@ -71,7 +73,8 @@ def run_sft(
     out = prepare_out(Path(out), "sft_run.json", overwrite)
     records, report = load_sft(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)
-    lengths = [len(reward_sequence_ids(tokenizer, r["prompt"], r["completion"])) for r in records]
+    encoder = ReplyEncoder(tokenizer)
+    lengths = [len(encoder.sequence_ids(r["prompt"], r["completion"])) for r in records]
     records = fit_length(records, lengths, section.max_len, cfg.data.overlong, report)
     print(report.summary())
 

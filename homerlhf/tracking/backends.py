@@ -1,16 +1,26 @@
-"""One class per tracker, each the same four things: start (or continue) the run, ``last_step`` (the
-highest step the tracker already holds for it), ``log`` a step's metrics and sample generations,
-``close``. Each imports its tracker when it is built, never before.
+"""One class per tracker, each the same things: start (or continue) the run, ``last_step`` (the
+highest step the tracker already holds whole for it), ``partial`` (what a kill left of the steps
+above it), ``log`` a step's metrics and sample generations, ``close``. Each imports its tracker when
+it is built, never before.
 
 A step is logged once: the session (:mod:`.session`) only hands a tracker steps above its
-``last_step``. None of them can rewrite a step (TensorBoard's ``purge_step`` is not applied by every
-reader of its files), so the steps a killed run logged after its last checkpoint keep their first values.
+``last_step``, and of those only the metrics (and sample table) ``partial`` says it lacks. None of
+them can rewrite a step (TensorBoard's ``purge_step`` is not applied by every reader of its files), so
+the steps a killed run logged after its last checkpoint keep their first values.
+
+Whole or partial: TensorBoard and MLflow write a step as many records, one after another, so a kill
+can land between two of them. They write the step's ``MARKER`` metric last; a step counts as held
+whole once its marker is there, and the metrics (and the ``SAMPLES`` table) found at a later step
+are its ``partial``. Trackio (one SQLite row per step, in a transaction) and W&B (one history record
+per step; a torn record is not read back) hold a step whole or not at all: their ``partial`` is empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +30,9 @@ from typing import Any, Iterator, Optional
 from homerlhf.tracking import settings, wandb_log
 
 SAMPLE_COLUMNS = ("iteration", "prompt", "response", "score", "truncated")
+MARKER = "iteration"  # logged with every step, and last: the step is whole once it is there
+SAMPLES = "samples"  # in ``partial``: the step's sample table is there
+Partial = dict[int, set[str]]  # step -> the metric keys (and SAMPLES) held at that step
 
 
 @dataclass
@@ -37,6 +50,19 @@ class RunInfo:
 
 def _sample_rows(step: int, samples: list[dict]) -> list[list]:
     return [[step, s.get("prompt"), s.get("response"), s.get("score"), s.get("truncated")] for s in samples]
+
+
+def held_steps(keys_by_step: Partial) -> tuple[int, Partial]:
+    """``(last_step, partial)`` from the keys a tracker holds at each step: the highest step with its
+    ``MARKER`` (0: none), and the keys of the steps above it."""
+    last = max((step for step, keys in keys_by_step.items() if MARKER in keys), default=0)
+    return last, {step: set(keys) for step, keys in keys_by_step.items() if step > last}
+
+
+def _marker_last(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """``metrics`` as (all but the marker, the marker alone): the order a step is written in."""
+    return ({k: v for k, v in metrics.items() if k != MARKER},
+            {k: v for k, v in metrics.items() if k == MARKER})
 
 
 @contextlib.contextmanager
@@ -61,33 +87,43 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = info.run_dir / "tensorboard"
-        self.last_step = _last_event_step(log_dir)
+        keys_by_step = _event_tags(log_dir)
+        self.last_step, self.partial = held_steps(keys_by_step)
         self.writer = SummaryWriter(str(log_dir))
-        if not self.last_step:
+        if "config" not in keys_by_step.get(0, ()):
             params = "\n".join(f"    {key}: {value}" for key, value in info.params.items())
             self.writer.add_text("config", params, 0)
 
     def log(self, step: int, metrics: dict[str, float], samples: list[dict]) -> None:
-        for key, value in metrics.items():  # float64 tensors: the values exactly as in metrics.jsonl
+        # One event each, appended to the file in this order (one writer thread): the marker last.
+        rest, marker = _marker_last(metrics)
+        for key, value in rest.items():  # float64 tensors: the values exactly as in metrics.jsonl
             self.writer.add_scalar(key, value, step, new_style=True, double_precision=True)
         if samples:
             head = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + "---|" * len(SAMPLE_COLUMNS) + "\n"
             body = "".join("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in row) + " |\n"
                            for row in _sample_rows(step, samples))
-            self.writer.add_text("samples", head + body, step)
+            self.writer.add_text(SAMPLES, head + body, step)
+        for key, value in marker.items():
+            self.writer.add_scalar(key, value, step, new_style=True, double_precision=True)
         self.writer.flush()  # on disk before the step's checkpoint
 
     def close(self) -> None:
         self.writer.close()
 
 
-def _last_event_step(log_dir: Path) -> int:
-    """The highest step of any summary in the event files of ``log_dir`` (0: none)."""
+def _event_tags(log_dir: Path) -> Partial:
+    """The tags (a text's without its ``/text_summary``) of the summaries at each step in the event
+    files of ``log_dir``. A file a kill cut short is read up to its last whole event."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    steps = [event.step for path in sorted(log_dir.glob("events.out.tfevents.*"))
-             for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
-    return max(steps, default=0)
+    tags: Partial = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if event.HasField("summary"):
+                tags.setdefault(event.step, set()).update(
+                    value.tag.removesuffix("/text_summary") for value in event.summary.value)
+    return tags
 
 
 class TrackioTracker:
@@ -103,6 +139,7 @@ class TrackioTracker:
         self.run = trackio.init(project=info.project, name=info.run_name, config=info.params, resume="allow",
                                 embed=False, auto_log_cpu=False, auto_log_gpu=False)
         self.last_step = max(self.run._next_step - 1, 0)  # trackio's own view: the run's highest step + 1
+        self.partial: Partial = {}  # a step is one row (the table in it), inserted in a transaction
 
     def log(self, step: int, metrics: dict[str, float], samples: list[dict]) -> None:
         row: dict[str, Any] = dict(metrics)
@@ -130,6 +167,7 @@ class WandbTracker:
                               dir=str(info.run_dir), mode=settings.wandb_mode(), config=info.params,
                               reinit="create_new", settings=wandb.Settings(x_disable_meta=True, silent=True))
         self.last_step = wandb_log.last_step(info.run_dir / "wandb", run_id)
+        self.partial: Partial = {}  # a step is one history record (the table in it), read back whole or not
 
     def log(self, step: int, metrics: dict[str, float], samples: list[dict]) -> None:
         row: dict[str, Any] = dict(metrics)
@@ -163,8 +201,31 @@ class MlflowTracker:
         else:
             self.client.update_run(run.info.run_id, status="RUNNING")
         self.run_id = info.ids["mlflow"] = run.info.run_id
-        history = self.client.get_metric_history(self.run_id, "iteration")  # logged with every step
-        self.last_step = max((m.step for m in history), default=0)
+        self.last_step, self.partial = self._held()
+
+    def _held(self) -> tuple[int, Partial]:
+        """``(last_step, partial)``: the marker's highest step; the metrics logged above it (a key's
+        history is read only if its latest step is above it) and the sample table's rows above it."""
+        last = max((m.step for m in self.client.get_metric_history(self.run_id, MARKER)), default=0)
+        latest = self.client.get_run(self.run_id).data.to_proto().metrics  # each key at its highest step
+        partial: Partial = {}
+        for key in sorted({m.key for m in latest if m.step > last}):
+            for metric in self.client.get_metric_history(self.run_id, key):
+                if metric.step > last:
+                    partial.setdefault(metric.step, set()).add(key)
+        for step in self._table_steps():
+            if step > last:
+                partial.setdefault(step, set()).add(SAMPLES)
+        return last, partial
+
+    def _table_steps(self) -> set[int]:
+        """The steps (``iteration`` column) of the rows in the run's sample table."""
+        if "samples.json" not in {f.path for f in self.client.list_artifacts(self.run_id)}:
+            return set()
+        with tempfile.TemporaryDirectory() as tmp:
+            table = json.loads(Path(self.client.download_artifacts(self.run_id, "samples.json", tmp)).read_text())
+        column = table["columns"].index("iteration")
+        return {int(row[column]) for row in table["data"]}
 
     def _existing(self, run_id: Optional[str]):
         from mlflow.exceptions import MlflowException
@@ -186,13 +247,22 @@ class MlflowTracker:
     def log(self, step: int, metrics: dict[str, float], samples: list[dict]) -> None:
         from mlflow.entities import Metric
 
+        # A kill can cut a step (the file store writes a batch a metric at a time), so it is written in
+        # order: the metrics, the table, the marker; synchronous (MLFLOW_ENABLE_ASYNC_LOGGING aside):
+        # in that order, and stored before the step's checkpoint.
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        rest, marker = _marker_last(metrics)
+        if rest:
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in rest.items()],
+                                  synchronous=True)
         if samples:  # one table artifact, the rows of every step appended (read back first: no progress bar)
             rows = _sample_rows(step, samples)
             with scoped_env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
                 self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(SAMPLE_COLUMNS)},
                                       "samples.json")
+        if marker:
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in marker.items()],
+                                  synchronous=True)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

@@ -3,10 +3,11 @@ closed at the end. The run's tracker ids live in ``RUN_DIR/tracking.json``, so `
 continues the same tracker runs.
 
 Steps once each, across a kill and a resume: at its first step a tracker reports the highest step it
-already holds (``last_step``); the session gives it the run's own log (``metrics.jsonl``, which the
-resume cut back to the checkpoint) from there on, then every later step. So a step a tracker lost in
-the kill (its writes are asynchronous) is filled in from the log, and a step it holds from before
-the kill is not logged again.
+already holds whole (``last_step``) and what it holds of the steps above (``partial``: a kill can land
+between the writes of one step); the session gives it the run's own log (``metrics.jsonl``, which the
+resume cut back to the checkpoint) from there on, less what ``partial`` holds, then every later step.
+So a step a tracker lost in the kill (its writes are asynchronous) is filled in from the log, the
+metrics a cut step lacks are added to it, and what it holds from before the kill is not logged again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from homerlhf.tracking import settings
-from homerlhf.tracking.backends import BACKENDS, RunInfo
+from homerlhf.tracking.backends import BACKENDS, SAMPLES, RunInfo
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class TrackerSession:
     def log(self, step: int, row: dict[str, Any], samples: list[dict], backlog: Backlog) -> None:
         """Step ``step`` (its metrics ``row`` and ``samples``) to every tracker that lacks it; at the
         first call, each tracker first gets ``backlog(its last step)``: the steps after the last one
-        it holds, up to and including ``step``, from the run's own log."""
+        it holds, up to and including ``step``, from the run's own log, less what it holds of them."""
         first = self.trackers is None
         if first:
             self._start(step)
@@ -98,7 +99,9 @@ class TrackerSession:
             steps = backlog(tracker.last_step) if first else [(step, row, samples)] if step > tracker.last_step else []
             try:
                 for each_step, each_row, each_samples in steps:
-                    tracker.log(each_step, numeric(each_row), each_samples)
+                    held = tracker.partial.pop(each_step, set())  # what a kill left of the step
+                    metrics = {k: v for k, v in numeric(each_row).items() if k not in held}
+                    tracker.log(each_step, metrics, [] if SAMPLES in held else each_samples)
             except Exception as exc:  # noqa: BLE001 - a tracker's failure must not end the run
                 self._drop(tracker, exc)
                 continue

@@ -103,7 +103,10 @@ def open_tab(page, name: str) -> None:
 def fill(page, elem_id: str, text: str) -> None:
     box = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
     box.fill(text)
-    box.dispatch_event("blur")
+    # Leave the box as a user does (focus moves out, one blur event): a blur only dispatched leaves the
+    # focus there, and the next box to take it sends this box's blur a second time, with that box still
+    # empty, in the same instant as its own (the two requests can arrive in either order).
+    box.blur()
 
 
 def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 60) -> str:
@@ -386,15 +389,24 @@ def test_workflow_in_chromium(page, app_url, reward_dir, tmp_path):
 
 def test_reward_boxes_write_the_overrides_and_the_data_tab_checks_the_function(page, app_url):
     open_tab(page, "Plan")
-    fill(page, "plan-reward-function", "builtin:reverse")
-    fill(page, "plan-reward-components", "0.5 builtin:reverse-positions")
     overrides = page.locator("#plan-overrides textarea").first
-    deadline = time.monotonic() + 30
-    while "reverse-positions" not in overrides.input_value() and time.monotonic() < deadline:
-        time.sleep(0.25)
-    items = overrides.input_value().splitlines()
-    assert "reward.backend=function" in items and "reward.function=builtin:reverse" in items
-    assert "reward.components=[{backend: function, function: 'builtin:reverse-positions', weight: 0.5}]" in items
+
+    def wait_lines(wanted: set[str]) -> None:
+        deadline = time.monotonic() + 60
+        while not wanted <= set(overrides.input_value().splitlines()) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert wanted <= set(overrides.input_value().splitlines()), overrides.input_value()
+
+    # Each box's event writes the overrides from both boxes as the browser had them when it was sent.
+    # Two events sent within milliseconds are two requests that can reach the server in either order
+    # (seen: the function box's, sent first with the components box still empty, ran last and took
+    # the components line out), so the test leaves a box as a user does: after the first box's line
+    # is in, not in the same instant.
+    fill(page, "plan-reward-function", "builtin:reverse")
+    wait_lines({"reward.backend=function", "reward.function=builtin:reverse"})
+    fill(page, "plan-reward-components", "0.5 builtin:reverse-positions")
+    wait_lines({"reward.backend=function", "reward.function=builtin:reverse",
+                "reward.components=[{backend: function, function: 'builtin:reverse-positions', weight: 0.5}]"})
 
     # The Data tab scores the loaded rows with it: builtin:demo rows have no answer, so None.
     open_tab(page, "Data")

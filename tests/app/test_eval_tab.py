@@ -54,3 +54,44 @@ def test_two_different_answers_make_a_pair_and_the_reply_names_the_training_comm
     assert f"Train a reward model on them: `homerlhf reward --data {tmp_path / preferences.PAIRS_FILE}`" in info
     record = json.loads((tmp_path / preferences.PAIRS_FILE).read_text())
     assert (record["chosen"], record["rejected"], record["chosen_source"]) == ("Tea is a drink.", "Go away.", "actor")
+
+
+def _checkpoint(run, iteration: int):
+    """A sealed checkpoint of stand-in files (what the lists and the check read; no weights)."""
+    from homerlhf.ppo.manifest import write_manifest
+
+    ckpt = run / "checkpoints" / f"iter_{iteration:06d}"
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "actor" / "adapter_model.safetensors").write_bytes(b"stand-in weights " * 8)
+    (ckpt / "config.yaml").write_text("seed: 0\n")
+    (ckpt / "optimizers.pt").write_bytes(b"stand-in states")
+    write_manifest(ckpt, iteration)
+    return ckpt
+
+
+def _flip_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_checkpoint_is_marked_not_selected_and_refused_before_it_loads(tmp_path, monkeypatch):
+    from homerlhf.app import chat
+    from homerlhf.app.common import error_box, guarded
+
+    first, second = _checkpoint(tmp_path, 1), _checkpoint(tmp_path, 2)
+    _flip_byte(second / "actor" / "adapter_model.safetensors")
+    _flip_byte(first / "optimizers.pt")  # not what the Evaluate tab loads: no mark
+    choices = eval_tab.checkpoint_choices(str(tmp_path))
+    assert choices == [("iter_000002 (not usable: actor/adapter_model.safetensors does not match its MANIFEST.json "
+                        "sha256 (changed after it was written))", str(second)), ("iter_000001", str(first))]
+    assert eval_tab.default_checkpoint(choices) == str(first)
+    update, _ = eval_tab.follow_checkpoints(str(tmp_path), None, [])
+    assert update["value"] == str(first)
+
+    loads = []
+    monkeypatch.setattr(chat, "get_models", lambda *a: loads.append(a))
+    outputs = guarded(11, error_index=4)(eval_tab.on_send)(str(tmp_path), str(second), "Hi", [], [], 8, 1.0, 1.0, 0, 0)
+    assert outputs[4] == error_box(f"checkpoint {second}: actor/adapter_model.safetensors does not match its "
+                                   "MANIFEST.json sha256 (changed after it was written); pick iter_000001 instead")
+    assert loads == []

@@ -98,3 +98,25 @@ def test_turn_end_is_the_templates_token_else_eos_else_an_error(real_tokenizer_d
     plain.eos_token = None
     with pytest.raises(UserError, match="neither an end-of-turn token"):
         turn_end_id(plain)
+
+
+@pytest.mark.parametrize("name", sorted(END))
+def test_encoder_gives_the_functions_ids_rendering_each_context_once(name, tokenizers, monkeypatch):
+    """The stages encode a dataset with one ReplyEncoder: per record the same ids as
+    reward_sequence_ids, for replies that share a prompt and ones with earlier turns, while each
+    distinct context is probed and rendered with its generation prompt once."""
+    import homerlhf.data.replies as replies
+
+    tok = tokenizers[name]
+    other = [{"role": "user", "content": "And coffee?"}]
+    cases = [(PROMPT, REPLY), (PROMPT, [{"role": "assistant", "content": "  Tea: leaves, steeped. "}]),
+             (other, REPLY), (PROMPT, [*REPLY, {"role": "user", "content": "More?"}, *REPLY]), (other, REPLY)]
+    expected = [reward_sequence_ids(tok, p, r) for p, r in cases]
+    calls = []
+    real_render = replies.render
+    monkeypatch.setattr(replies, "render", lambda t, m, **kw: calls.append(len(m)) or real_render(t, m, **kw))
+    encoder = replies.ReplyEncoder(tok)
+    assert [encoder.sequence_ids(p, r) for p, r in cases] == expected
+    assert encoder.prompt_ids(PROMPT) == prompt_ids(tok, PROMPT)
+    # 3 distinct contexts probed once each, the end-of-turn probe once, one render per reply
+    assert len(calls) == 3 + 1 + len(cases)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -131,16 +132,62 @@ def test_interrupted_save_never_looks_complete(policy, cfg, tmp_path):
 
     # A directory with the right name but a file cut short is not complete either.
     broken = tmp_path / "checkpoints" / "iter_000009"
-    import shutil
-
     shutil.copytree(good, broken)
     with open(broken / "optimizers.pt", "r+b") as fh:
         fh.truncate(10)
     assert not C.is_complete(broken)
     assert C.latest_complete_checkpoint(tmp_path) == good
+    # Resuming does not pass over it in silence: the file is named, and the checkpoint to fall back to.
+    with pytest.raises(UserError, match=r"iter_000009: optimizers.pt is 10 bytes, its MANIFEST.json says \d+ "
+                                        r"\(cut short .* to continue from iter_000001$"):
+        R.find_resume_checkpoint(tmp_path)
+    shutil.rmtree(broken)
     (good / C.MANIFEST).unlink()
     assert C.latest_complete_checkpoint(tmp_path) is None
     with pytest.raises(UserError, match="no complete checkpoint"):
+        R.find_resume_checkpoint(tmp_path)
+
+
+def _flip_byte(path) -> None:
+    """One byte changed in place, the size kept: what no size check sees."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_cut_or_missing_file_is_named_with_the_checkpoint_to_fall_back_to(policy, cfg, tmp_path):
+    opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
+    first, second, third = (_save(tmp_path, it, policy, cfg, {"actor": opt}) for it in (1, 2, 3))
+    _flip_byte(third / "actor" / "adapter_model.safetensors")
+    assert C.is_complete(third) and not C.is_complete(third, verify_hashes=True)
+    with pytest.raises(UserError) as info:
+        C.verify_checkpoint(third)
+    assert str(info.value) == (f"checkpoint {third}: actor/adapter_model.safetensors does not match its "
+                               "MANIFEST.json sha256 (changed after it was written); use iter_000002 instead")
+    C.verify_checkpoint(third, ("critic/", "optimizers.pt"))  # only the files a caller loads are checked
+    with pytest.raises(UserError) as info:
+        R.find_resume_checkpoint(tmp_path)
+    assert str(info.value).startswith(f"checkpoint {third}: actor/adapter_model.safetensors does not match")
+    assert str(info.value).endswith(f"(mv {third} {tmp_path}/iter_000003.damaged) and run "
+                                    f"`homerlhf train --resume {tmp_path}` again to continue from iter_000002")
+    before = _params(policy)
+    with pytest.raises(UserError, match="actor/adapter_model.safetensors does not match"):
+        C.load_checkpoint(third, policy=policy)
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(policy)))  # refused before any weight loaded
+
+    # The fallback is the newest earlier checkpoint that is intact itself; a cut-short file is named by its size.
+    with open(second / "optimizers.pt", "r+b") as fh:
+        fh.truncate(10)
+    with pytest.raises(UserError, match="use iter_000001 instead$"):
+        C.verify_checkpoint(third)
+    with pytest.raises(UserError, match=r"optimizers.pt is 10 bytes, its MANIFEST.json says \d+ \(cut short"):
+        C.verify_checkpoint(second)
+    (first / "rng.pt").unlink()
+    with pytest.raises(UserError, match="rng.pt is missing"):
+        C.verify_checkpoint(first)
+    with pytest.raises(UserError, match="no earlier checkpoint is intact$"):
+        C.verify_checkpoint(third)
+    with pytest.raises(UserError, match="restore the file from a backup, or start the run again with --overwrite$"):
         R.find_resume_checkpoint(tmp_path)
 
 

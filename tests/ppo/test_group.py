@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from homerlhf.ppo.group import (
-    aggregate, clipped_group_loss, group_zero_spread, grpo_advantages, k3_kl, rloo_advantages, token_advantages,
+    aggregate, clipped_group_loss, group_zero_spread, grpo_advantages, rloo_advantages, token_advantages,
 )
+from homerlhf.ppo.math import k3_kl
 
 ATOL = 1e-6
 
@@ -55,8 +56,9 @@ def test_k3_kl_by_hand_and_padding_ignored():
     ref = torch.tensor([[math.log(0.25), float("inf")]])
     mask = torch.tensor([[1, 0]])
     # ref - logp = log 0.5: 0.5 - 1 - log 0.5 = 0.1931472
-    torch.testing.assert_close(k3_kl(logp, ref, mask), torch.tensor([[0.5 - 1 - math.log(0.5), 0.0]]),
-                               atol=ATOL, rtol=0)
+    kl, clamped = k3_kl(logp, ref, mask)
+    torch.testing.assert_close(kl, torch.tensor([[0.5 - 1 - math.log(0.5), 0.0]]), atol=ATOL, rtol=0)
+    assert clamped.tolist() == [[False, False]]
 
 
 @pytest.mark.parametrize("mode,expected", [("token_mean", 7 / 3), ("seq_mean_token_mean", 2.75), ("constant", 0.875)])
@@ -91,6 +93,28 @@ def test_clipped_group_loss_gradient_with_kl_in_loss():
     assert float(logp.grad) == pytest.approx(-2.0 + 0.05, abs=ATOL)
     assert float(loss) == pytest.approx(-2.0 + 0.1 * (0.5 - 1 - math.log(0.5)), abs=ATOL)
     assert float(stats["kl_ref"]) == pytest.approx(0.5 - 1 - math.log(0.5), abs=ATOL)
+
+
+def test_clipped_group_loss_kl_is_bounded_and_gives_no_gradient_on_capped_tokens():
+    # One row, A = 1, old = logp (ratio 1, unclipped): the ratio term is -1 per token, gradient -1.
+    # d = ref - logp = [0.5, -30, 100] (+ a padded token of garbage). k3 (detail: homerlhf.ppo.math.k3_kl):
+    #   d = 0.5: e^0.5 - 1.5 = 0.1487212707, gradient 1 - e^0.5 = -0.6487212707;
+    #   d = -30 -> -20 -> 19.000000002 -> capped to 10, gradient 0;
+    #   d = 100 -> 20 -> capped to 10, gradient 0 (exp(100) would be inf in float32: 0 * inf = nan).
+    # token_mean over the 3 response tokens, kl_coef 0.1:
+    #   loss = (-3 + 0.1 * (0.1487212707 + 10 + 10)) / 3 = -0.3283759576
+    #   grad = [(-1 + 0.1 * -0.6487212707) / 3, -1 / 3, -1 / 3, 0] = [-0.3549573757, -0.3333333333, ...]
+    # The capped tokens keep the ratio term's gradient; only the KL term stops pulling on them.
+    logp = torch.tensor([[0.0, 0.0, 0.0, float("nan")]], requires_grad=True)
+    ref = torch.tensor([[0.5, -30.0, 100.0, float("inf")]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, stats = clipped_group_loss(logp, torch.zeros(1, 4), ref, torch.tensor([1.0]), mask,
+                                     clip_range=0.2, kl_coef=0.1, mode="token_mean")
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-0.3283759576, abs=ATOL)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.3549573757, -1 / 3, -1 / 3, 0.0]]), atol=ATOL, rtol=0)
+    assert float(stats["kl_clamped"]) == pytest.approx(2 / 3, abs=ATOL)
+    assert float(stats["kl_ref"]) == pytest.approx(20.1487212707 / 3, abs=ATOL)
 
 
 def test_constant_aggregation_has_no_length_bias():

@@ -32,6 +32,7 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     assert prompts[0] != prompts[4]
     row = trainer.step()
     assert {"group_zero_spread_fraction", "group_reward_std", "kl_ref_loss"} <= set(row)
+    assert row["kl_clamped_frac"] == 0.0 and row["kl_clamped_frac_loss"] == 0.0  # k3 in the loss, none capped
     assert not {"value_loss", "value_mean", "explained_variance", "grad_norm_critic"} & set(row)
     assert row["optimizer_steps"] == 1 and row["kl_ref_loss"] == pytest.approx(0.0, abs=1e-6)
     assert max(float((p - b).abs().max()) for p, b in zip(policy.actor_parameters(), before)) > 0

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from homerlhf.ppo.math import (
+    K3_LOG_RATIO_BOUND,
+    K3_MAX,
     explained_variance,
     gae,
+    k3_kl,
     kl_penalized_rewards,
     masked_mean,
     masked_var,
@@ -137,6 +140,89 @@ def test_kl_penalized_rewards_k3_by_hand():
     rewards, kl = kl_penalized_rewards(SCORES, LOGPROBS, REF_LOGPROBS, MASK, KL_COEF, "k3")
     close(kl, [[0.1065306597, 0.7182818285, 0.0], [0.0214027582, 0.0214027582, 0.0]])
     close(rewards, [[-0.0106530660, -0.0718281828, 2.0], [-0.0021402758, -1.0021402758, 0.0]])
+
+
+# ---------------------------------------------------------------- bounded k3
+
+# d = ref_logp - logp per token (logp = 0, so ref_logp = d); row 1's last token is padding.
+K3_D = t([[0.5, 20.0, 25.0, 2.0], [-30.0, -20.0, -1.0, 0.0]])
+K3_MASK = t([[1, 1, 1, 1], [1, 1, 1, 0]])
+
+
+def test_k3_kl_by_hand_inside_at_and_beyond_the_bounds():
+    assert (K3_LOG_RATIO_BOUND, K3_MAX) == (20.0, 10.0)  # verl's bounds; the numbers below assume them
+    # k3 = e^d - 1 - d, then at most 10:
+    #   d = 0.5: e^0.5 = 1.6487212707 -> 1.6487212707 - 1.5 = 0.1487212707 (kept)
+    #   d = 20 (the bound itself): e^20 - 21 = 485165174.4 -> capped to 10
+    #   d = 25 -> clamped to 20 -> as above -> 10
+    #   d = 2: e^2 - 3 = 7.3890560989 - 3 = 4.3890560989 (kept: the cap binds only past d ~ 2.61)
+    #   d = -30 -> clamped to -20 -> e^-20 - 1 + 20 = 19.000000002 -> capped to 10
+    #   d = -20 (the bound itself): 19.000000002 -> 10
+    #   d = -1: e^-1 - 1 + 1 = 0.3678794412 (kept)
+    kl, clamped = k3_kl(torch.zeros_like(K3_D), K3_D, K3_MASK)
+    close(kl, [[0.1487212707, 10.0, 10.0, 4.3890560989], [10.0, 10.0, 0.3678794412, 0.0]], atol=1e-9)
+    assert clamped.tolist() == [[False, True, True, False], [True, True, False, False]]
+    # The clamped fraction counts response tokens only: 4 of the 7 (the padded d = 0 is not one).
+    assert float(masked_mean(clamped.to(F64), K3_MASK)) == pytest.approx(4 / 7, abs=1e-12)
+
+
+def test_k3_kl_is_the_unbounded_k3_bit_for_bit_inside_the_bounds():
+    # Ordinary values (|d| < 2.6, where no cap binds): the value and the gradient are the old formula's.
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, F64):
+        logp = (-torch.rand(4, 6, generator=g, dtype=dtype) * 3).requires_grad_(True)
+        ref = logp.detach() + (torch.rand(4, 6, generator=g, dtype=dtype) * 5 - 2.5)
+        mask = torch.ones(4, 6, dtype=dtype)
+        kl, clamped = k3_kl(logp, ref, mask)
+        (kl_grad,) = torch.autograd.grad(kl.sum(), logp)
+        d = ref - logp
+        old = torch.expm1(d) - d
+        (old_grad,) = torch.autograd.grad(old.sum(), logp)
+        torch.testing.assert_close(kl, old, atol=0, rtol=0)
+        torch.testing.assert_close(kl_grad, old_grad, atol=0, rtol=0)
+        assert not clamped.any()
+
+
+def test_k3_kl_gradient_by_hand_and_zero_on_clamped_tokens():
+    # d(k3)/d(logp) = d(e^d - 1 - d)/dd * dd/dlogp = (e^d - 1) * (-1) = 1 - e^d.
+    #   d = 0.5: 1 - 1.6487212707 = -0.6487212707;  d = 2: 1 - 7.3890560989 = -6.3890560989;
+    #   d = -1: 1 - 0.3678794412 = 0.6321205588; capped tokens (and padding): 0.
+    logp = torch.zeros_like(K3_D).requires_grad_(True)
+    kl, _ = k3_kl(logp, K3_D, K3_MASK)
+    kl.sum().backward()
+    close(logp.grad, [[-0.6487212707, 0.0, 0.0, -6.3890560989], [0.0, 0.0, 0.6321205588, 0.0]], atol=1e-9)
+
+
+def test_k3_kl_log_ratio_bound_keeps_the_capped_gradient_finite():
+    # float32 exp overflows past d ~ 88.7: without the bound on d, a capped token's zero gradient
+    # would meet exp(d) = inf in backward (0 * inf = nan). With it, d = 100 and 1e4 give 0 exactly.
+    logp = torch.zeros(1, 3, requires_grad=True)
+    kl, clamped = k3_kl(logp, torch.tensor([[100.0, 1e4, -1e4]]), torch.ones(1, 3))
+    kl.sum().backward()
+    assert kl.tolist() == [[K3_MAX] * 3] and clamped.all()
+    assert logp.grad.tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_k3_kl_padding_garbage_never_reaches_the_result():
+    # inf/nan at the padded position, in either input: the same kl, mask and gradients as clean zeros.
+    for fill in (math.inf, -math.inf, math.nan):
+        logp = torch.where(K3_MASK == 0, torch.full_like(K3_D, fill), torch.zeros_like(K3_D)).requires_grad_(True)
+        ref = torch.where(K3_MASK == 0, torch.full_like(K3_D, -fill), K3_D)
+        kl, clamped = k3_kl(logp, ref, K3_MASK)
+        kl.sum().backward()
+        clean_kl, clean_clamped = k3_kl(torch.zeros_like(K3_D), K3_D, K3_MASK)
+        torch.testing.assert_close(kl, clean_kl, atol=0, rtol=0)
+        assert torch.equal(clamped, clean_clamped) and not clamped[1, 3]
+        assert torch.isfinite(logp.grad).all() and logp.grad[1, 3] == 0
+
+
+def test_kl_penalized_rewards_k3_is_bounded():
+    # The reward's k3 is k3_kl's: d = [0.5, 25] -> kl [0.1487212707, 10];
+    # rewards = -0.1 * kl + score 2 on the last token = [-0.0148721271, -1.0 + 2.0].
+    logp = t([[0.0, 0.0]])
+    rewards, kl = kl_penalized_rewards(t([2.0]), logp, t([[0.5, 25.0]]), t([[1, 1]]), 0.1, "k3")
+    close(kl, [[0.1487212707, 10.0]], atol=1e-9)
+    close(rewards, [[-0.0148721271, 1.0]], atol=1e-9)
 
 
 def test_kl_penalized_rewards_score_goes_to_last_mask_position():
@@ -340,6 +426,7 @@ def _masked_functions():
         ("masked_whiten", lambda x, m: (masked_whiten(x, m), masked_whiten(x, m, shift_mean=False)), [rnd()]),
         ("kl_k1", lambda a, b, m: kl_penalized_rewards(SCORES, a, b, m, 0.1, "k1"), [rnd(), rnd()]),
         ("kl_k3", lambda a, b, m: kl_penalized_rewards(SCORES, a, b, m, 0.1, "k3"), [rnd(), rnd()]),
+        ("k3_kl", lambda a, b, m: k3_kl(a, b, m), [rnd(), rnd()]),
         ("gae", lambda r, v, m: gae(r, v, m, 0.99, 0.95), [rnd(), rnd()]),
         ("policy_loss", lambda a, b, c, m: policy_loss(a, b, c, m, 0.2), [rnd(), rnd(), rnd()]),
         ("value_loss", lambda a, b, c, m: value_loss(a, b, c, m, 0.2), [rnd(), rnd(), rnd()]),

@@ -11,8 +11,8 @@ import torch
 
 from homerlhf.ppo.collect import StageTimes
 from homerlhf.ppo.experience import Experience
-from homerlhf.ppo.metrics import (METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, kl_ref_start, rollout_metrics,
-                                  time_metrics, version_lag_metrics)
+from homerlhf.ppo.metrics import (METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, kl_clamp_metrics, kl_ref_start,
+                                  rollout_metrics, time_metrics, version_lag_metrics)
 
 PAD = 9.0  # at masked positions: must not reach any metric
 
@@ -62,6 +62,22 @@ def test_kl_ref_start_by_hand():
     assert kl_ref_start(exp) == 0.0
 
 
+def test_kl_clamped_frac_by_hand_counts_response_tokens_only():
+    exp = _experience()
+    # d = ref_logp - logp over the 5 response tokens: 0.5 and 2 (k3 0.149, 4.389: kept), 25 and -30
+    # (k3 capped at 10), 0; the padded position holds PAD = 9 (k3 = e^9 - 10 > 10), not counted: 2 / 5.
+    exp.ref_logprobs = torch.tensor([[0.5, 25.0, 2.0], [-30.0, 0.0, PAD]])
+    assert kl_clamp_metrics(exp) == {"kl_clamped_frac": pytest.approx(0.4, abs=1e-7)}
+    update = {key: 0.0 for key in UPDATE_METRICS}
+    row = iteration_metrics(4, exp, torch.zeros(2), torch.ones(2, 3), 0.1, update, StageTimes(update=1.0),
+                            mini_batch_size=2, started=time.perf_counter(), kl_estimator="k3")
+    assert row["kl_clamped_frac"] == pytest.approx(0.4, abs=1e-7)
+    # With k1 in the reward no k3 is computed: no such metric.
+    row = iteration_metrics(4, exp, torch.zeros(2), torch.ones(2, 3), 0.1, update, StageTimes(update=1.0),
+                            mini_batch_size=2, started=time.perf_counter(), kl_estimator="k1")
+    assert "kl_clamped_frac" not in row
+
+
 def test_time_metrics_by_hand():
     times = StageTimes(generation=2.0, scoring=0.5, reference_reward_wait=0.25, advantages=0.125, update=4.0)
     got = time_metrics(times, _experience(), optimizer_steps=3, mini_batch_size=2, iteration_s=7.0)
@@ -91,13 +107,14 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     exp.is_weights = torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
     exp.policy_version = torch.tensor([2, 3])  # sampled ahead by version 2 (lag 1) and by version 3
     row = iteration_metrics(4, exp, torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
-                            mini_batch_size=2, started=time.perf_counter() - 3.0)
+                            mini_batch_size=2, started=time.perf_counter() - 3.0, kl_estimator="k3")
     # 5 tokens: weights 1, 2, 1, 1, 1; one capped; k3 of r = 3 is 2 - ln 3, over 5 tokens.
     assert row["is_weight_mean"] == pytest.approx(6 / 5) and row["is_weight_max"] == 2.0
     assert row["is_capped_fraction"] == pytest.approx(1 / 5)
     assert row["policy_version_lag_mean"] == 0.5 and row["policy_version_lag_max"] == 1.0
     assert row["kl_behaviour_old"] == pytest.approx((2 - math.log(3.0)) / 5, abs=1e-6)
     assert row["iteration"] == 4 and row["entropy"] == 1.0 and row["optimizer_steps"] == update["optimizer_steps"]
+    assert row["kl_clamped_frac"] == 0.0  # logp == ref_logp: no k3 capped
     assert 3.0 <= row["time_iteration_s"] < 60.0
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
     # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only,

@@ -54,12 +54,15 @@ def test_demo_fast_end_to_end(tmp_path):
     assert all(keys <= set(p) for p in pairs)
     # Alignment, not reward hacking, as the verdict asks, recomputed from its rows: the task's own
     # checker up by 0.25 on 8 answers to each of the 40 held-out prompts, replies as whole task
-    # sentences down by at most 0.05, none cut by the cap, KL within 4 nats/response.
+    # sentences down by at most 0.05, none cut by the cap, KL within 4 nats/response. The recipe's
+    # margin over the verdict's line: +0.30, which every measured run cleared (seeds 0-4, default and
+    # AVX2 kernels, AMD EPYC Zen 4: +0.39 to +0.45; README), so a CPU whose kernels land elsewhere
+    # still passes and a recipe that lost its margin does not.
     def mean(key):
         return sum(float(p[key]) for p in pairs) / len(pairs)
 
     assert len(pairs) == 320
-    assert mean("after_good") - mean("before_good") >= 0.25, (mean("before_good"), mean("after_good"))
+    assert mean("after_good") - mean("before_good") >= 0.30, (mean("before_good"), mean("after_good"))
     assert mean("after_well_formed") >= mean("before_well_formed") - 0.05
     assert mean("after_truncated") <= 0.05, mean("after_truncated")
     assert rows[-1]["kl_mean"] <= 4.0, rows[-1]["kl_mean"]
@@ -93,13 +96,14 @@ def test_demo_fast_improves_with_its_models_built_under_avx2_kernels(tmp_path):
 
     verdict = [line for line in proc.stdout.splitlines() if line.startswith("alignment ")]
     assert len(verdict) == 1 and verdict[0].startswith("alignment improved"), verdict or proc.stdout[-2000:]
-    # The verdict's conditions, from the rows it was computed on: the checker up by 0.25, whole-sentence
-    # replies down by at most 0.05, on 8 answers to each of the 40 held-out prompts per side.
+    # The verdict's conditions, from the rows it was computed on (whole-sentence replies down by at most
+    # 0.05, on 8 answers to each of the 40 held-out prompts per side), with the recipe's margin: the
+    # checker up by 0.30, not only the verdict's 0.25 (above).
     rows = [json.loads(line) for line in (out / "before_after.jsonl").read_text().splitlines()]
     assert len(rows) == 320
 
     def mean(key):
         return sum(float(r[key]) for r in rows) / len(rows)
 
-    assert mean("after_good") - mean("before_good") >= 0.25, (mean("before_good"), mean("after_good"))
+    assert mean("after_good") - mean("before_good") >= 0.30, (mean("before_good"), mean("after_good"))
     assert mean("after_well_formed") >= mean("before_well_formed") - 0.05

@@ -242,3 +242,47 @@ def test_push_to_hub_needs_a_login_and_the_network(trained_run, tmp_path, monkey
     with pytest.raises(UserError, match="--private makes sense only with --push-to-hub"):
         plan_policy_export(trained_run, tmp_path / "x", private=True)
     assert not (tmp_path / "x").exists()
+
+
+def _flip_byte(path: Path) -> None:
+    """One byte changed in place, the size kept: what no size check sees."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_or_cut_actor_adapter_is_refused_before_any_weight_loads(trained_run, tmp_path, capsys, monkeypatch):
+    """A byte flipped (same size) in the newest checkpoint's actor: one stderr line naming the file and
+    the checkpoint to export instead, exit 2, nothing loaded or written. In a copy: the run is shared."""
+    import shutil
+
+    from homerlhf.stages.export import plan_policy_export
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    shutil.copytree(trained_run, run)
+    newest = run / "checkpoints" / "iter_000002"
+    adapter = newest / "actor" / "adapter_model.safetensors"
+    _flip_byte(adapter)
+    loaded = []
+    monkeypatch.setattr("homerlhf.workers.gguf.merge.load_trained_policy", lambda *a, **k: loaded.append(a))
+
+    def refused(*argv: str) -> list[str]:
+        with pytest.raises(SystemExit) as info:
+            _cli(str(run), "--out", str(out), *argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err
+        return err.splitlines()
+
+    assert refused() == [f"error: checkpoint {newest}: actor/adapter_model.safetensors does not match its MANIFEST.json "
+                         "sha256 (changed after it was written); export iter_000001 instead with --checkpoint 1"]
+    assert loaded == [] and not out.exists()
+    assert plan_policy_export(run, out, checkpoint="1").checkpoint.name == "iter_000001"  # the fallback is sound
+
+    adapter.write_bytes(adapter.read_bytes()[:100])  # cut short: named too, not "no complete checkpoint"
+    [line] = refused("--checkpoint", "2")
+    assert line.startswith(f"error: checkpoint {newest}: actor/adapter_model.safetensors is 100 bytes, its "
+                           "MANIFEST.json says ") and line.endswith("export iter_000001 instead with --checkpoint 1")
+    _flip_byte(run / "checkpoints" / "iter_000001" / "actor" / "adapter_model.safetensors")
+    [line] = refused()
+    assert line.endswith("no earlier checkpoint's actor is intact: restore the file from a backup, or train again")
+    assert loaded == [] and not out.exists()

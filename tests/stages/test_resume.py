@@ -220,3 +220,49 @@ def test_second_sigint_aborts_at_once_and_leaves_no_worker(models, tmp_path):
     assert "aborting now" in err
     time.sleep(0.5)
     assert _workers_of(proc.pid) == []
+
+
+def _flip_byte(path: Path) -> None:
+    """One byte changed in place, the size kept: what no size check sees."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_resume_refuses_a_changed_checkpoint_before_any_weight_loads(straight_run, tmp_path, capsys, monkeypatch):
+    """A byte flipped (same size) in the newest checkpoint's actor adapter: `train --resume` exits 2 with
+    one line naming the file and the checkpoint to continue from, before a model is built or a log is
+    cut back. In process, on a copy of the shared straight run."""
+    import shutil
+
+    from homerlhf.cli import main
+    from homerlhf.errors import UserError
+    from homerlhf.ppo.resuming import saved_config
+    from homerlhf.stages.ppo import run_ppo
+
+    run = tmp_path / "run"
+    shutil.copytree(straight_run, run)
+    newest = run / "checkpoints" / f"iter_{N:06d}"
+    _flip_byte(newest / "actor" / "adapter_model.safetensors")
+    built = []
+    monkeypatch.setattr("homerlhf.models.policy.PolicyModel.from_config",
+                        classmethod(lambda cls, *a, **k: built.append(a)))
+    metrics = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--resume", str(run)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert err.splitlines() == [
+        f"error: checkpoint {newest}: actor/adapter_model.safetensors does not match its MANIFEST.json sha256 "
+        f"(changed after it was written); move it out of the way (mv {newest} {run}/{newest.name}.damaged) and run "
+        f"`homerlhf train --resume {run}` again to continue from iter_000002"]
+    with pytest.raises(UserError, match="actor/adapter_model.safetensors does not match"):
+        run_ppo(saved_config(newest), resume=run)  # the stage refuses it too, called without the CLI
+    assert built == [] and (run / "metrics.jsonl").read_bytes() == metrics
+
+    (newest / "actor" / "adapter_model.safetensors").unlink()  # gone: named, not "no complete checkpoint"
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(run)])
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: checkpoint {newest}: actor/adapter_model.safetensors is missing")
+    assert built == []

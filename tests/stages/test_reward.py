@@ -100,7 +100,11 @@ def _held_out_accuracy(run_dir, n=300):
     pairs = pair_ids(records, tok, 96)
     correct = score_ids(model, pairs["chosen_ids"], tok.pad_token_id) > score_ids(model, pairs["rejected_ids"], tok.pad_token_id)
     rude = torch.tensor([r["rejected"] in builtin.RUDE_REPLIES for r in raw])
-    return correct.float().mean().item(), correct[rude].float().mean().item(), correct[~rude].float().mean().item()
+
+    def fraction(hits):  # counted: 270 of 300 is 0.9, not float32's 0.8999999762
+        return int(hits.sum()) / len(hits)
+
+    return fraction(correct), fraction(correct[rude]), fraction(correct[~rude])
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,10 @@ def test_builtin_reward_model_separates_rude_replies(demo_rm_dir):
 
 @pytest.mark.slow
 def test_builtin_reward_model_ranks_held_out_pairs(demo_rm_dir):
-    """The issue's bar: >= 0.9 pairwise accuracy on held-out builtin pairs."""
+    """The issue's bar: >= 0.9 pairwise accuracy on held-out builtin pairs. The model is built on this
+    CPU, so its figures depend on the CPU's kernels (measured 0.945 on an AMD EPYC under default and
+    AVX2 kernels); the accuracies are counted fractions, so 0.9 is 0.9 (270 of 300), not a float32 mean
+    that reads 0.8999999762 and misses its own line."""
     run = json.loads((demo_rm_dir / "reward_run.json").read_text())
     overall, _, _ = _held_out_accuracy(demo_rm_dir)
     assert run["eval_accuracy"] >= 0.9 and overall >= 0.9, (run["eval_accuracy"], overall)
@@ -357,5 +364,7 @@ def test_builtin_reward_model_ranks_every_rejected_kind_below_its_clean_reply(de
 
     recorded = json.loads((demo_rm_dir / "reward_run.json").read_text())["held_out_accuracy_per_kind"]
     assert set(recorded) == set(builtin.REJECTED_KINDS)
-    assert all(accuracy >= 0.75 for accuracy in recorded.values()), recorded  # measured 0.78-1.00, both kernels
+    # the model and so its figures depend on the CPU's kernels: measured 0.78-1.00 on a Xeon (both
+    # kernel settings), 0.89-1.00 on an AMD EPYC with the 40% other-topic mix
+    assert all(accuracy >= 0.75 for accuracy in recorded.values()), recorded
     assert kind_accuracies(demo_rm_dir) == recorded  # the figures the build wrote are the model's on disk

@@ -4,15 +4,18 @@ each tracker's own local files (``tracker_readback.py``):
 - a straight run: every metric of every iteration, the same numbers as ``metrics.jsonl``, steps
   1..N once each; the sample generations as a table at each step; the run config as parameters;
   a fake ``WANDB_API_KEY`` from the environment appears nowhere in the run dir; no W&B process left;
-- ``kill -9`` after iteration 3 was logged (the checkpoint is at 2), then ``--resume``: the same
-  tracker runs continue (ids kept in ``tracking.json``), steps 1..N once each in every tracker. No
-  tracker can rewrite a step, so each keeps iteration 3 as first logged: equal to ``metrics.jsonl``
-  (which holds the redone iteration 3) but for the wall-clock figures (the runs are deterministic:
-  one thread).
+- ``kill -9`` after iteration 3 was logged and before iteration 4 logs anything (the checkpoint is
+  at 2): a reward component of weight 0 (``hold_reward.py``) holds the run at iteration 4's first
+  sample, and the test kills it there; then ``--resume``: the same tracker runs continue (ids kept in
+  ``tracking.json``), steps 1..N once each in every tracker. No tracker can rewrite a step, so each
+  keeps iteration 3 as first logged (W&B and Trackio write asynchronously: they may have lost it to
+  the kill, and then hold the redone one): equal to ``metrics.jsonl`` (which holds the redone
+  iteration 3) but for the wall-clock figures (the runs are deterministic: one thread).
 
 And in process, fast, with TensorBoard: the session's bookkeeping across a simulated kill and resume
 (steps a tracker holds are skipped, steps it lost are filled in from ``metrics.jsonl``), and a tracker
-that fails to start is dropped with a warning while the run goes on.
+that fails to start is dropped with a warning while the run goes on. A kill between the writes of
+one step: ``test_partial_steps.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tracker_readback import WALL_TIME, all_values
 N = 4
 TRACKERS = ("tensorboard", "trackio", "wandb", "mlflow")
 FAKE_KEY = "0123456789abcdef0123456789abcdeffakekey7"
+HOLD = Path(__file__).with_name("hold_reward.py")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def models(tmp_path_factory, tiny_llama_dir):
     return tiny_llama_dir, build_sequence_classifier(tmp_path_factory.mktemp("rm"), arch="llama", seed=3)
 
 
-def _train(models, out: Path, env: dict, *sets: str) -> subprocess.Popen:
+def _train(models, out: Path, env: dict, *sets: str, **popen) -> subprocess.Popen:
     policy_dir, rm_dir = models
     overrides = [
         f"model.name_or_path={policy_dir}", "ref.backend=adapter_off", "reward.backend=hf", f"reward.model={rm_dir}",
@@ -53,8 +57,8 @@ def _train(models, out: Path, env: dict, *sets: str) -> subprocess.Popen:
         "checkpoint.every=2", f"ppo.iterations={N}", "logging.report_to=tensorboard,trackio,wandb,mlflow", *sets,
     ]
     argv = ["train", "--preset", "cpu-tiny", "--out", str(out)] + [x for o in overrides for x in ("--set", o)]
-    return subprocess.Popen([sys.executable, "-m", "homerlhf.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen([sys.executable, "-m", "homerlhf.cli", *argv], text=True, env=env,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen})
 
 
 def _env(**extra) -> dict[str, str]:
@@ -174,14 +178,27 @@ def _mlflow_steps(out: Path) -> int:
     return len(files[0].read_text().splitlines()) if files else 0
 
 
+def _run_until_held(models, out: Path, tmp_path: Path) -> subprocess.Popen:
+    """The run, held by ``hold_reward.py`` at iteration 4's first sample: iteration 3 is in every
+    tracker (W&B's and Trackio's writes may still be on their way), iteration 4 not yet."""
+    held, stderr = tmp_path / "held", tmp_path / "killed-run.stderr"
+    component = f"reward.components=[{{backend: function, function: '{HOLD}:hold', weight: 0.0}}]"
+    with stderr.open("w") as err:  # a file: a full pipe must not stall the run before the hold
+        proc = _train(models, out, _env(HOMERLHF_TEST_HOLD_FILE=str(held)), component,
+                      stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 600  # a guard against a hang only: the run stops itself at the hold
+    while not held.exists():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before the hold: {stderr.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the run did not reach the hold in 600 s"
+        time.sleep(0.1)
+    assert [r["iteration"] for r in _rows(out)] == [1, 2, 3] and _mlflow_steps(out) == 3
+    return proc
+
+
 @pytest.mark.slow
 def test_kill9_and_resume_log_each_step_once(models, tmp_path, offline_trackers):
     out = tmp_path / "run"
-    proc = _train(models, out, _env())
-    deadline = time.monotonic() + 600
-    while _mlflow_steps(out) < 3:  # iteration 3 is in the trackers; the checkpoint is iteration 2's
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
-        time.sleep(0.05)
+    proc = _run_until_held(models, out, tmp_path)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ids = json.loads((out / "tracking.json").read_text())
