@@ -148,11 +148,21 @@ def log_offsets(run_dir: str | Path) -> dict[str, int]:
 
 
 # -- finding and verifying checkpoints ---------------------------------------------------------
-def _sealed_in(root: Path) -> list[Path]:
+def _numbered(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found) if read_manifest(p) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def _sealed_in(root: Path) -> list[Path]:
+    return [p for p in _numbered(root) if read_manifest(p) is not None]
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Every ``iter_*`` folder of a run, oldest first, sealed or not: checkpoints are written under
+    ``.tmp-`` names and renamed once sealed, so one without a readable manifest was damaged since."""
+    return _numbered(Path(run_dir) / CHECKPOINTS)
 
 
 def sealed_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -25,18 +26,30 @@ _HASHES: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, ino
 _HASHES_KEPT = 4096
 
 
+_RACY_S = 2.0  # a file changed this recently may change again within its timestamp's tick: not remembered
+
+
 def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()  # hashlib.file_digest is Python 3.11+; we support 3.10
     with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _remembered_sha256(path: Path, st) -> str:
+    """The file's sha256, remembered while its path, size, mtime and inode stay the same. A file whose
+    mtime is within ``_RACY_S`` of now is hashed every time (git's rule for racy files): a rewrite of the
+    same size within one timestamp tick (coarse on older kernels) would otherwise keep its old hash."""
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    if key not in _HASHES:
+    if key in _HASHES:
+        return _HASHES[key]
+    digest = sha256_of(path)
+    if time.time() - st.st_mtime_ns / 1e9 > _RACY_S:
         if len(_HASHES) >= _HASHES_KEPT:
             _HASHES.clear()
-        _HASHES[key] = sha256_of(path)
-    return _HASHES[key]
+        _HASHES[key] = digest
+    return digest
 
 
 def write_manifest(directory: Path, iteration: int) -> Path:
@@ -78,6 +91,8 @@ def checkpoint_problem(ckpt: str | Path, files: Sequence[str] = (), hashes: bool
             stats[rel] = None
         if stats[rel] is None or not stat.S_ISREG(stats[rel].st_mode):
             return f"{rel} is missing (its {MANIFEST} lists it)"
+        if not isinstance(meta, dict):
+            return f"{MANIFEST} is unreadable (its entry for {rel} is not a record)"
         if stats[rel].st_size != meta.get("bytes"):
             return (f"{rel} is {stats[rel].st_size} bytes, its {MANIFEST} says {meta.get('bytes')} "
                     "(cut short or changed after it was written)")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from homerlhf.errors import UserError
-from homerlhf.ppo.checkpoint import check_resume_compatible, sealed_checkpoints, verify_checkpoint
+from homerlhf.ppo.checkpoint import check_resume_compatible, checkpoint_dirs, verify_checkpoint
 
 
 def truncate_logs(run_dir: str | Path, offsets: Mapping[str, int]) -> None:
@@ -48,19 +48,22 @@ def find_resume_checkpoint(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"--resume {run_dir}: no such run directory; give the --out of an earlier run")
-    sealed = sealed_checkpoints(run_dir)
-    if not sealed:
+    dirs = checkpoint_dirs(run_dir)  # sealed or not: an unsealed newest one is refused, not passed over
+    if not dirs:
         raise UserError(f"--resume {run_dir}: the run has no complete checkpoint yet; start it again with "
                         "--overwrite (checkpoints are written every checkpoint.every iterations and at stop)")
-    verify_checkpoint(sealed[-1], fix=lambda fallback: _resume_fix(run_dir, sealed[-1], fallback))
-    return sealed[-1]
+    verify_checkpoint(dirs[-1], fix=lambda fallback: _resume_fix(run_dir, dirs, fallback))
+    return dirs[-1]
 
 
-def _resume_fix(run_dir: Path, ckpt: Path, fallback: Optional[Path]) -> str:
+def _resume_fix(run_dir: Path, dirs: list[Path], fallback: Optional[Path]) -> str:
     if fallback is None:
         return ("no earlier checkpoint is intact: restore the file from a backup, or start the run again "
                 "with --overwrite")
-    return (f"move it out of the way (mv {ckpt} {run_dir}/{ckpt.name}.damaged) and run "
+    # every checkpoint after the fallback is damaged (it is the newest intact one): all of them move
+    newer = dirs[dirs.index(fallback) + 1:]
+    moves = " && ".join(f"mv {p} {run_dir}/{p.name}.damaged" for p in newer)
+    return (f"move {'it' if len(newer) == 1 else 'them'} out of the way ({moves}) and run "
             f"`homerlhf train --resume {run_dir}` again to continue from {fallback.name}")
 
 

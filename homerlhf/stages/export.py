@@ -58,18 +58,18 @@ def resolve_checkpoint(run_dir: Path, which: str) -> Path:
     """The checkpoint ``--checkpoint`` names: an iteration number, ``last`` or ``best`` (the one whose
     iteration logged the highest ``score_mean``, the mean reward of its rollouts), among those whose
     manifest was written (whether their files still match it is :func:`verify_policy_files`'s)."""
-    from homerlhf.ppo.checkpoint import checkpoint_name, sealed_checkpoints
+    from homerlhf.ppo.checkpoint import checkpoint_dirs, checkpoint_name, sealed_checkpoints
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory; give the --out of a `homerlhf train` run")
-    found = sealed_checkpoints(run_dir)
+    found, dirs = sealed_checkpoints(run_dir), checkpoint_dirs(run_dir)
+    which = str(which).strip().lower()
+    if dirs and which == "last":
+        return dirs[-1]  # sealed or not: verify_policy_files refuses an unsealed one, never passes it over
     if not found:
         raise UserError(f"{run_dir} has no complete checkpoint: nothing trained to export yet "
                         "(checkpoints are written every checkpoint.every iterations and at the end)")
-    which = str(which).strip().lower()
-    if which == "last":
-        return found[-1]
     if which == "best":
         return _best_checkpoint(run_dir, found)
     iterations = ", ".join(str(int(p.name.split("_")[1])) for p in found)

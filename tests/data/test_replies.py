@@ -111,12 +111,28 @@ def test_encoder_gives_the_functions_ids_rendering_each_context_once(name, token
     other = [{"role": "user", "content": "And coffee?"}]
     cases = [(PROMPT, REPLY), (PROMPT, [{"role": "assistant", "content": "  Tea: leaves, steeped. "}]),
              (other, REPLY), (PROMPT, [*REPLY, {"role": "user", "content": "More?"}, *REPLY]), (other, REPLY)]
-    expected = [reward_sequence_ids(tok, p, r) for p, r in cases]
+    def by_parts(prompt, reply):  # the shape, from the module's parts, with no encoder in between
+        context = [*prompt, *reply[:-1]]
+        text = reply_text(tok, context, reply[-1]["content"])
+        return [*prompt_ids(tok, context), *tok(text, add_special_tokens=False)["input_ids"], turn_end_id(tok)]
+
+    expected = [by_parts(p, r) for p, r in cases]
+    assert [reward_sequence_ids(tok, p, r) for p, r in cases] == expected
+    import homerlhf.data.tokens as tokens
+
     calls = []
-    real_render = replies.render
-    monkeypatch.setattr(replies, "render", lambda t, m, **kw: calls.append(len(m)) or real_render(t, m, **kw))
+    real_render = tokens.render
+
+    def counted(t, m, add_generation_prompt=False):
+        calls.append("prompt" if add_generation_prompt else "turn")
+        return real_render(t, m, add_generation_prompt=add_generation_prompt)
+
+    monkeypatch.setattr(tokens, "render", counted)
+    monkeypatch.setattr(replies, "render", counted)
     encoder = replies.ReplyEncoder(tok)
     assert [encoder.sequence_ids(p, r) for p, r in cases] == expected
     assert encoder.prompt_ids(PROMPT) == prompt_ids(tok, PROMPT)
-    # 3 distinct contexts probed once each, the end-of-turn probe once, one render per reply
-    assert len(calls) == 3 + 1 + len(cases)
+    # the 3 distinct contexts: each probed once and rendered with its generation prompt once; the
+    # end-of-turn probe once; one render per reply; the last prompt_ids call above renders anew
+    assert calls.count("prompt") == 3 + 1
+    assert calls.count("turn") == 3 + 1 + len(cases)

@@ -141,9 +141,18 @@ def test_interrupted_save_never_looks_complete(policy, cfg, tmp_path):
     with pytest.raises(UserError, match=r"iter_000009: optimizers.pt is 10 bytes, its MANIFEST.json says \d+ "
                                         r"\(cut short .* to continue from iter_000001$"):
         R.find_resume_checkpoint(tmp_path)
+    # A newest checkpoint whose manifest is gone or unreadable was damaged after its rename (they are
+    # written under .tmp- names): refused naming the manifest, not passed over for an older one.
+    (broken / C.MANIFEST).write_text("{not json")
+    with pytest.raises(UserError, match=r"iter_000009: MANIFEST.json is missing or unreadable .* "
+                                        r"\(mv \S+iter_000009 \S+iter_000009.damaged\) .* from iter_000001$"):
+        R.find_resume_checkpoint(tmp_path)
     shutil.rmtree(broken)
     (good / C.MANIFEST).unlink()
     assert C.latest_complete_checkpoint(tmp_path) is None
+    with pytest.raises(UserError, match="MANIFEST.json is missing .* no earlier checkpoint is intact"):
+        R.find_resume_checkpoint(tmp_path)
+    shutil.rmtree(good)
     with pytest.raises(UserError, match="no complete checkpoint"):
         R.find_resume_checkpoint(tmp_path)
 
@@ -180,6 +189,11 @@ def test_a_changed_cut_or_missing_file_is_named_with_the_checkpoint_to_fall_back
         fh.truncate(10)
     with pytest.raises(UserError, match="use iter_000001 instead$"):
         C.verify_checkpoint(third)
+    with pytest.raises(UserError) as info:  # both damaged ones move, or the next resume stops at the second
+        R.find_resume_checkpoint(tmp_path)
+    assert str(info.value).endswith(f"move them out of the way (mv {second} {tmp_path}/iter_000002.damaged && "
+                                    f"mv {third} {tmp_path}/iter_000003.damaged) and run "
+                                    f"`homerlhf train --resume {tmp_path}` again to continue from iter_000001")
     with pytest.raises(UserError, match=r"optimizers.pt is 10 bytes, its MANIFEST.json says \d+ \(cut short"):
         C.verify_checkpoint(second)
     (first / "rng.pt").unlink()

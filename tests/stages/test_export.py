@@ -206,6 +206,25 @@ def test_checkpoint_by_number_last_and_best(trained_run):
         resolve_checkpoint(trained_run, "7")
 
 
+def test_last_never_passes_over_a_newest_checkpoint_whose_manifest_is_gone(trained_run, tmp_path):
+    """Checkpoints are renamed into place once sealed, so an iter_ folder without a readable manifest
+    was damaged since: `last` is that one, refused in one line, not the older one in silence."""
+    import shutil
+
+    from homerlhf.stages.export import resolve_checkpoint, verify_policy_files
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    damaged = run / "checkpoints" / "iter_000003"
+    shutil.copytree(run / "checkpoints" / "iter_000002", damaged)
+    (damaged / "MANIFEST.json").unlink()
+    assert resolve_checkpoint(run, "last") == damaged
+    with pytest.raises(UserError) as info:
+        verify_policy_files(damaged)
+    assert str(info.value) == (f"checkpoint {damaged}: MANIFEST.json is missing or unreadable (not a finished "
+                               "checkpoint); export iter_000002 instead with --checkpoint 2")
+
+
 def test_overwrite_replaces_only_when_asked_and_a_failure_keeps_the_old_export(exports, trained_run, monkeypatch):
     from homerlhf.stages import export as E
 
