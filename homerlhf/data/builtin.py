@@ -251,7 +251,7 @@ def sft_records(seed: int = 0, n: int = 600) -> list[dict[str, str]]:
 # held-out pairwise accuracy with an unrelated frame, 0.87-0.95 as a minimal pair; docs/ppo_details.md).
 # The weakest kind, another topic's fact, has the largest share: at 0.30 it read 0.84-0.90 held out and
 # capped what PPO could raise (the policy learned to state a fluent fact of the wrong topic); at 0.40,
-# with the reward model's lr at 7e-4 (stages/builtin.py), 0.95-0.97 and the others >= 0.9 (AMD EPYC).
+# with the reward model's lr at 7e-4 (stages/builtin.py), 0.93-0.96 and the others 0.89-1.00 (AMD EPYC).
 REJECTED_KINDS = {
     "rude or off-topic": 0.10,  # bad_reply
     "dressed up": 0.05,  # dressed_up_reply

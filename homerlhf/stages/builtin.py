@@ -69,7 +69,8 @@ def _build_demo_sft(out: Path) -> None:
 # 1,800 pairs (builtin.N_PAIRS) in batches of 32 for 2 epochs: measured on held-out pairs of every
 # rejected kind, as good as 2,400 pairs and better than 1,200 in batches of 16 (docs/ppo_details.md,
 # detail 20); the time goes with the pairs seen, not the batch. lr 7e-4 (the preset: 1e-3): with the
-# larger share of other-topic pairs, held-out 0.960 against 0.94 (AMD EPYC, seed 0).
+# larger share of other-topic pairs, held-out 0.960 against 0.94 at 1e-3 on the preset's SFT model
+# (AMD EPYC); 0.945 on DEMO_SFT's, under default and AVX2 kernels.
 DEMO_RM = {"rm.batch_size": 32, "rm.lr": 7e-4}
 
 
