@@ -296,10 +296,8 @@ def _md_escape(text: str) -> str:
 def _fake_checkpoint(run: Path, overrides: tuple[str, ...] = (), actor: bool = False) -> None:
     """A run dir whose newest checkpoint is complete as far as resuming's config check (and, with
     ``actor``, the policy export's checks) reads it: the adapter files hold no weights."""
-    import hashlib
-
     from homerlhf.config import load_config, to_yaml
-    from homerlhf.ppo.checkpoint import FORMAT_VERSION, MANIFEST
+    from homerlhf.ppo.manifest import write_manifest
 
     ckpt = run / "checkpoints" / "iter_000002"
     ckpt.mkdir(parents=True)
@@ -309,9 +307,7 @@ def _fake_checkpoint(run: Path, overrides: tuple[str, ...] = (), actor: bool = F
         (ckpt / "actor").mkdir()
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             (ckpt / "actor" / name).write_text("not an adapter\n")
-    files = {p.relative_to(ckpt).as_posix(): {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in ckpt.rglob("*") if p.is_file()}
-    (ckpt / MANIFEST).write_text(json.dumps({"format": FORMAT_VERSION, "iteration": 2, "files": files}))
+    write_manifest(ckpt, 2)  # what the checkpoint writer seals it with
     (run / "config.yaml").write_bytes(text)
     (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n')
 
