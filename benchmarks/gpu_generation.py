@@ -10,7 +10,7 @@ whether the loop samples what HF samples; and a PPO iteration on the 4090 preset
 
 For each model of ``--models`` (names from the planner's builtin table; nothing is downloaded) the
 architecture is built from its published shape with random bf16 weights on the GPU and saved with
-the tiny tokenizer (``scripts/gpu_runs.py:build_random_checkpoint``), then loaded through
+the tiny tokenizer (``homerlhf.check.runs.build_random_checkpoint``), then loaded through
 ``PolicyModel`` in NF4 with the actor/critic LoRA of the preset, as a run loads it; the process is
 capped at ``--cap-gib`` (the 4090's 24 GiB). Prompts are random in-vocabulary ids of full length.
 ``--cpu``: the tiny Llama of the demo's shape (``builtin:tiny-llama``, random weights) with the
@@ -18,13 +18,18 @@ cpu-tiny preset, the loop run eagerly, at chunk 16 like HF generate, and ``--rou
 rounds of both (medians of wall and CPU seconds: a shared machine's load drifts between settings).
 
 - Rates: each setting samples ``--measure-tokens`` and a quarter of that; the difference gives the
-  seconds per decode step, the rest the fixed cost of a call (prefill; plus warm-up and capture for
-  the loop, when a call needs a longer cache than the last). tokens/s = rows / (seconds per step); a
-  warm-up call of each setting is not counted. The same attention path on both sides: the prompts are
-  unpadded, so HF generate's sdpa gets no mask and runs its GQA kernel, and the loop folds each KV
-  head's query group (``homerlhf.models.decode_attention``): neither repeats K/V to every query head,
-  and each setting reports the layer passes that did (``kv_repeated_layer_passes``, HF's
-  ``repeat_kv`` counted), 0 when like for like.
+  seconds per decode step, the rest the fixed cost of a call (prefill). tokens/s = rows / (seconds per
+  step). An untimed warm-up call at the longer length comes first: the loop builds its session there
+  (the cache for the longest call, warm-up and capture) and every timed call replays that one
+  captured step (each setting reports ``sessions_built`` in its timed calls, 0, and its
+  ``captured_replays``, 0 when eager). The same attention path on both sides: the prompts are
+  unpadded, so HF generate's sdpa gets no mask in a decode step and runs its GQA kernel, and the loop
+  folds each KV head's query group (``homerlhf.models.decode_attention``): neither repeats K/V to every
+  query head in a decode step (``kv_repeated_decode_layer_passes``: 0 when like for like). A prefill
+  of more than ``rollout.prefill_tokens`` runs in column pieces, and every piece after the first has a
+  mask, so HF's sdpa repeats K/V there, in both decoders alike (``kv_repeated_prefill_layer_passes``:
+  (pieces - 1) x layers, 28 / 84 / 84 for a 28-layer model at 16 / 32 / 32 rows of 512 tokens, part of
+  the fixed cost); ``kv_repeated_layer_passes`` is their sum.
 - Agreement: the same prompts and per-sample seeds through HF generate and the loop: the share of rows
   whose tokens are all equal, the common prefix (bf16 kernels may differ between the two loops, and one
   flipped token changes the rest of the row), behaviour log-probs of both vs each other on that prefix,
@@ -37,7 +42,8 @@ rounds of both (medians of wall and CPU seconds: a shared machine's load drifts 
 
 The planned chunk is ``homerlhf.memory.chunks.planned_generation_chunk`` (imported when needed);
 ``--chunk N`` overrides it. JSON goes to ``--out`` (default ``$OUT/gpu_generation.json`` when ``$OUT``
-is set). Figures only: nothing here fails on a slow result.
+is set). Figures only: nothing here fails on a slow result; a row with an error prints FAIL and
+the exit status is 1.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # generation_rates, beside this file
+from generation_rates import agreement, interleaved, rate  # noqa: E402
 # Settings per mode; a flag given on the command line wins. GPU: the 4090 preset's 7B setting
 # (512 + 256 tokens; the iteration of 32 prompts measured on an H200 before: docs/time.md).
 PROFILES = {
@@ -110,9 +118,7 @@ def build_checkpoint(name: str, tmp: Path, mode: str) -> Path:
         from homerlhf.tiny import build_causal_lm
 
         return build_causal_lm(tmp / "tiny", arch="llama", seed=0, **(dict(hidden=64, layers=2) if mode == "cpu_smoke" else {}))
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_runs import build_random_checkpoint
-
+    from homerlhf.check.runs import build_random_checkpoint
     from homerlhf.memory.shapes import resolve_shape
 
     return build_random_checkpoint(resolve_shape(name), tmp / name.replace("/", "--"), seed=0)
@@ -138,127 +144,7 @@ def planned_chunk(args, cfg, model_dir: Path) -> tuple[int, str]:
     return int(planned_generation_chunk(cfg, resolve_shape(str(model_dir)), args.cap_gib)), "planner"
 
 
-# -- measuring -------------------------------------------------------------------------------------------
-def sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed_generation(policy, rollout, prompts, seeds) -> tuple[float, float, int, object]:
-    """Wall seconds, this process's CPU seconds (all threads: on a shared CPU steadier than the wall
-    clock), generated tokens and the batch of one ``generate_rollout`` call."""
-    from homerlhf.ppo.rollout import generate_rollout
-
-    sync()
-    t0, c0 = time.perf_counter(), time.process_time()
-    batch = generate_rollout(policy, prompts, rollout, seeds=seeds)
-    sync()
-    return time.perf_counter() - t0, time.process_time() - c0, int(batch.response_mask.sum()), batch
-
-
-class KVRepeats:
-    """Counts the layer passes in which HF's sdpa repeated K and V to every query head (its
-    ``repeat_kv``, once for K and once for V) while active: which attention path a decoder ran."""
-
-    def __init__(self):
-        self.calls = 0
-
-    @property
-    def layer_passes(self) -> int:
-        return self.calls // 2
-
-    def __enter__(self):
-        import transformers.integrations.sdpa_attention as sdpa
-
-        self.module, self.original = sdpa, sdpa.repeat_kv
-
-        def counted(hidden_states, n_rep):
-            self.calls += n_rep > 1
-            return self.original(hidden_states, n_rep)
-
-        sdpa.repeat_kv = counted
-        return self
-
-    def __exit__(self, *exc):
-        self.module.repeat_kv = self.original
-
-
-def rate(policy, cfg, decoder: str, rows: int, prompts, measure_tokens: int, warmup: bool = True) -> dict:
-    """Seconds per decode step and per call of ``decoder`` at ``rows`` rows, from two lengths; and in
-    how many layer passes of the longer call (prefill, decode steps run in Python: HF's each, the
-    captured loop's warm-up and capture) K/V were repeated to every query head: 0 for both decoders
-    on these unpadded prompts (HF: no mask, sdpa's GQA kernel; the loop: query groups folded), so the
-    rates compare the same attention work."""
-    short_tokens = max(2, measure_tokens // 4)
-    seconds, cpu = {}, {}
-    for tokens in ((2,) if warmup else ()) + (short_tokens, measure_tokens):  # the first: warm-up, not counted
-        rollout = cfg.rollout.model_copy(update={"decoder": decoder, "max_new_tokens": tokens,
-                                                 "chunk_size": rows})
-        with KVRepeats() as repeats:
-            seconds[tokens], cpu[tokens], generated, _ = timed_generation(policy, rollout, prompts[:rows], list(range(rows)))
-    per_step = (seconds[measure_tokens] - seconds[short_tokens]) / (measure_tokens - short_tokens)
-    cpu_per_step = (cpu[measure_tokens] - cpu[short_tokens]) / (measure_tokens - short_tokens)
-    return {"decoder": decoder, "rows": rows, "tokens": measure_tokens, "seconds": round(seconds[measure_tokens], 4),
-            "seconds_per_step": round(per_step, 6), "fixed_seconds": round(seconds[measure_tokens] - per_step * measure_tokens, 4),
-            "tokens_per_s": round(rows / per_step, 1) if per_step > 0 else None,
-            "cpu_seconds_per_step": round(cpu_per_step, 6), "generated_tokens": generated,
-            "kv_repeated_layer_passes": repeats.layer_passes}
-
-
-def interleaved(policy, cfg, prompts, rows: int, tokens: int, rounds: int) -> dict:
-    """HF generate and the loop alternately (the order swapped each round, after one warm-up round):
-    median wall and CPU seconds of each, and whether every round's samples were equal."""
-    import statistics
-
-    import torch
-
-    times = {"hf": [], "static": []}
-    equal = True
-    for r in range(rounds + 1):
-        batches = {}
-        for decoder in ("hf", "static") if r % 2 == 0 else ("static", "hf"):
-            rollout = cfg.rollout.model_copy(update={"decoder": decoder, "max_new_tokens": tokens, "chunk_size": rows})
-            wall, cpu, _, batches[decoder] = timed_generation(policy, rollout, prompts[:rows], list(range(rows)))
-            if r:
-                times[decoder].append((wall, cpu))
-        equal = equal and torch.equal(batches["hf"].response_ids, batches["static"].response_ids)
-    out = {f"{d}_{k}": round(statistics.median(t[i] for t in v), 4)
-           for d, v in times.items() for i, k in enumerate(("wall_s", "cpu_s"))}
-    return {"rows": rows, "tokens": tokens, "rounds": rounds, **out, "samples_equal": equal,
-            "static_vs_hf_wall": round(out["hf_wall_s"] / out["static_wall_s"], 3),
-            "static_vs_hf_cpu": round(out["hf_cpu_s"] / out["static_cpu_s"], 3)}
-
-
-def agreement(policy, cfg, prompts, rows: int, tokens: int) -> dict:
-    """HF generate vs the loop on the same prompts and seeds, and the loop vs the trainer's old log-probs."""
-    import torch
-
-    from homerlhf.ppo.collect import score_with_policy
-    from homerlhf.ppo.importance import importance_metrics, truncated_importance_weights
-
-    batches = {}
-    for decoder in ("hf", "static"):
-        rollout = cfg.rollout.model_copy(update={"decoder": decoder, "max_new_tokens": tokens, "chunk_size": rows})
-        batches[decoder] = timed_generation(policy, rollout, prompts[:rows], list(range(1000, 1000 + rows)))[3]
-    hf, static = batches["hf"], batches["static"]
-    width = min(hf.response_ids.shape[1], static.response_ids.shape[1])
-    same = (hf.response_ids[:, :width] == static.response_ids[:, :width]).long()
-    prefix = same.cumprod(dim=1).sum(dim=1)  # tokens equal before the first difference, per row
-    on_prefix = torch.arange(width, device=prefix.device)[None, :] < prefix[:, None]
-    gap = ((hf.behaviour_logprobs[:, :width] - static.behaviour_logprobs[:, :width]).abs() * on_prefix).max()
-    old = score_with_policy(policy, static)[0]
-    mask = static.response_mask.to(old.device)
-    behaviour = static.behaviour_logprobs.to(old.device)
-    weights = truncated_importance_weights(old, behaviour, mask, cfg.rollout.is_cap)
-    stats = {k: float(v) for k, v in importance_metrics(old, behaviour, weights, mask).items()}
-    return {"rows": rows, "tokens": tokens, "rows_all_equal": int((prefix == width).sum()),
-            "mean_common_prefix": round(float(prefix.float().mean()), 2), "common_prefix": prefix.tolist(),
-            "max_behaviour_gap_on_prefix": float(gap),
-            "max_behaviour_vs_old": float(((behaviour - old).abs() * mask).max()), **stats}
-
-
+# -- measuring (the rates, interleaved rounds and agreement: generation_rates.py) ---------------------------
 def iteration_figures(policy, cfg, prompts, decoder: str, chunk: int, steps: int) -> dict:
     """Seconds of the last of ``steps`` PPO iterations (the first creates optimizer states) with
     ``decoder`` at ``chunk``: reference adapter_off, a reward function in process."""
@@ -301,10 +187,15 @@ def guarded(fn, *args) -> dict:
         _empty_cache()
 
 
-def _empty_cache() -> None:
+def _empty_cache(workspaces: bool = False) -> None:
+    """Hand cached CUDA blocks back; ``workspaces``: free every cuBLAS workspace first (32 MiB per
+    handle and stream on an H200; a model's decode side stream leaves one), only once no captured
+    graph is alive (a graph replays with the workspace it was captured with)."""
     import torch
 
     if torch.cuda.is_available():
+        if workspaces:
+            torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 
@@ -323,8 +214,7 @@ def run_model(name: str, args, tmp: Path) -> dict:
     rows_needed = max(chunk, args.hf_chunk, args.batch, args.agree_rows)
     prompts = torch.randint(8, len(policy.tokenizer), (rows_needed, args.prompt_len), generator=gen).tolist()
     settings = {f"hf@{args.hf_chunk}": ("hf", args.hf_chunk), f"hf@{chunk}": ("hf", chunk), f"static@{chunk}": ("static", chunk)}
-    row["rates"] = {label: guarded(rate, policy, cfg, decoder, rows, prompts, args.measure_tokens,
-                                   args.mode != "cpu_smoke")
+    row["rates"] = {label: guarded(rate, policy, cfg, decoder, rows, prompts, args.measure_tokens)
                     for label, (decoder, rows) in settings.items()}
     base = row["rates"][f"hf@{args.hf_chunk}"].get("tokens_per_s")
     row["speedup_vs_hf_chunk"] = {label: round(r["tokens_per_s"] / base, 2) for label, r in row["rates"].items()
@@ -344,9 +234,15 @@ def run_model(name: str, args, tmp: Path) -> dict:
                                                             args.new_tokens)
     del policy
     gc.collect()  # bitsandbytes' Params4bit.module -> Linear4bit cycle: only then is the next model's memory free
-    _empty_cache()
+    _empty_cache(workspaces=True)  # the policy and its captured graphs are gone: its side stream's workspace too
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
+
+
+def failed(row: dict) -> bool:
+    """Whether a setting, the agreement check or an iteration of ``row`` ended in an error."""
+    parts = [*row["rates"].values(), row.get("agreement", {}), row.get("interleaved", {}), *row.get("iteration", {}).values()]
+    return any("error" in part for part in parts)
 
 
 def summary_line(row: dict) -> str:
@@ -356,8 +252,7 @@ def summary_line(row: dict) -> str:
     iterations = "; ".join(f"iteration {d} {it['error']}" if "error" in it else
                            f"iteration {d} {it['time_iteration_s']:.1f} s" + (" (predicted)" if it.get("predicted") else "")
                            for d, it in row.get("iteration", {}).items())
-    failed = any("error" in r for r in [*row["rates"].values(), *row.get("iteration", {}).values()])
-    return f"{'FAIL' if failed else 'ok  '} {row['model']}  {row['seconds']:.1f} s; {rates}" + (
+    return f"{'FAIL' if failed(row) else 'ok  '} {row['model']}  {row['seconds']:.1f} s; {rates}" + (
         f"; {iterations}" if iterations else "")
 
 
@@ -365,14 +260,16 @@ def print_model(row: dict) -> None:
     print(f"\n{row['model']}: planned chunk {row['planned_chunk']} ({row['chunk_source']}), built and loaded in "
           f"{row['build_load_s']} s")
     print(f"  {'setting':<14} {'rows':>5} {'ms/step':>9} {'fixed s':>8} {'tokens/s':>9} {'vs hf@chunk':>12} "
-          f"{'CPU ms/step':>12} {'K/V repeated':>13}")
+          f"{'CPU ms/step':>12} {'K/V rep. decode/prefill':>24} {'replays':>8}")
     for label, r in row["rates"].items():
         if "error" in r:
             print(f"  {label:<14} {r['error']}")
             continue
         print(f"  {label:<14} {r['rows']:5d} {r['seconds_per_step'] * 1e3:9.1f} {r['fixed_seconds']:8.2f} "
               f"{r['tokens_per_s'] or float('nan'):9.1f} {row['speedup_vs_hf_chunk'].get(label, float('nan')):11.2f}x "
-              f"{r['cpu_seconds_per_step'] * 1e3:12.1f} {r['kv_repeated_layer_passes']:13d}")
+              f"{r['cpu_seconds_per_step'] * 1e3:12.1f} "
+              f"{str(r['kv_repeated_decode_layer_passes']) + ' / ' + str(r['kv_repeated_prefill_layer_passes']):>24} "
+              f"{r['captured_replays']:8d}")
     if "interleaved" in row:
         i = row["interleaved"]
         print(f"  interleaved: {i['error']}" if "error" in i else
@@ -399,7 +296,7 @@ def print_model(row: dict) -> None:
         print(f"  iteration speedup: {its['hf']['time_iteration_s'] / its['static']['time_iteration_s']:.2f}x")
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
@@ -430,8 +327,10 @@ def main(argv=None) -> None:
             args.out.write_text(json.dumps(report, indent=2))  # partial results survive a later crash
             print_model(row)
             print(summary_line(row), flush=True)
-    print(f"\nwrote {args.out} ({report['seconds']} s)")
+    failures = [row["model"] for row in report["models"] if failed(row)]
+    print(f"\nwrote {args.out} ({report['seconds']} s)" + (f"; FAIL: {', '.join(failures)}" if failures else ""))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     import click.exceptions as click_exc
 
 import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
+from homerlhf.cli_check import check
 from homerlhf.cli_export import export_app
 from homerlhf.errors import UserError
 
@@ -26,6 +27,7 @@ app = typer.Typer(
     help="RLHF (SFT, reward model, PPO) on one consumer GPU.",
 )
 app.add_typer(export_app, name="export")
+app.command("check")(check)
 
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
@@ -135,17 +137,21 @@ def plan(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a stacked bar chart (PNG)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Plan one GPU of a run on N GPUs "
                                        "(sets distributed.gpus; rollout.batch_size stays the global batch)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="A `homerlhf check` report (JSON): the "
+                                               "trainer's rates and phase peaks measured on that card, instead of "
+                                               "the H200's scaled figures."),
 ) -> None:
     """Memory and time plan: bytes per component per PPO phase, verdict and suggestions; seconds per
-    phase from `homerlhf bench` figures (or defaults) and the fastest placement (offline)."""
+    phase from `homerlhf bench` figures (or defaults, or a check report) and the fastest placement (offline)."""
     import json
 
+    from homerlhf.memory.check_report import calibrated_plan, read_report
     from homerlhf.memory.render import print_plan, save_plan_figure, shape_for
 
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
+    report = read_report(calibration) if calibration is not None else None  # before anything loads
     cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
-    from homerlhf.memory.placement import placed_plan
     from homerlhf.models.reward_kinds import assumed_note, possible_reward_backends
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
@@ -153,7 +159,7 @@ def plan(
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
     shape = shape_for(cfg, model)
     rewards = possible_reward_backends(cfg.reward.model, model or cfg.model.name_or_path)
-    result = placed_plan(cfg, shape, cached_throughputs(cfg, shape), gpu_gib, rewards)
+    result = calibrated_plan(cfg, shape, cached_throughputs(cfg, shape), gpu_gib, rewards, report, str(calibration))
     if result.timing is not None and result.timing.best.time.placement.reward == "adapter" and assumed_note(cfg.reward.model):
         result.notes.append(assumed_note(cfg.reward.model))
     if plot is not None:

@@ -367,11 +367,24 @@ def run_doctor() -> int:
     with err.status("checking", spinner="dots") as status:
         rows = run_checks(lambda text: status.update(f"checking {text} ..."))
     render(rows, out)
+    for line in verdict_lines(rows):
+        out.print(line, highlight=False, soft_wrap=True)  # whole lines: the command must not break
+    return 1 if any(r.status == FAIL for r in rows) else 0
+
+
+NEXT_ON_GPU = ("on this GPU: `homerlhf check` (a few minutes: short PPO and GRPO runs sized to this card, each "
+               "phase's memory against the plan; its JSON report is what `homerlhf plan --calibration` reads)")
+
+
+def verdict_lines(rows: list[Check]) -> list[str]:
+    """The verdict under the table: ready or not and why; where a CUDA device was found, the next step
+    (:data:`NEXT_ON_GPU`), once."""
     failed = [r.name for r in rows if r.status == FAIL]
     warned = [r.name for r in rows if r.status == WARN]
     if failed:
-        out.print(f"not ready: {len(failed)} check(s) failed ({', '.join(failed)}); see 'what to do'")
-        return 1
-    note = f" ({len(warned)} warning(s): {', '.join(warned)})" if warned else ""
-    out.print(f"ready: `homerlhf demo` will run{note}")
-    return 0
+        lines = [f"not ready: {len(failed)} check(s) failed ({', '.join(failed)}); see 'what to do'"]
+    else:
+        note = f" ({len(warned)} warning(s): {', '.join(warned)})" if warned else ""
+        lines = [f"ready: `homerlhf demo` will run{note}"]
+    on_gpu = any(r.name.startswith("CUDA ") and r.status == OK for r in rows)  # check_cuda's rows, one per device
+    return lines + ([("once they are fixed, next " if failed else "next ") + NEXT_ON_GPU] if on_gpu else [])

@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_runs import (build_random_checkpoint, cap_memory, environment, measured_iterations,  # scripts/
-                      random_prompts, release_memory)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's homerlhf, whatever else is installed
+from homerlhf.check.runs import (build_random_checkpoint, cap_memory, environment,  # noqa: E402
+                                 measured_iterations, random_prompts, release_memory)
 
 DEFAULT_MODELS = "Qwen/Qwen2.5-0.5B,meta-llama/Llama-3.2-1B,Qwen/Qwen2.5-1.5B,Qwen/Qwen2.5-3B"
 

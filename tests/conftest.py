@@ -24,7 +24,7 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def gpu_session_smoke(tmp_path_factory):
     """``bash scripts/gpu_session.sh check --cpu-smoke`` then ``... speed --cpu-smoke``, run once into
-    one ``$OUT``: what a GPU session runs (scripts/gpu_check.py, benchmarks/gpu_generation.py), each in
+    one ``$OUT``: what a GPU session runs (``homerlhf check``, benchmarks/gpu_generation.py), each in
     its CPU smoke mode. Returns the two finished processes as one (exit code: the worse; output: both)
     and the ``$OUT`` folder; ``done.each`` holds them by command."""
     import subprocess
@@ -33,7 +33,8 @@ def gpu_session_smoke(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("gpu-session-out")
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OUT=str(out), CUDA_VISIBLE_DEVICES="")
+    # A token in the environment, as a user's may be: the report must not hold it (tests/memory/test_check_report.py).
+    env = dict(os.environ, OUT=str(out), CUDA_VISIBLE_DEVICES="", HF_TOKEN="hf_homerlhfSmokeCanary0123456789abcdef")
     env.pop("HOMERLHF_GPU_MODELS", None)
     each = {}
     for command in ("check", "speed"):
@@ -43,7 +44,7 @@ def gpu_session_smoke(tmp_path_factory):
         each[command].seconds = time.perf_counter() - started
     done = subprocess.CompletedProcess([c.args for c in each.values()], max(c.returncode for c in each.values()),
                                        "".join(c.stdout for c in each.values()), "".join(c.stderr for c in each.values()))
-    done.each = each
+    done.each, done.env = each, env
     return done, out
 
 

@@ -69,3 +69,58 @@ def test_doctor_all_good_through_the_cli(tmp_path):
     assert rows["chromium"][0] in ("ok", "warn")
     assert "matches HF to" in rows["llama.cpp decode q8_0"][1]
     assert out.rstrip().splitlines()[-1].startswith("ready: `homerlhf demo` will run")
+
+
+def _gpu_free_checks(monkeypatch, cuda_rows=None) -> dict:
+    """The doctor's checks of llama.cpp and NF4 replaced by ok rows that record what they were asked
+    (they build models and start workers: minutes); ``cuda_rows``: what ``check_cuda`` reports (None:
+    the real one, here no CUDA device). Returns the record: GPU or not, per check."""
+    asked = {"nf4": []}
+    monkeypatch.setattr(doctor, "check_llama_build", lambda: [doctor.Check("llama.cpp build", doctor.OK, "portable")])
+
+    def decodes(on_gpu, progress):
+        asked["decodes_on_gpu"] = on_gpu
+        return [doctor.Check("llama.cpp decode f32", doctor.OK, "matches HF")]
+
+    def nf4(device):
+        asked["nf4"].append(device)
+        return doctor.Check(f"bitsandbytes NF4 ({device})", doctor.OK, "matches")
+
+    monkeypatch.setattr(doctor, "check_decodes", decodes)
+    monkeypatch.setattr(doctor, "check_nf4", nf4)
+    if cuda_rows is not None:
+        monkeypatch.setattr(doctor, "check_cuda", lambda: cuda_rows)
+    return asked
+
+
+def test_on_a_cuda_machine_the_doctor_names_homerlhf_check_as_the_next_step_once(monkeypatch, capsys, tmp_path):
+    """A CUDA-reporting ``check_cuda`` (the function whose rows decide the GPU checks): the doctor asks the
+    GPU-only checks for the GPU and ends with `homerlhf check` as the next step, named once."""
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))
+    asked = _gpu_free_checks(monkeypatch, [doctor.Check("CUDA 0", doctor.OK, "NVIDIA GeForce RTX 4090: 23.1 of 24.0 GiB free")])
+    assert doctor.run_doctor() == 0
+    out = capsys.readouterr().out
+    assert asked == {"decodes_on_gpu": True, "nf4": ["cpu", "cuda"]}
+    assert out.count("homerlhf check") == 1
+    ready, next_step = out.rstrip().splitlines()[-2:]
+    assert ready.startswith("ready: `homerlhf demo` will run") and next_step == "next " + doctor.NEXT_ON_GPU
+    assert next_step.startswith("next on this GPU: `homerlhf check` (a few minutes")
+
+
+def test_without_cuda_the_doctor_names_no_gpu_check(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    asked = _gpu_free_checks(monkeypatch)  # the real check_cuda: no device on this machine
+    assert doctor.run_doctor() == 0
+    out = capsys.readouterr().out
+    assert asked == {"decodes_on_gpu": False, "nf4": ["cpu"]}
+    assert "homerlhf check" not in out and out.rstrip().splitlines()[-1].startswith("ready: `homerlhf demo` will run")
+
+
+def test_a_failing_cuda_machine_names_the_check_after_the_fixes():
+    rows = [doctor.Check("CUDA 0", doctor.OK, "NVIDIA H200: 139.0 of 139.8 GiB free"),
+            doctor.Check("bitsandbytes NF4 (cuda)", doctor.FAIL, "died by SIGSEGV", "pip install ...")]
+    assert doctor.verdict_lines(rows) == [
+        "not ready: 1 check(s) failed (bitsandbytes NF4 (cuda)); see 'what to do'",
+        "once they are fixed, next " + doctor.NEXT_ON_GPU]
+    assert doctor.verdict_lines([doctor.Check("CUDA", doctor.WARN, "no CUDA device visible")]) == ["ready: `homerlhf demo` will run (1 warning(s): CUDA)"]

@@ -57,6 +57,11 @@ CLI_CASES = [
     ("plan-gpu-gib-zero", ["plan", "--gpu-gib", "0"], 2, "--gpu-gib must be > 0, got 0"),
     ("plan-model-missing", ["plan", "--model", "{tmp}/nomodel"], 2, "not a local model dir, not in the hub cache, not in the builtin table"),
     ("plan-plot-folder-missing", ["plan", "--plot", "{tmp}/no/such/dir/plan.png"], 2, "does not exist; create it or pick another path"),
+    ("plan-calibration-missing", ["plan", "--calibration", "{tmp}/none.json"], 2, "no such file; give the JSON report `homerlhf check` wrote"),
+    ("plan-calibration-not-json", ["plan", "--calibration", "{tmp}/bad.yaml"], 2, "not JSON (Expecting value: line 1 column 1 (char 0)); give the report `homerlhf check` wrote"),
+    ("plan-calibration-other-card", ["plan", "--preset", "3090", "--calibration", "{report}"], 2, "measured on NVIDIA GeForce RTX 4090, not the plan's RTX 3090 (24 GiB); plan with that card's preset, or run `homerlhf check` on this card"),
+    ("check-unknown-preset", ["check", "--preset", "nope"], 2, "--preset 'nope' is not a GPU preset; choose one of: 3060-12g, 3090, 4060ti-16g, 4080, 4090, a100-80g, t4-colab"),
+    ("check-out-exists", ["check", "--out", "{tmp}/list.yaml"], 2, "list.yaml already exists; pass --overwrite to replace it or choose another --out"),
     ("config-file-is-a-dir", ["train", "--config", "{tmp}/empty"], 2, "cannot read config file"),
     ("option-not-a-number", ["worker", "--role", "ref", "--model", "{gguf}", "--port", "abc"], 2, "Invalid value for '--port'"),
     ("worker-unknown-role", ["worker", "--role", "critic", "--model", "{gguf}"], 2, "--role 'critic' is not known; use ref or reward"),
@@ -358,7 +363,8 @@ def files(tmp_path_factory, tiny_llama_dir):
     _architecture_dirs(tmp)
     _fake_checkpoint(tmp / "gpt2run", (f"model.name_or_path={tmp / 'gpt2'}",), actor=True)  # export-policy-*
     _flipped_run(tmp / "flippedrun")  # *-checkpoint-changed
-    return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir)}
+    report = Path(__file__).resolve().parent / "fixtures" / "check_reports" / "rtx4090_example.json"  # plan-calibration-*
+    return {"tmp": tmp, "gguf": Path(gguf), "tiny": Path(tiny_llama_dir), "report": report}
 
 
 def _architecture_dirs(tmp: Path) -> None:

@@ -22,8 +22,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("ppo", "memory", "tracking"),  # tracking: experiment trackers, for PPO and the TRL stages
     ("workers",),
     ("stages", "doctor"),  # doctor checks a machine with the workers and models below it
+    ("check",),  # `homerlhf check`: short runs of the stages' pieces on a GPU, measured against the planner
     ("app",),
-    ("cli", "cli_export"),  # cli_export: the `homerlhf export` commands
+    ("cli", "cli_export", "cli_check"),  # cli_export, cli_check: the `homerlhf export` and `check` commands
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

@@ -102,20 +102,23 @@ def command_text(preset: str, model: str, overrides_text: str, preset_model: Opt
 # -- the planner, laid out ----------------------------------------------------------------------
 
 
-def compute_plan(cfg, gpu_gib: Optional[float]):
+def compute_plan(cfg, gpu_gib: Optional[float], calibration: str = ""):
     """The planner's ``Plan`` for this config (its model shape resolved without any download), with
     its ``auto`` settings resolved as a run would resolve them.
 
-    ``gpu_gib`` 0 or None plans for the preset's card."""
-    from homerlhf.memory.placement import placed_plan
+    ``gpu_gib`` 0 or None plans for the preset's card; ``calibration``: a `homerlhf check` report's path
+    (empty: none), as `homerlhf plan --calibration` reads it."""
+    from homerlhf.memory.check_report import calibrated_plan, read_report
     from homerlhf.memory.render import shape_for
     from homerlhf.models.reward_kinds import possible_reward_backends
     from homerlhf.workers.bench import cached_throughputs
 
-    budget = float(gpu_gib) if gpu_gib else None
+    path = Path(calibration.strip()).expanduser() if (calibration or "").strip() else None
+    report = read_report(path) if path is not None else None  # a bad report: one line, before anything loads
     shape = shape_for(cfg)
     rewards = possible_reward_backends(cfg.reward.model, cfg.model.name_or_path)
-    return placed_plan(cfg, shape, cached_throughputs(cfg, shape), budget, rewards)
+    return calibrated_plan(cfg, shape, cached_throughputs(cfg, shape), float(gpu_gib) if gpu_gib else None,
+                           rewards, report, str(path))
 
 
 def time_markdown(plan, reward_model: Optional[str] = None) -> str:
@@ -237,6 +240,7 @@ class PlanPanel:
     save_btn: Any
     suggestion: Any  # gr.State: the last plan's suggestion as section.key=value items
     time: Any = None  # Markdown: seconds per phase and the placement recommendation
+    calibration: Any = None  # Textbox: a `homerlhf check` report's path (empty: the H200's scaled figures)
 
     @property
     def plan_outputs(self) -> list:
@@ -258,6 +262,8 @@ def _layout(settings: Settings) -> PlanPanel:
             settings.reward_components.render()
     card = gr.Markdown(elem_id="plan-card")
     settings.overrides.render()
+    calibration = gr.Textbox("", label="Calibration: a `homerlhf check` report (JSON path; empty: none)",
+                             placeholder="homerlhf-check.json", elem_id="plan-calibration")
     with gr.Row():
         plan_btn = gr.Button("Plan", variant="primary", elem_id="plan-run")
         apply_btn = gr.Button("Apply suggestion", elem_id="plan-apply")
@@ -272,7 +278,7 @@ def _layout(settings: Settings) -> PlanPanel:
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
-                     suggestion=gr.State([]), time=time)
+                     suggestion=gr.State([]), time=time, calibration=calibration)
 
 
 def on_algorithm(algorithm: str, overrides: str) -> str:
@@ -336,12 +342,12 @@ def on_save(preset, model, overrides, preset_model, path):
     return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
 
 
-def plan_outputs(preset, model, overrides, preset_model, gpu_gib) -> tuple:
+def plan_outputs(preset, model, overrides, preset_model, gpu_gib, calibration: str = "") -> tuple:
     """The plan of these settings as the tab shows it, message box first (empty)."""
     import gradio as gr
 
     cfg = resolved_config(preset, model, overrides, preset_model)
-    plan = compute_plan(cfg, gpu_gib)
+    plan = compute_plan(cfg, gpu_gib, calibration)
     headers, rows = plan_table(plan)
     return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=table_value(headers, rows), headers=headers),
             command_text(preset, model, overrides, preset_model), suggestion_overrides(plan),
@@ -360,7 +366,7 @@ def build(settings: Settings):
                 "component in each PPO phase and says whether it fits.")
     panel = _layout(settings)
     s = settings
-    inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib]
+    inputs = [s.preset, s.model, s.overrides, s.preset_model, s.gpu_gib, panel.calibration]
     on_plan = guarded(7, error_index=0, on_error=STALE_ON_ERROR)(plan_outputs)
 
     @guarded(7, error_index=0, on_error=STALE_ON_ERROR)
@@ -385,8 +391,8 @@ def build(settings: Settings):
     panel.save_btn.click(guarded(1, error_index=0)(on_save),
                          [s.preset, s.model, s.overrides, s.preset_model, panel.yaml_path], panel.message)
 
-    def on_load(preset, model, overrides, preset_model, gpu_gib):
+    def on_load(*values):
         """What the page shows when it opens: the card and the plan of the current settings."""
-        return (card_markdown(preset), *on_plan(preset, model, overrides, preset_model, gpu_gib))
+        return (card_markdown(values[0]), *on_plan(*values))
 
     return on_load, inputs, [panel.card, *panel.plan_outputs]

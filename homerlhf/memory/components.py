@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.shapes import ModelShape
@@ -43,14 +43,19 @@ class Assumptions:
     attention: str = "sdpa"  # "sdpa" never materialises (T x T) scores; "eager" does
     scoring_batch: str = "chunk"  # scoring forwards run on a whole rollout chunk ("micro": micro-batches)
     # PyTorch gives each (cuBLAS handle, stream) a workspace from its caching allocator: 32 MiB on
-    # compute capability 9.x-12.x (Hopper, Blackwell), 8.125 MiB before; one handle for the trainer's
-    # thread and one for autograd's backward thread. Counted at the larger size on every card.
+    # compute capability 9.x-12.x (Hopper, Blackwell), 8.125 MiB before. Handles are per thread: one
+    # for the trainer's thread and one for autograd's backward thread (made at the first backward),
+    # each on its default stream; the static decoder's side stream adds one (the trainer's handle on
+    # it: :func:`cublas_workspaces`). Counted at the larger size on every card.
     cublas_workspace_mib: float = 32.0
     cublas_handles: int = 2
     # The optimizer has stepped: its states exist, and the last step's gradients are still held through
     # the next generation and scoring (the next update's zero_grad frees them). False: the first
     # iteration, before any step (or while an fp16 loss scaler has skipped every step so far).
     after_first_step: bool = True
+    # Whether those gradients are held; None: as ``after_first_step``. False for the iteration right
+    # after a resume: the checkpoint's optimizer states are loaded, but new parameters have no gradients.
+    held_gradients: Optional[bool] = None
     # The generation phase's decoder: "hf" (HF generate, a DynamicCache grown by torch.cat), "static" (a
     # decode loop over a preallocated static cache, its step captured as a CUDA graph) or "any": the larger.
     decoder: str = "any"
@@ -155,7 +160,8 @@ def trainable_grad_bytes(cfg: RunConfig, shape: ModelShape) -> int:
 def held_gradients(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) -> list[Component]:
     """The last optimizer step's gradients, held through generation and scoring until the next update
     zeroes them (``optimizer.zero_grad(set_to_none=True)`` at its start); none before the first step."""
-    if not assumptions.after_first_step:
+    held = assumptions.after_first_step if assumptions.held_gradients is None else assumptions.held_gradients
+    if not held:
         return []
     return [Component("gradients held from the last step", "gradients", trainable_grad_bytes(cfg, shape),
                       note="freed when the next update starts", dtype="fp32")]
@@ -269,13 +275,30 @@ def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Compone
                       note=f"{count} x (r={lora.r} as rm.lora; head 1 x {shape.hidden_size})")]
 
 
+def planned_decoder(cfg: RunConfig, assumptions: Assumptions) -> str:
+    """The decoder the generation phase is planned for: the assumption, narrowed by ``rollout.decoder``
+    when the config names one (``auto`` may fall back from the captured loop to HF generate: both)."""
+    if assumptions.decoder != "any":
+        return assumptions.decoder
+    return cfg.rollout.decoder if cfg.rollout.decoder in ("hf", "static") else "any"
+
+
+def cublas_workspaces(cfg: RunConfig, assumptions: Assumptions) -> int:
+    """(cuBLAS handle, stream) pairs with a workspace: each handle on its thread's default stream, and
+    the trainer's handle on the static decoder's side stream (its warm-up and capture run there, and a
+    warm-up runs before a step can be declined), when that decoder may run (``static`` or ``any``)."""
+    return assumptions.cublas_handles + (planned_decoder(cfg, assumptions) != "hf")
+
+
 def workspace_components(cfg: RunConfig, assumptions: Assumptions) -> list[Component]:
-    """cuBLAS workspaces: allocated by PyTorch's caching allocator at a handle's first matmul, kept."""
+    """cuBLAS workspaces: allocated by PyTorch's caching allocator at a (handle, stream)'s first matmul, kept."""
     if cfg.card.device != "cuda":
         return []
-    n, mib = assumptions.cublas_handles, assumptions.cublas_workspace_mib
+    n, mib = cublas_workspaces(cfg, assumptions), assumptions.cublas_workspace_mib
+    side = n - assumptions.cublas_handles
+    where = f"{assumptions.cublas_handles} handle{'s' * (assumptions.cublas_handles != 1)} on the default stream"
     return [Component("cuBLAS workspaces", "overhead", int(n * mib * 2**20),
-                      note=f"{n} x {mib:g} MiB: the trainer's thread and autograd's backward thread")]
+                      note=f"{n} x {mib:g} MiB: {where}" + (" + the static decoder's side stream" if side else ""))]
 
 
 def overhead_components(cfg: RunConfig, allocated: int, assumptions: Assumptions) -> list[Component]:

@@ -21,6 +21,7 @@ from homerlhf.memory.components import (
     lengths,
     logprob_buffer_bytes,
     lora_on_mlp,
+    planned_decoder,
     trainable_grad_bytes,
 )
 
@@ -57,7 +58,7 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     step = b * per_token + kv_repeat
     scores = b * shape.num_heads * t * a
     static_step = b * per_token + (kv_repeat + 2 * scores if assumptions.attention == "eager" else scores)
-    decoder = _decoder(cfg, assumptions)
+    decoder = planned_decoder(cfg, assumptions)
     moments = {}
     if decoder in ("hf", "any"):
         # The logits come after the last layer (and the last decode step holds more beside them); in pieces
@@ -98,14 +99,6 @@ def _prefill_activations(cfg, shape, assumptions, b: int, per_token: float) -> t
     piece = f"{b} x {w} tokens (a piece of the {b} x {p} block: rollout.prefill_tokens)" if w < p else f"{b} x {p} tokens"
     return Component("prefill activations", "activations", int(prefill), note=f"one layer over {piece}",
                      dtype=dtype_names(cfg)[1]), w
-
-
-def _decoder(cfg, assumptions) -> str:
-    """The decoder the generation phase is planned for: the assumption, narrowed by ``rollout.decoder``
-    when the config names one (``auto`` may fall back from the captured loop to HF generate: both)."""
-    if assumptions.decoder != "any":
-        return assumptions.decoder
-    return cfg.rollout.decoder if cfg.rollout.decoder in ("hf", "static") else "any"
 
 
 def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:

@@ -53,7 +53,8 @@ class Throughputs:
     :data:`DEFAULT_SOURCE`). ``gen_chunk``: the chunk a GPU's ``trainer_gen`` was measured at. A GPU
     decode step of an NF4 + LoRA model is bound by kernel launches, its time about the same whatever
     the chunk, so the model scales that figure by chunk / ``gen_chunk`` (capped at the forward rate);
-    0: taken at the run's own chunk, not scaled (the CPU's figures)."""
+    0: taken at the run's own chunk, not scaled (the CPU's figures). ``kernels``: which kernels the GPU
+    figures are for (the H200 defaults': not those a policy chooses now, see the constant)."""
 
     worker_ref: dict[int, float]
     worker_reward: dict[int, float]
@@ -63,6 +64,9 @@ class Throughputs:
     trainer_train: dict[int, float]
     source: str = DEFAULT_SOURCE
     gen_chunk: int = 0
+    # The kernels the GPU figures were measured with (``homerlhf.models.cuda_kernels.MEASURED_KERNELS``:
+    # precision, TF32, attention); "" for figures not from a GPU measurement (the CPU's, a bench's own).
+    kernels: str = ""
 
     def rate(self, kind: str, threads: int) -> float:
         """Tokens/s of ``kind`` at ``threads``: the measured figure, else the nearest measured one
@@ -93,7 +97,8 @@ class Throughputs:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Throughputs":
         rates = {k: {int(t): float(v) for t, v in data[k].items()} for k in RATES}
-        return cls(**rates, source=str(data.get("source", DEFAULT_SOURCE)), gen_chunk=int(data.get("gen_chunk", 0)))
+        return cls(**rates, source=str(data.get("source", DEFAULT_SOURCE)), gen_chunk=int(data.get("gen_chunk", 0)),
+                   kernels=str(data.get("kernels", "")))
 
 
 # ---- defaults -----------------------------------------------------------------------------------------
@@ -178,7 +183,7 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
     backbone = 2.0 * matmul_params(shape, lm_head=False)
     threads = range(1, cores + 1)
     per_core = CPU_FLOPS_PER_CORE
-    gen_chunk, source = 0, DEFAULT_SOURCE
+    gen_chunk, source, kernels = 0, DEFAULT_SOURCE, ""
     if cfg.card.device == "cpu":
         chunk = cfg.rollout.generation_chunk if isinstance(cfg.rollout.generation_chunk, int) else cfg.rollout.chunk_size
         trainer = {
@@ -187,13 +192,16 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
             "trainer_train": {t: t * per_core["train"] / (3 * flops) for t in threads},
         }
     else:
+        from homerlhf.models.cuda_kernels import MEASURED_KERNELS
+
         trainer, gen_chunk = gpu_trainer_rates(shape, card_spec(cfg.card.name) or MEASURED), GPU_MEASURED_CHUNK
         source = f"GPU: {gpu_source(cfg.card.name)}; CPU workers: {DEFAULT_SOURCE}"
+        kernels = MEASURED_KERNELS
     return Throughputs(
         worker_ref={t: t * per_core["worker"] / flops for t in threads},
         worker_reward={t: t * per_core["reward_worker"] / backbone for t in threads},
         llama_gen={t: t * per_core["llama_gen"] / flops for t in threads},
-        **trainer, source=source, gen_chunk=gen_chunk,
+        **trainer, source=source, gen_chunk=gen_chunk, kernels=kernels,
     )
 
 

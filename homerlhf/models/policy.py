@@ -28,10 +28,11 @@ from torch import Tensor, nn
 
 from homerlhf.config.schema import LoraConfig, QuantConfig, RunConfig
 from homerlhf.errors import UserError
+from homerlhf.models import cuda_kernels
 from homerlhf.models.generation import checkpoint_defaults_off, stop_token_ids
 from homerlhf.models.logprobs import chunked_logprobs, output_logit_transform, position_ids_from_mask, response_hidden
 from homerlhf.models.lm_head import install_fp32_logits
-from homerlhf.models.precision import adapters_to_fp32, allow_tf32_on_cuda, prepare_frozen_base
+from homerlhf.models.precision import adapters_to_fp32, prepare_frozen_base
 from homerlhf.models.static_decode import StaticDecoder
 
 ACTOR = "actor"
@@ -48,6 +49,12 @@ def compute_dtype(quant: QuantConfig, device: str) -> torch.dtype:
             return torch.float32
         return torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float16
     return _DTYPES[quant.compute_dtype]
+
+
+def kernels_for(cfg: RunConfig, device: torch.device) -> cuda_kernels.KernelSettings:
+    """Set the TF32 and SDPA flags of a policy of ``cfg`` on ``device`` (:mod:`homerlhf.models.cuda_kernels`)."""
+    upcast = cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized
+    return cuda_kernels.set_for_policy(compute_dtype(cfg.quant, cfg.card.device), upcast, device)
 
 
 def quantization_config(quant: QuantConfig, device: str, storage: torch.dtype = torch.uint8):
@@ -71,14 +78,8 @@ def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM"):
     from peft import LoraConfig as PeftLoraConfig
 
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return PeftLoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=targets,
-        bias="none",
-        task_type=task_type,
-    )
+    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                          bias="none", task_type=task_type)
 
 
 def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None,
@@ -193,13 +194,15 @@ class PolicyModel:
     """
 
     def __init__(self, model, value_head: Optional[ValueHead], tokenizer, *, shared_adapter: bool,
-                 logprob_chunk_size: int, temperature: float = 1.0):
+                 logprob_chunk_size: int, temperature: float = 1.0,
+                 kernel_settings: Optional[cuda_kernels.KernelSettings] = None):
         self.model = model  # peft PeftModel
         self.value_head = value_head  # None: no critic (GRPO/RLOO)
         self.tokenizer = tokenizer
         self.shared_adapter = shared_adapter
         self.logprob_chunk_size = logprob_chunk_size
         self.temperature = temperature
+        self.kernel_settings = kernel_settings  # what from_config set (cuda_kernels.set_for_policy)
         inner = model.get_base_model()
         self.backbone = getattr(inner, inner.base_model_prefix)  # the decoder, LoRA injected in place
         self.lm_head = inner.get_output_embeddings()
@@ -220,8 +223,7 @@ class PolicyModel:
                                    checkpointing=cfg.training.gradient_checkpointing)
         if base.get_output_embeddings().weight.dtype != torch.float32:
             install_fp32_logits(base)  # a 16-bit head: fp32 logits for sampling and scoring alike
-        allow_tf32_on_cuda(compute_dtype(quant, cfg.card.device), quant.load_in_4bit and quant.upcast_non_quantized,
-                           base.device.type == "cuda")
+        kernels = kernels_for(cfg, base.device)  # TF32 and SDPA backends, on and off (process-wide)
         check_logits_path(base, model_path)
         model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
         if cfg.has_critic and not cfg.critic.shared_adapter:
@@ -237,6 +239,7 @@ class PolicyModel:
             shared_adapter=cfg.critic.shared_adapter or not cfg.has_critic,
             logprob_chunk_size=cfg.ppo.logprob_chunk_size,
             temperature=cfg.rollout.temperature,
+            kernel_settings=kernels,
         )
 
     # -- parameters ---------------------------------------------------------------------------

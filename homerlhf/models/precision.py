@@ -19,6 +19,9 @@ on, peft's ``prepare_model_for_kbit_training`` casts the embeddings, LM head, no
 since a bitsandbytes ``Linear4bit`` returns its input's dtype, the residual stream, the KV cache and
 attention are fp32 too; off (the GPU presets), they all stay in the compute dtype: HF's RMSNorm still
 computes in fp32 inside, and the LM head returns fp32 logits (:mod:`homerlhf.models.lm_head`).
+
+Whether the fp32 matmuls left under 16-bit compute (LoRA, value head) run in TF32 on CUDA, and which SDPA
+backends attention may use, is :mod:`homerlhf.models.cuda_kernels` (set by each policy, on and off).
 """
 
 from __future__ import annotations
@@ -70,18 +73,6 @@ def prepare_frozen_base(model, *, load_in_4bit: bool, upcast: bool, checkpointin
         if not load_in_4bit:
             model.enable_input_require_grads()
     return model
-
-
-def allow_tf32_on_cuda(compute: torch.dtype, upcast: bool, on_cuda: bool) -> bool:
-    """TF32 for the fp32 matmuls left under 16-bit compute (LoRA, value head, the fp32 logits of a head
-    upcast off CUDA): their inputs are bf16/fp16 values or fp32 weights whose results are rounded to
-    the compute dtype, so TF32's 10-bit mantissa loses nothing that is kept. Not with the fp32 upcast,
-    whose fp32 LM head makes the logits. Process-wide (``torch.backends.cuda.matmul.allow_tf32``);
-    returns whether it was set."""
-    if not on_cuda or upcast or compute not in (torch.bfloat16, torch.float16):
-        return False
-    torch.backends.cuda.matmul.allow_tf32 = True
-    return True
 
 
 def adapters_to_fp32(params: Iterable[torch.nn.Parameter]) -> None:

@@ -236,6 +236,7 @@ class StaticDecoder:
         self.graphs = graphs
         self.off_reason: Optional[str] = None  # set once the model is refused or a capture failed
         self.sessions_made = 0
+        self.replays = 0  # captured steps replayed (a graph's ``replay``; 0 when the step runs eagerly)
         self._session: Optional[DecodeSession] = None
         self._decoding = False  # the loop's own forwards (prefill, warm-up, eager steps) keep the session
         self._hook = None
@@ -296,8 +297,21 @@ class StaticDecoder:
                 return step  # (a one-token call: nothing to capture yet)
             session.bufs.attention_mask[:, width] = True  # the slot the warm-up steps write
             session.graph = graphs.capture(step, lambda: session.bufs.rewind(width))
-            session.run_step = session.graph.replay
+            session.run_step = self._counted(session.graph.replay)
         return session.run_step
+
+    def _counted(self, replay: Callable[[], None]) -> Callable[[], None]:
+        """``replay``, counted in :attr:`replays`: what says a captured graph ran, not just was made."""
+        def counted() -> None:
+            replay()
+            self.replays += 1
+
+        return counted
+
+    @property
+    def graphs_captured(self) -> int:
+        """Captures begun for this model (:attr:`StepGraphs.graphs_made`; 0 without graphs)."""
+        return self.graphs.graphs_made if self.graphs is not None else 0
 
     @torch.no_grad()
     def decode(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, stop_ids: Sequence[int],

@@ -114,3 +114,21 @@ def test_a_preset_change_resets_the_model_and_takes_out_the_old_cards_suggestion
     _, model, _, _, message, typed, _ = plan_tab.on_preset("3060-12g", model, default, shown, overrides, typed, applied)
     assert model == "Qwen/Qwen2.5-7B" and "(the one you typed for it)" in message
     assert typed == {"3060-12g": "Qwen/Qwen2.5-7B"}
+
+
+def test_a_check_report_calibrates_the_tabs_plan(tmp_path):
+    """The Calibration box: `homerlhf plan --calibration`'s figures (tests/memory/test_check_report.py derives
+    them); a bad path is the CLI's one line, raised for the tab's message box."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "fixtures" / "check_reports" / "rtx4090_example.json"
+    cfg = plan_tab.resolved_config("4090", "Qwen/Qwen2.5-7B", "ref.backend=adapter_off\nreward.backend=llamacpp", None)
+    plain, cal = plan_tab.compute_plan(cfg, None), plan_tab.compute_plan(cfg, None, f"  {example}  ")
+    chunk = cal.generation["chunk"]
+    assert cal.timing.current.time.phases["generation"] == pytest.approx(64 * 256 / (500 * chunk / 16), rel=1e-6)
+    assert cal.phase("generation").allocated_gib == pytest.approx(plain.phase("generation").allocated_gib * 1.10, rel=1e-6)
+    assert "case ppo-7b on NVIDIA GeForce RTX 4090" in plan_tab.time_markdown(cal)
+    assert any(n.startswith("calibration: time from") for n in cal.notes)
+    assert plan_tab.compute_plan(cfg, None, "   ").timing.current.time.source == plain.timing.current.time.source
+    with pytest.raises(UserError, match=r"^--calibration .*missing\.json: no such file"):
+        plan_tab.compute_plan(cfg, None, str(tmp_path / "missing.json"))

@@ -12,7 +12,7 @@ The runs kept a 4-bit base's other weights, and so hidden states and KV cache, i
 ``prepare_model_for_kbit_training``, all there was then): they are pinned with
 ``quant.upcast_non_quantized=true``; and they prefilled each chunk's prompt block in one forward (pinned with
 ``rollout.prefill_tokens=0``: the pieces came later). The compute dtype end to end (the setting's default since) has
-not run on a GPU: its plans are predictions (docs/memory.md) until ``scripts/gpu_check.py`` measures them.
+not run on a GPU: its plans are predictions (docs/memory.md) until ``homerlhf check`` measures them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ def test_help():
 def test_without_cuda_one_line_and_nonzero(tmp_path, capsys, monkeypatch):
     import runpy
 
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its shared pieces: scripts/gpu_runs.py
     module = runpy.run_path(str(SCRIPT))  # defines main without running it (__name__ is not __main__)
     with pytest.raises(SystemExit) as info:
         module["main"](["--cap-gib", "24", "--out", str(tmp_path / "x.json")])

@@ -1,5 +1,5 @@
-"""scripts/gpu_session.sh, what a session lent a GPU runs: two commands, ``check`` (scripts/gpu_check.py)
-and ``speed`` (benchmarks/gpu_generation.py), each under ``timeout -k 15 300``, each with its output and
+"""scripts/gpu_session.sh, what a session lent a GPU runs: two commands, ``check`` (``homerlhf check``, the
+installed command's code) and ``speed`` (benchmarks/gpu_generation.py), each under ``timeout -k 15 300``, each with its output and
 JSON under ``$OUT``, the machine's package versions beside them, a failure in its exit code."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_session.sh"
 
 def test_each_command_runs_its_script_and_leaves_its_results_in_out(gpu_session_smoke):
     done, out = gpu_session_smoke
-    for command, name in (("check", "gpu_check"), ("speed", "gpu_generation")):
+    for command, name, label in (("check", "gpu_check", "homerlhf check"), ("speed", "gpu_generation", "gpu_generation.py")):
         run = done.each[command]
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert f"{name}.py exit: 0 (" in run.stdout
+        assert f"{label} exit: 0 (" in run.stdout
         assert json.loads((out / f"{name}.json").read_text())["mode"] in ("cpu-smoke", "cpu_smoke")
         assert (out / f"{name}.log").read_text().strip()
     versions = dict(line.split(" ", 1) for line in (out / "environment.txt").read_text().splitlines()
@@ -25,6 +25,7 @@ def test_each_command_runs_its_script_and_leaves_its_results_in_out(gpu_session_
     assert json.loads((out / "gpu_generation.json").read_text())["models"]
     text = SCRIPT.read_text()
     assert "limit=300 " in text and 'timeout -k 15 "$limit" "$PYTHON"' in text and "${PYTHON:-python3}" in text
+    assert "run=(-m homerlhf.cli check --overwrite)" in text  # our GPU contact runs the code a user runs
 
 
 def test_a_command_it_does_not_know_is_one_line_and_nonzero(tmp_path):

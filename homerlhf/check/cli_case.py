@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
-"""The ``cli`` case of ``scripts/gpu_check.py``: ``homerlhf train`` in a subprocess as a user runs it,
+"""The ``cli`` case of ``homerlhf check``: ``homerlhf train`` in a subprocess as a user runs it,
 then ``train --resume``, with what the GPU machine lacks made absent (:data:`ABSENT`).
 
-    python3 scripts/gpu_check_cli.py CAP_GIB|smoke homerlhf-arguments...   # the child gpu_check.py starts
+    python -m homerlhf.check.cli_case CAP_GIB|smoke homerlhf-arguments...   # the child the check starts
 
-On a GPU the child is capped at the preset's card (``gpu_runs.cap_memory``); in the CPU smoke it
+On a GPU the child is capped at the preset's card (``runs.cap_memory``); in the CPU smoke it
 decides its ``auto`` settings as on the GPU machine (:func:`decide_as_on_cuda`).
 """
 
@@ -16,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_runs import ROOT, cap_memory
+import homerlhf
+from homerlhf.check.runs import cap_memory
 
 ABSENT = ("llama_cpp", "gradio", "datasets", "trl", "matplotlib")  # what the GPU machine lacks, or may
 
@@ -29,13 +29,14 @@ def without_absent_packages() -> None:
 
 
 def run_cli(args: list[str], cap_gib: float, run) -> str:
-    """``homerlhf <args>`` in a subprocess (this checkout's package; :data:`ABSENT` missing), capped at
+    """``homerlhf <args>`` in a subprocess (this process's homerlhf; :data:`ABSENT` missing), capped at
     ``cap_gib`` on a GPU (the CPU smoke: deciding as on CUDA, :func:`decide_as_on_cuda`). Returns its
     output; its error's last line is raised on failure."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    root = str(Path(homerlhf.__file__).resolve().parents[1])  # the child imports the homerlhf this one runs
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     cap = "smoke" if run.smoke else str(cap_gib)
-    done = subprocess.run([sys.executable, __file__, cap, *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-m", "homerlhf.check.cli_case", cap, *args], capture_output=True,
+                          text=True, env=env, timeout=600)
     if done.returncode:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["(no output)"]
         raise RuntimeError(f"`homerlhf {args[0]}` exited {done.returncode}: {lines[-1]}")
@@ -44,7 +45,7 @@ def run_cli(args: list[str], cap_gib: float, run) -> str:
 
 def cli_case(case, overrides: list[str], cap_gib: float, run) -> dict:
     """``homerlhf train`` for ``case.iterations``, then ``train --resume`` for one more (``case``, ``run``:
-    ``gpu_check.Case``, ``gpu_check.Run``)."""
+    ``cases.Case``, ``run.Run``)."""
     run_dir = run.tmp / case.name
     n = run.iterations(case)
     sets = [arg for o in overrides + [f"ppo.iterations={n}"] for arg in ("--set", o)]

@@ -1,5 +1,6 @@
-"""scripts/gpu_runs.py, what the GPU scripts share: a card's memory cap on a GPU that reports a little
-less than the card's nominal size, and where random checkpoints go (a disk under the checkout)."""
+"""homerlhf/check/runs.py, what `homerlhf check` and the GPU scripts share: a card's memory cap on a GPU
+that reports a little less than the card's nominal size, and where random checkpoints go (a disk:
+``$HOMERLHF_GPU_MODELS``, the session's gitignored ``.gpu-models``, else the homerlhf cache)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 
 
 @pytest.fixture
-def gpu_runs(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import gpu_runs
+def gpu_runs():
+    from homerlhf.check import runs
 
-    return gpu_runs
+    return runs
 
 
 def test_a_cap_at_the_cards_nominal_size_is_the_whole_card(gpu_runs, monkeypatch):
@@ -45,11 +45,15 @@ def test_gpu_checkpoints_go_to_a_gitignored_folder_of_the_checkout(gpu_runs, mon
     from homerlhf.memory.shapes import builtin_shape
 
     shape = builtin_shape("Qwen/Qwen2.5-7B")
-    monkeypatch.delenv("HOMERLHF_GPU_MODELS", raising=False)
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HOMERLHF_GPU_MODELS", raising=False)  # a user's `homerlhf check`: the homerlhf cache
+    assert gpu_runs.checkpoint_dir(shape, tmp_path / "x") == tmp_path / "cache" / "check-models" / "Qwen--Qwen2.5-7B-seed0"
+    session = (ROOT / "scripts" / "gpu_session.sh").read_text()  # our GPU session's: .gpu-models of the checkout
+    assert 'export HOMERLHF_GPU_MODELS="${HOMERLHF_GPU_MODELS:-$PWD/.gpu-models}"' in session
+    monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(ROOT / ".gpu-models"))
     where = gpu_runs.checkpoint_dir(shape, tmp_path / "x")
-    root = SCRIPTS.parent
-    assert where == root / ".gpu-models" / "Qwen--Qwen2.5-7B-seed0"
-    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", str(where)], cwd=root)
+    assert where == ROOT / ".gpu-models" / "Qwen--Qwen2.5-7B-seed0"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", str(where / "scratch")], cwd=ROOT)
     assert ignored.returncode == 0  # never committed, never sent to the device machine
     monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(tmp_path / "models"))
     assert gpu_runs.checkpoint_dir(shape, tmp_path / "x").parent == tmp_path / "models"

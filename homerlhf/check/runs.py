@@ -1,4 +1,5 @@
-"""What the GPU scripts share (``validate_memory_gpu.py``, ``gpu_check.py``): checkpoints with random
+"""What ``homerlhf check`` and the GPU scripts (``scripts/validate_memory_gpu.py``,
+``benchmarks/gpu_generation.py``) share: checkpoints with random
 weights of a published shape (and a reward adapter on one), a card's memory cap, the measured
 iterations of a trainer, and a trainer's state to compare across a resume.
 
@@ -14,19 +15,21 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 GIB = 2**30
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def models_dir() -> Path:
-    """Where GPU checkpoints are kept across the scripts of a session: ``$HOMERLHF_GPU_MODELS``, else
-    ``.gpu-models`` in this checkout (gitignored): a disk, not ``/tmp`` (which may be RAM), and a
-    folder the next command on the same machine finds (a 7B's random checkpoint is ~15 GB)."""
+    """Where GPU checkpoints are kept across runs: ``$HOMERLHF_GPU_MODELS`` (``scripts/gpu_session.sh``:
+    ``.gpu-models`` of the checkout, gitignored), else ``check-models`` in the homerlhf cache
+    (:func:`homerlhf.paths.cache_dir`): a disk, not ``/tmp`` (which may be RAM), and a folder the next
+    run on the same machine finds (a 7B's random checkpoint is ~15 GB)."""
     import os
 
-    return Path(os.environ.get("HOMERLHF_GPU_MODELS") or ROOT / ".gpu-models")
+    from homerlhf.paths import cache_dir
+
+    return Path(os.environ.get("HOMERLHF_GPU_MODELS") or cache_dir("check-models"))
 
 
 def checkpoint_dir(shape, out_dir: Path, seed: int = 0, device: str = "cuda") -> Path:
@@ -119,11 +122,17 @@ def random_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
 
 
 def release_memory() -> None:
-    """Collect garbage and hand cached CUDA blocks back (between cases)."""
+    """Collect garbage, free every cuBLAS workspace and hand cached CUDA blocks back (between cases).
+
+    PyTorch keeps a workspace per (cuBLAS handle, stream) for the process (32 MiB on an H200): each
+    case's model makes a decode side stream of its own (``StepGraphs``), whose workspace would
+    otherwise stay allocated and count in every later case's peaks (``torch._C._cuda_clearCublasWorkspaces``,
+    as torch's own tests and CUDA-graph trees free them). The next matmul on a stream makes its anew."""
     import torch
 
     gc.collect()
     if torch.cuda.is_available():
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 
@@ -162,8 +171,13 @@ def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
         rows.append(trainer.step())
         if on_cuda:
             reserved = max(reserved, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
+    decoder = trainer.policy.static_decoder
+    sampled = getattr(trainer, "sampled", None)  # measures.recording_trainer's
     return {"rows": rows, "measured_gib": dict(trainer.meter.peaks()),
-            "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer)}
+            "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer),
+            "graphs_captured": decoder.graphs_captured, "captured_replays": decoder.replays,
+            "step_skipped": [bool(s.get("skipped")) for s in trainer.update_state.history],
+            "sampled_vs_scored": sampled.summary() if sampled is not None else None}
 
 
 def optimizer_steps(rows: list[dict]) -> dict:
@@ -176,16 +190,21 @@ def optimizer_steps(rows: list[dict]) -> dict:
 
 def decoder_used(trainer) -> str:
     """What sampled the rollouts (``rollout.decoder``): HF ``generate``, the static loop with its step
-    captured as a CUDA graph (or eager on the CPU), or HF ``generate`` after the loop declined, and why."""
+    captured as a CUDA graph (said only once a graph was made and replayed: ``StaticDecoder.replays``),
+    eager on the CPU, or HF ``generate`` after the loop declined, and why."""
     from homerlhf.models.static_decode import resolve_decoder
 
     policy = trainer.policy
     if resolve_decoder(trainer.cfg.rollout.decoder, policy.device) == "hf":
         return "hf generate"
-    declined = policy.static_decoder.off_reason
-    if declined is not None:
-        return f"hf generate (static loop declined: {declined})"
-    return "static loop, captured" if policy.device.type == "cuda" else "static loop, eager"
+    decoder = policy.static_decoder
+    if decoder.off_reason is not None:
+        return f"hf generate (static loop declined: {decoder.off_reason})"
+    if policy.device.type != "cuda":
+        return "static loop, eager"
+    if decoder.graphs_captured and decoder.replays:
+        return "static loop, captured"
+    return f"static loop, NOT captured ({decoder.graphs_captured} graphs made, {decoder.replays} replays)"
 
 
 def snapshot(trainer) -> dict:
@@ -228,18 +247,36 @@ def differences(saved: dict, resumed: dict) -> list[str]:
     return sorted(out)
 
 
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver's version (``nvidia-smi``), None where it cannot be read."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
 def environment(smoke: bool = False) -> dict:
-    """The mode, and the versions and GPU (none in the CPU smoke) the figures were measured with."""
+    """The mode, the date (UTC), and the versions and GPU (none in the CPU smoke: ``device`` None) the
+    figures were measured with: its name, memory, compute capability and driver."""
+    import datetime
+
     import accelerate
     import bitsandbytes
     import peft
     import torch
     import transformers
 
-    out = {"mode": "cpu-smoke" if smoke else "gpu", "python": sys.version.split()[0], "torch": torch.__version__,
+    out = {"mode": "cpu-smoke" if smoke else "gpu", "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+           "python": sys.version.split()[0], "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__, "peft": peft.__version__,
            "bitsandbytes": bitsandbytes.__version__, "accelerate": accelerate.__version__}
     if not smoke:
         props = torch.cuda.get_device_properties(0)
-        out.update(device=props.name, device_gib=round(props.total_memory / 2**30, 2))
+        out.update(device=props.name, device_gib=round(props.total_memory / 2**30, 2),
+                   compute_capability=f"{props.major}.{props.minor}", driver=driver_version())
     return out

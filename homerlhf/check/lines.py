@@ -1,0 +1,66 @@
+"""The line ``homerlhf check`` prints per case: ``ok`` with its figures, or ``FAIL`` and the error."""
+
+from __future__ import annotations
+
+
+def plan_words(entry: dict) -> str:
+    """Which plan the measured peaks were compared with, in a few words: e.g. "first iteration, static"."""
+    assumed = entry.get("plan_assumptions") or {}
+    rollout = assumed.get("generation")
+    if not rollout:
+        return ""
+    if not rollout["after_first_step"]:
+        when = "first iteration"
+    elif not rollout["held_gradients"]:
+        when = "after a resume"
+    else:
+        when = "steady state"
+    return f"plan: {when}, {rollout['decoder']} decoder, {rollout['cublas_workspaces']} cuBLAS workspaces"
+
+
+def kernel_words(entry: dict) -> str:
+    settings = entry.get("kernel_settings")
+    if not settings:
+        return "kernel settings not recorded"
+    backends = settings.get("sdpa_backends")
+    backends = ", ".join(backends) if isinstance(backends, (list, tuple)) else backends
+    return f"attention {backends or 'default'}, TF32 {'on' if settings.get('tf32') else 'off'}"
+
+
+def gap_words(entry: dict) -> str:
+    gap = entry.get("sampled_vs_scored")
+    if not gap or gap.get("max_abs") is None:
+        return "sampled vs scored: not measured" + (" (a subprocess)" if entry.get("kind") == "cli" else "")
+    return f"sampled vs scored log-probs: max {gap['max_abs']:.2e}, mean {gap['mean_abs']:.2e} ({gap['tokens']} tokens)"
+
+
+def line(entry: dict) -> str:
+    name = f"{entry['case']:<20} {entry['wall_s']:6.1f} s" + (f" (est. {entry['estimate_s']} s)"
+                                                             if "estimate_s" in entry else "")
+    if "error" in entry:
+        return f"FAIL {name}  {entry['error']}"
+    unit = "GiB" if entry.get("max_reserved_gib") is not None or entry["kind"] == "cli" else "GiB (CPU RSS)"
+    phases = ", ".join(f"{phase} {c['predicted_gib']:.2f}/{c['measured_gib']:.2f} ({c['error']:+.1%})"
+                       for phase, c in entry["comparison"].items())
+    s = entry["seconds"]
+    parts = [f"{unit} planned/measured: {phases}", plan_words(entry)]
+    if entry.get("max_reserved_gib") is not None:
+        parts.append(f"reserved {entry['max_reserved_gib']:.2f}")
+    parts.append(f"s/iteration {s['time_iteration_s']:.1f} (generation {s['time_generation_s']:.1f}, "
+                 f"scoring {s['time_scoring_s']:.1f}, update {s['time_update_s']:.1f})")
+    decoder = entry.get("decoder")
+    if decoder and entry.get("captured_replays"):
+        decoder += f", {entry['captured_replays']} replays"
+    parts.append(f"{entry['tokens_per_s'].get('tokens_per_s_generation', 0):.0f} tokens/s generated"
+                 + (f" ({decoder})" if decoder else ""))
+    parts += [kernel_words(entry), gap_words(entry)]
+    steps = entry["optimizer_steps"]
+    parts.append(f"optimizer steps {steps['taken']} taken, {steps['skipped']} skipped"
+                 + (f" (loss scale {steps['loss_scale']:g})" if steps.get("loss_scale") is not None else ""))
+    if entry.get("placement"):
+        parts.append(entry["placement"][0].removeprefix("[homerlhf] "))
+    if entry["kind"] == "resume":
+        parts.append(f"resumed from {entry['resumed_from']}: state equal ({entry['state_entries']} entries)")
+    if entry["kind"] == "cli":
+        parts.append(f"train + train --resume: {', '.join(entry['checkpoints'])}")
+    return f"ok   {name}  " + "; ".join(p for p in parts if p)

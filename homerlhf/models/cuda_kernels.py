@@ -1,0 +1,143 @@
+"""Which CUDA kernels a policy runs: TF32 for its fp32 matmuls or not, and which SDPA backends attention may use.
+
+torch keeps both as process-wide flags, so a policy built in a process where another ran (the GPU check's
+cases one after another, a notebook running an upcast stage after a bf16 one) would inherit whatever the
+last one set. Each policy therefore sets all of them, on and off (:func:`apply`, called by
+:meth:`homerlhf.models.policy.PolicyModel.from_config`, which records what it set as ``policy.kernel_settings``),
+and a script that runs several can put the previous flags back (:func:`current_flags`, :func:`restore`).
+
+- **TF32** (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``): on only on
+  CUDA under 16-bit compute without the fp32 upcast. The fp32 matmuls left there (LoRA, value head) take
+  16-bit values or fp32 weights whose results are rounded to the compute dtype, so TF32's 10-bit mantissa
+  loses nothing that is kept; with the upcast the fp32 LM head makes the logits, and TF32 would round
+  them. Off otherwise, explicitly. cuDNN's flag (torch's default: on) governs cuDNN convolutions and RNNs;
+  it follows the matmul flag so that "off" means no TF32 anywhere.
+- **SDPA backends** on CUDA: flash, memory-efficient and math; never cuDNN. torch >= 2.11 prefers cuDNN's
+  attention on sm90 and later (PyTorch issue #196678), whose backward has a known non-finite dQ with
+  masks at sequence lengths = 64 mod 128 (TRL #7181 met it with Qwen2.5): a Hopper run would lose
+  micro-batches to the non-finite guard, and measure other kernels than the consumer cards the presets
+  are for. Below sm90 the same three, so every CUDA card runs what an RTX 4090 runs. On the CPU the SDPA
+  flags are left as they are: ``torch.backends.cuda.enable_flash_sdp`` also steers the CPU's SDPA (flash for
+  CPU vs math; checked with torch 2.13's profiler), and the CPU's kernels are not chosen here.
+
+Predicted from the PyTorch and TRL reports above; not run on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+# The SDPA backends a CUDA policy allows, by their torch.nn.attention.SDPBackend names.
+CUDA_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# Name -> (setter, getter) in torch.backends.cuda; every backend a policy does not allow is disabled.
+_SDPA_FLAGS = {
+    "FLASH_ATTENTION": ("enable_flash_sdp", "flash_sdp_enabled"),
+    "EFFICIENT_ATTENTION": ("enable_mem_efficient_sdp", "mem_efficient_sdp_enabled"),
+    "MATH": ("enable_math_sdp", "math_sdp_enabled"),
+    "CUDNN_ATTENTION": ("enable_cudnn_sdp", "cudnn_sdp_enabled"),
+}
+_HALF = (torch.bfloat16, torch.float16)
+
+# What the planner's GPU time rates (homerlhf.memory.timing, docs/time.md) were measured with.
+MEASURED_KERNELS = (
+    "NVIDIA H200 (sm90), 2026-11-30, torch 2.11 + CUDA 13: the fp32 upcast of the base (fp32 residual stream, "
+    "KV cache and attention inputs) with NF4 matmuls in bf16, under torch's default flags: TF32 off for "
+    "matmuls (nothing set it then), SDPA backends not chosen. Which SDPA backend ran was not recorded; "
+    "flash and cuDNN attention take only fp16/bf16 inputs, so fp32 attention ran on memory-efficient or "
+    "math (inferred, not recorded). Not the kernels a policy chooses now (bf16 attention on flash / "
+    "memory-efficient / math, no cuDNN; TF32 on under bf16 compute): not measured on a GPU."
+)
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """What :func:`apply` sets. ``sdpa_backends``: the SDPBackend names allowed (every other one is
+    disabled); empty: the SDPA flags are left as they are (the CPU)."""
+
+    tf32: bool
+    sdpa_backends: tuple[str, ...]
+    reason: str
+
+    def as_dict(self) -> dict:
+        """For JSON: ``{"tf32": bool, "sdpa_backends": [names], "reason": str}``."""
+        out = asdict(self)
+        out["sdpa_backends"] = list(self.sdpa_backends)
+        return out
+
+
+def device_capability(device: torch.device | str) -> Optional[tuple[int, int]]:
+    """The CUDA compute capability of ``device`` (e.g. (9, 0) for an H200), None off CUDA or when no
+    CUDA device can be asked."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def policy_kernels(compute: torch.dtype, upcast: bool, device_type: str,
+                   capability: Optional[tuple[int, int]]) -> KernelSettings:
+    """The kernels of a policy computing in ``compute`` (``upcast``: the fp32 upcast of the 4-bit
+    base's other weights) on ``device_type`` with compute ``capability`` (None: unknown)."""
+    if device_type != "cuda":
+        return KernelSettings(False, (), f"{device_type}: no TF32 there; SDPA flags left as they are "
+                                         "(the CPU's kernels are not chosen here)")
+    tf32 = compute in _HALF and not upcast
+    why_tf32 = (f"TF32 on: {compute} compute, fp32 only in LoRA and the value head" if tf32 else
+                "TF32 off: the fp32 upcast makes the logits in fp32" if upcast else f"TF32 off: {compute} compute")
+    if capability is None:
+        card = "capability unknown: no cuDNN SDPA, as on an RTX 4090"
+    elif capability >= (9, 0):
+        card = (f"sm{capability[0]}{capability[1]}: no cuDNN SDPA (torch >= 2.11 prefers it there; its backward's "
+                "non-finite dQ, PyTorch #196678): flash / memory-efficient / math, as on an RTX 4090")
+    else:
+        card = f"sm{capability[0]}{capability[1]}: flash / memory-efficient / math, the same set as on sm90+"
+    return KernelSettings(tf32, CUDA_SDPA_BACKENDS, f"{why_tf32}; {card}")
+
+
+def current_flags() -> dict[str, bool]:
+    """The process-wide flags :func:`apply` sets, by name: ``cuda.matmul.allow_tf32``,
+    ``cudnn.allow_tf32`` and one per SDPA backend."""
+    flags = {"cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+             "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    for name, (_, getter) in _SDPA_FLAGS.items():
+        flags[f"sdpa.{name}"] = bool(getattr(torch.backends.cuda, getter)())
+    return flags
+
+
+def restore(flags: dict[str, bool]) -> None:
+    """Set the flags of a :func:`current_flags` (or :func:`apply`) result back, those present."""
+    if "cuda.matmul.allow_tf32" in flags:
+        torch.backends.cuda.matmul.allow_tf32 = bool(flags["cuda.matmul.allow_tf32"])
+    if "cudnn.allow_tf32" in flags:
+        torch.backends.cudnn.allow_tf32 = bool(flags["cudnn.allow_tf32"])
+    for name, (setter, _) in _SDPA_FLAGS.items():
+        if f"sdpa.{name}" in flags:
+            getattr(torch.backends.cuda, setter)(bool(flags[f"sdpa.{name}"]))
+
+
+def apply(settings: KernelSettings) -> dict[str, bool]:
+    """Set the process-wide flags to ``settings`` (TF32 on or off; with SDPA backends, exactly those
+    enabled); returns the flags as they were before (for :func:`restore`). Plain booleans: harmless
+    on a CPU-only build."""
+    unknown = set(settings.sdpa_backends) - set(_SDPA_FLAGS)
+    if unknown:
+        raise ValueError(f"unknown SDPA backend(s) {sorted(unknown)}; use {sorted(_SDPA_FLAGS)}")
+    before = current_flags()
+    wanted = {"cuda.matmul.allow_tf32": settings.tf32, "cudnn.allow_tf32": settings.tf32}
+    if settings.sdpa_backends:
+        wanted.update({f"sdpa.{name}": name in settings.sdpa_backends for name in _SDPA_FLAGS})
+    restore(wanted)
+    return before
+
+
+def set_for_policy(compute: torch.dtype, upcast: bool, device: torch.device | str,
+                   capability: Optional[tuple[int, int]] = None) -> KernelSettings:
+    """Choose (:func:`policy_kernels`) and :func:`apply` a policy's kernels for its ``device``;
+    ``capability``: the card's, read from the device when None. Returns what was set."""
+    device = torch.device(device)
+    settings = policy_kernels(compute, upcast, device.type, capability or device_capability(device))
+    apply(settings)
+    return settings

@@ -1,0 +1,147 @@
+"""``homerlhf check`` (homerlhf/check/main.py), the check a user (and our GPU session) runs on a GPU:
+every case's code path runs on the CPU (``--cpu-smoke``: tiny models of each case's architecture, the
+CLI without llama_cpp and gradio, as on the GPU machine), a failed case is a line and a result rather
+than a stop, and without CUDA it prints what it would run and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+CASES = ["ppo-7b", "grpo-1.5b", "grpo-1.5b-upcast", "rloo-1.5b", "reward-adapter-1.5b", "ppo-fp16-1.5b", "resume-1.5b",
+         "cli-1.5b"]
+PHASES = {"generation", "scoring", "update"}
+
+
+def run(*args, cwd: Path):
+    return subprocess.run([sys.executable, "-m", "homerlhf.cli", "check", *args], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=cwd)
+
+
+def test_cpu_smoke_runs_every_case_and_writes_their_figures(gpu_session_smoke):
+    done, out = gpu_session_smoke  # scripts/gpu_session.sh check --cpu-smoke: `homerlhf check --cpu-smoke` first
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [ln for ln in (out / "gpu_check.log").read_text().splitlines() if ln.startswith(("ok ", "FAIL "))]
+    assert [ln.split()[:2] for ln in lines] == [["ok", name] for name in CASES]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["mode"] == "cpu-smoke" and report["preset"] == "4090" and report["left_out"] == []
+    assert {"torch", "transformers", "peft", "bitsandbytes", "accelerate", "date"} <= set(report)
+    assert "device" not in report  # no card's figures
+    for case in report["cases"]:
+        assert "error" not in case, case.get("traceback")
+        assert set(case["plan"]["phases"]) == set(case["comparison"]) == set(case["measured_gib"]) == PHASES
+        assert all(case["seconds"][k] > 0 for k in ("time_generation_s", "time_scoring_s", "time_update_s"))
+        assert case["tokens_per_s"]["tokens_per_s_generation"] > 0
+        assert case["settings"]["ref.backend"] == "adapter_off" and case["overrides"]
+        if case["kind"] != "cli":  # the loop a GPU run samples with (rollout.decoder auto), here eager
+            assert case["decoder"] == "static loop, eager"
+            assert case["graphs_captured"] == case["captured_replays"] == 0  # no graph on the CPU
+            # The sampler's own log-probs against the trainer's scoring of the same tokens: measured.
+            gap = case["sampled_vs_scored"]
+            fp32 = case["settings"]["quant.compute_dtype"] == "fp32"  # (fp16: the t4-colab case's own kernels)
+            assert gap["tokens"] > 0 and 0 <= gap["mean_abs"] <= gap["max_abs"] <= (1e-4 if fp32 else 5e-2)
+        # The plan each case is compared with: its iteration's (here every case's first in its process).
+        assumed = case["plan_assumptions"]
+        assert set(assumed) == PHASES and {a["decoder"] for a in assumed.values()} == {"static"}
+        first = case["kind"] == "train"  # resume and cli: the iteration right after a resume
+        assert assumed["generation"]["after_first_step"] is not first and assumed["generation"]["held_gradients"] is False
+        assert assumed["generation"]["cublas_handles"] == 1 and assumed["update"]["cublas_handles"] == 2
+        # The kernels each case ran with (the CPU: TF32 off, the SDPA flags left alone).
+        assert case["kernel_settings"]["tf32"] is False and case["kernel_settings"]["sdpa_backends"] == []
+    by_name = {case["case"]: case for case in report["cases"]}
+    assert by_name["grpo-1.5b"]["settings"]["algorithm"] == "grpo" and by_name["rloo-1.5b"]["settings"]["algorithm"] == "rloo"
+    upcast = {name: by_name[name]["settings"]["quant.upcast_non_quantized"] for name in ("grpo-1.5b", "grpo-1.5b-upcast")}
+    assert upcast == {"grpo-1.5b": False, "grpo-1.5b-upcast": True}  # both dtype settings, side by side
+    fp16 = by_name["ppo-fp16-1.5b"]
+    assert fp16["settings"]["quant.compute_dtype"] == "fp16" and "loss_scale" in fp16["rows"][-1]  # the GradScaler
+    steps = fp16["optimizer_steps"]  # two steps an iteration; the case fails when the scaler skipped them all
+    assert steps["steps"] == 2 and steps["taken"] + steps["skipped"] == 2 and steps["taken"] >= 1
+    assert all(case["optimizer_steps"]["taken"] >= 1 for case in report["cases"])
+    # The 7B first, the rest from the quickest to the slowest by their estimates on the card (here the
+    # 4090's, by the planner); on the H200 of our session within its budget, as scripts/gpu_session.sh says.
+    estimates = [case["estimate_s"] for case in report["cases"][1:]]
+    assert estimates == sorted(estimates) and "running" not in report
+    assert [c["estimate_h200_s"] for c in report["cases"]] == [95, 14, 14, 14, 20, 24, 22, 30]
+    assert report["estimate_h200_s"] == 280 <= 300 - 15  # timeout -k 15 300 in scripts/gpu_session.sh
+    assert report["estimate_s"] > report["estimate_h200_s"]  # a 4090 is slower than an H200
+    # `homerlhf train` decided as on the GPU machine (CUDA reported, the 4090's card), measuring nothing:
+    # no llama.cpp there (nor here: absent), the default rates' label of a GPU card.
+    (placement,) = by_name["cli-1.5b"]["placement"]
+    assert placement.startswith("[homerlhf] placement as configured: ref adapter_off, reward function, rollout hf")
+    assert "GPU: H200 figures scaled to the RTX 4090 by its published specs" in placement
+    assert by_name["reward-adapter-1.5b"]["settings"]["reward.backend"] == "adapter"
+    assert by_name["resume-1.5b"]["state_equal"] and [r["iteration"] for r in by_name["resume-1.5b"]["rows"]] == [2]
+    assert by_name["cli-1.5b"]["checkpoints"] == ["iter_000001", "iter_000002"]
+
+
+def test_cpu_smoke_of_the_largest_model_the_planner_fits(tmp_path):
+    done = run("--cpu-smoke", "--largest", "--out", "largest.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    [case] = json.loads((tmp_path / "largest.json").read_text())["cases"]
+    assert case["case"].startswith("largest-") and case["preset"] == "4090" and "error" not in case
+
+
+def test_a_failing_case_is_a_line_and_the_next_case_still_runs(tmp_path):
+    from homerlhf.check.cases import Case
+    from homerlhf.check.lines import line
+    from homerlhf.check.run import Run, guarded
+
+    broken = Case("broken", "no-such-preset", "Qwen/Qwen2.5-1.5B", (), 1, 10)
+    entry = guarded(broken, Run(smoke=True, tmp=tmp_path))
+    assert not list(tmp_path.iterdir())  # refused before any model was built
+    assert entry["error"].startswith("UserError: ") and "no-such-preset" in entry["error"]
+    assert "Traceback" in entry["traceback"] and entry["overrides"]
+    assert line(entry).startswith("FAIL broken")
+
+
+def test_a_gpu_case_loads_its_model_from_where_the_build_puts_it(monkeypatch, tmp_path):
+    """On a GPU the checkpoints are kept in the session's models folder: the path a case configures
+    before the build is that folder's (it was the scratch dir's, which the build never wrote)."""
+    from homerlhf.check.run import Run
+
+    monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(tmp_path / "models"))
+    run = Run(smoke=False, tmp=tmp_path / "scratch")
+    assert run.model_dir("Qwen/Qwen2.5-7B", build=False) == tmp_path / "models" / "Qwen--Qwen2.5-7B-seed0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_it_prints_what_it_would_run_and_exits_0(monkeypatch, tmp_path, capsys):
+    """No weights loaded, no model built, no report written: the cases the 4090 preset's card gets, each
+    with its estimate, in seconds."""
+    from homerlhf.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOMERLHF_GPU_MODELS", str(tmp_path / "models"))
+    started = time.perf_counter()
+    main(["check"])  # returns: exit code 0
+    seconds = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0] == "no CUDA GPU here: nothing run, nothing written. On a GPU, `homerlhf check` runs:"
+    assert lines[1].startswith("preset 4090 (no GPU here") and "estimates for the RTX 4090" in lines[1]
+    assert [ln.split()[0] for ln in lines[2:10]] == CASES
+    assert "Qwen/Qwen2.5-7B" in lines[2] and "2 iterations" in lines[2] and "preset t4-colab" in lines[7]
+    assert lines[-1].startswith("(--cpu-smoke runs these code paths")
+    assert list(tmp_path.iterdir()) == [] and seconds < 60  # nothing built or written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cards_preset_sizes_the_cases(monkeypatch, tmp_path, capsys):
+    """--preset 3060-12g: the PPO case on what its 12 GiB fit and its time allows (Qwen2.5-1.5B, not the
+    7B), the fp16 case at that preset (a 15 GiB t4-colab cap is more than its card), every case there."""
+    from homerlhf.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["check", "--preset", "3060-12g"])  # returns: exit code 0
+    lines = capsys.readouterr().out.splitlines()
+    cases = {ln.split()[0]: ln for ln in lines if ln.startswith("  ") and not ln.startswith("  left out")}
+    assert "ppo-1.5b" in cases and "ppo-7b" not in cases and len(cases) == 8
+    assert all("preset 3060-12g" in ln for ln in cases.values())
