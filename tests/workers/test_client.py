@@ -87,15 +87,23 @@ def test_worker_that_cannot_start_reports_its_stderr(tmp_path):
     assert not proc.alive()
 
 
+# "sleep": the owner waits for a signal on a wakeup fd, not in one long time.sleep(). CPython runs a
+# Python signal handler only between bytecodes: a SIGINT that lands after the last check and before
+# sleep()'s syscall (the test sends it just as the owner heads there) is caught in C but raises
+# KeyboardInterrupt only when the syscall returns, 600 s later. The wakeup fd gets its byte whenever
+# the signal lands, so select() returns and KeyboardInterrupt is raised at once.
 OWNER = textwrap.dedent(
     """
-    import sys, time
+    import os, select, signal, sys
     from homerlhf.workers.backends import connect
     from homerlhf.workers.process import WorkerProcess
     backend = connect("ref", process=WorkerProcess("ref", sys.argv[1], ctx=64, threads=1, log_path=sys.argv[2]))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # before the pid line: the test signals only after reading it
     print(backend.health()["pid"], flush=True)
-    if sys.argv[3] == "sleep":
-        time.sleep(600)
+    while sys.argv[3] == "sleep":
+        select.select([wake_r], [], [])
     # "exit": leave without close(); the atexit hook must stop the worker.
     """
 )
