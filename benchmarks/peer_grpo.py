@@ -1,21 +1,31 @@
-"""homerlhf GRPO beside TRL's GRPOTrainer: seconds per step and peak RSS, same model, batch and lengths
-(a benchmark, not a test).
+"""homerlhf beside TRL's GRPOTrainer: seconds per step with each of our rollout engines, the one
+``rollout.engine: auto`` takes, and the ratio to TRL, in one run (a benchmark, not a test).
 
-    python benchmarks/peer_grpo.py [--steps 4] [--prompts 8] [--group 4] [--new-tokens 32] [--threads 2]
+    python benchmarks/peer_grpo.py [--runs 3] [--steps 4] [--prompts 8] [--group 4] [--new-tokens 32]
+                                   [--threads 2] [--algorithm ppo|grpo] [--engines hf,llamacpp]
 
 Both sides train the same tiny Llama (built from code, seed 0) loaded in NF4 with the same LoRA
-(r 16, all linear layers), sample ``--group`` completions for each of ``--prompts`` prompts at
+(r 16, all linear layers, fp32 compute), sample ``--prompts`` x ``--group`` completions per step at
 temperature 1 up to ``--new-tokens`` tokens, score them with the same Python reward (distinct
-characters / 100), take one optimizer step per generation batch with beta 0.04 (k3 KL in the loss,
-the adapter-off base as reference) and the GRPO paper's loss aggregation. Each side runs in its own
-process, so its peak RSS is its own; the first step pays one-off costs and is left out of the mean.
+characters / 100), take one optimizer step per generation batch (lr 1e-5) with a KL of 0.04 to the
+adapter-off base. TRL: ``GRPOTrainer`` at its defaults otherwise (HF generate on the CPU), beta 0.04,
+the GRPO loss. Ours: the cpu-tiny preset at its defaults otherwise: ``--algorithm ppo`` (the preset's:
+PPO with its critic, ``--prompts`` x ``--group`` prompts a step, one epoch, the KL in the reward) or
+``grpo`` (groups of ``--group``, the KL in the loss); reference ``adapter_off`` (TRL's reference too);
+``rollout.engine`` each of ``--engines``, and which of them ``auto`` takes on this machine
+(``homerlhf.stages.autoplan:resolve_auto``, by ``homerlhf bench``'s cached figures or the defaults,
+printed). Each side runs in its own process, one after another, ``--runs`` times (interleaved, so a
+change in the machine's load touches every side alike); in each run the first step pays one-off
+costs and is left out of the mean; the median over runs is reported, with the CPU and its load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,20 +43,38 @@ def prompts(n: int) -> list[str]:
     return [record["prompt"] for record in prompt_records()[:n]]
 
 
-def run_ours(model_dir: Path, args) -> list[float]:
+def our_config(model_dir: Path, args, engine: str):
+    """The cpu-tiny preset with the workload above and ``engine`` (the llama.cpp engine on 1 thread: docs/time.md)."""
     from homerlhf.config import load_config
+
+    batch = args.prompts * args.group
+    algorithm = ["algorithm=grpo", f"ppo.group_size={args.group}", "ppo.kl_in=loss"] if args.algorithm == "grpo" \
+        else ["algorithm=ppo"]
+    return load_config("cpu-tiny", overrides=[
+        *algorithm, f"model.name_or_path={model_dir}", "ref.backend=adapter_off", "reward.backend=hf",
+        f"rollout.batch_size={batch}", f"rollout.chunk_size={batch}", f"rollout.max_new_tokens={args.new_tokens}",
+        f"ppo.mini_batch_size={batch}", f"ppo.micro_batch_size={batch}", "ppo.epochs=1", "ppo.kl_coef=0.04",
+        "ppo.adaptive_kl=false", "actor.lora.r=16", "actor.lora.alpha=32", "actor.lr=1e-5",
+        "logging.progress=false", f"rollout.engine={engine}", "rollout.engine_threads=1",
+    ])
+
+
+def choose_engine(model_dir: Path, args) -> dict:
+    """What ``rollout.engine: auto`` takes for our side here, and the lines it prints."""
+    from homerlhf.stages.autoplan import resolve_auto
+
+    said: list[str] = []
+    cfg = resolve_auto(our_config(model_dir, args, "auto"), reward_given=True, say=said.append)
+    return {"engine": cfg.rollout.engine, "lines": said}
+
+
+def run_ours(model_dir: Path, args) -> dict:
     from homerlhf.models.policy import PolicyModel
     from homerlhf.ppo.backends import AdapterOffReference, CallableReward
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.stages.scorers import build_engine
 
-    batch = args.prompts * args.group
-    cfg = load_config("cpu-tiny", overrides=[
-        "algorithm=grpo", f"ppo.group_size={args.group}", "ref.backend=adapter_off", "reward.backend=hf",
-        f"rollout.batch_size={batch}", f"rollout.chunk_size={batch}", f"rollout.max_new_tokens={args.new_tokens}",
-        f"ppo.mini_batch_size={batch}", f"ppo.micro_batch_size={batch}", "ppo.epochs=1", "ppo.kl_coef=0.04",
-        "actor.lora.r=16", "actor.lora.alpha=32", "actor.lr=1e-5", "logging.progress=false",
-        "training.gradient_checkpointing=false", "ppo.score_norm=false",
-    ])
+    cfg = our_config(model_dir, args, args.side.removeprefix("ours-"))
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(model_dir))
     tok = policy.tokenizer
@@ -54,16 +82,21 @@ def run_ours(model_dir: Path, args) -> list[float]:
            for p in prompts(args.prompts)]
     ids = [list(i["input_ids"] if hasattr(i, "keys") else i) for i in ids]
     reward = CallableReward(lambda p, r: reward_text(tok.decode(r, skip_special_tokens=True)))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, ids)
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        trainer.step()
-        times.append(time.perf_counter() - t0)
-    return times
+    engine = build_engine(cfg, policy, str(model_dir), Path(args.tmp) / "run")
+    try:
+        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, ids, engine=engine)
+        times, generation = [], []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            row = trainer.step()
+            times.append(time.perf_counter() - t0)
+            generation.append(row["time_generation_s"])
+    finally:
+        engine.close()
+    return {"times": times, "generation": generation}
 
 
-def run_trl(model_dir: Path, args) -> list[float]:
+def run_trl(model_dir: Path, args) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -99,7 +132,7 @@ def run_trl(model_dir: Path, args) -> list[float]:
         peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )
     trainer.train()
-    return clock.times
+    return {"times": clock.times}
 
 
 def _text(completion) -> str:
@@ -113,44 +146,88 @@ def child(args) -> None:
     from homerlhf.tiny import build_causal_lm
 
     model_dir = build_causal_lm(Path(args.tmp) / "policy", arch="llama", seed=0)
-    times = (run_ours if args.side == "ours" else run_trl)(model_dir, args)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB -> GiB
-    print(json.dumps({"times": times, "peak_rss_gib": peak}))
+    if args.side == "choose":
+        result = choose_engine(model_dir, args)
+    else:
+        result = (run_trl if args.side == "trl" else run_ours)(model_dir, args)
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB -> GiB
+    print(json.dumps(result))
+
+
+def run_side(side: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, __file__, "--side", side, "--tmp", tmp, "--steps", str(args.steps),
+               "--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
+               "--threads", str(args.threads), "--algorithm", args.algorithm]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def later_mean(values: list[float]) -> float:
+    """Mean of the steps after the first (the first pays one-off costs), or of all when there is one."""
+    later = values[1:] or values
+    return sum(later) / len(later)
+
+
+def machine_line() -> str:
+    from homerlhf.memory.threads import physical_cores
+    from homerlhf.workers.bench import cpu_name
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpu_name()}, {physical_cores()} physical cores, {os.cpu_count()} logical; load average {load}"
+
+
+def report(results: dict[str, list[dict]], chosen: str, args) -> None:
+    """Per side: seconds per step of each run, the median, our generation seconds, peak RSS, vs TRL."""
+    print(f"{args.prompts} prompts x {args.group} completions x {args.new_tokens} new tokens, {args.threads} threads; "
+          f"ours: {args.algorithm}{' with its critic' if args.algorithm == 'ppo' else ''}; "
+          f"steps 2..{args.steps} averaged per run, median of {args.runs} runs")
+    median = {side: statistics.median(later_mean(r["times"]) for r in runs) for side, runs in results.items()}
+    print(f"{'side':>14} {'s/step per run':>22} {'median':>7} {'gen s':>6} {'RSS GiB':>8} {'vs TRL':>7}")
+    for side, runs in results.items():
+        per_run = " ".join(f"{later_mean(r['times']):.2f}" for r in runs)
+        gen = (f"{statistics.median(later_mean(r['generation']) for r in runs):6.3f}" if "generation" in runs[0]
+               else f"{'-':>6}")
+        rss = max(r["peak_rss_gib"] for r in runs)
+        print(f"{side:>14} {per_run:>22} {median[side]:7.2f} {gen} {rss:8.2f} {median[side] / median['trl']:6.2f}x")
+    default = f"ours-{chosen}"
+    print(f"defaults on both sides: rollout.engine auto takes {chosen} here: "
+          f"{median[default]:.2f} s per step against TRL's {median['trl']:.2f} s, "
+          f"{median[default] / median['trl']:.2f}x (<= 0.7x is issue 46's goal)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo")
+    parser.add_argument("--engines", default="hf,llamacpp", help="our rollout engines to time, comma-separated")
+    parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         return child(args)
-    results = {}
-    for side in ("ours", "trl"):
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, __file__, "--side", side, "--tmp", tmp, "--steps", str(args.steps),
-                   "--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
-                   "--threads", str(args.threads)]
-            print(f"running {side} ({args.steps} steps) ...", file=sys.stderr, flush=True)
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
-            results[side] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"{args.prompts} prompts x {args.group} completions x {args.new_tokens} new tokens, "
-          f"{args.threads} threads, steps 2..{args.steps} averaged")
-    print(f"{'':>6} {'s/step':>8} {'peak RSS GiB':>13}")
-    mean = {}
-    for side, r in results.items():
-        later = r["times"][1:] or r["times"]
-        mean[side] = sum(later) / len(later)
-        print(f"{side:>6} {mean[side]:8.2f} {r['peak_rss_gib']:13.2f}")
-    print(f"{'ratio':>6} {mean['ours'] / mean['trl']:8.2f} "
-          f"{results['ours']['peak_rss_gib'] / results['trl']['peak_rss_gib']:13.2f}   (ours / TRL; <= 1 is the goal)")
+    print(f"machine: {machine_line()}", flush=True)
+    choice = run_side("choose", args)
+    for line in choice["lines"]:
+        print(line)
+    engines = [e for e in args.engines.split(",") if e]
+    if choice["engine"] not in engines:
+        engines.append(choice["engine"])
+    sides = ["trl", *(f"ours-{e}" for e in engines)]
+    results: dict[str, list[dict]] = {side: [] for side in sides}
+    for run in range(args.runs):
+        for side in sides:
+            print(f"run {run + 1}/{args.runs}: {side} ({args.steps} steps) ...", file=sys.stderr, flush=True)
+            results[side].append(run_side(side, args))
+    print(f"machine after: {machine_line()}")
+    report(results, choice["engine"], args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The memory planner against the CPU allocator: bytes torch holds at each PPO phase's peak, on CPU.
 
     python benchmarks/planner_cpu_allocations.py [--dtype bf16] [--upcast] [--intermediate 2816] [--algorithm ppo]
-        [--prefill-tokens N]
+        [--prefill-tokens N] [--layers 4 --every-n 2]
 
 Builds a small Qwen2-shaped model (random weights), loads it as a run does (NF4 base, LoRA actor +
 critic, compute dtype ``--dtype`` end to end, or with ``--upcast`` (``quant.upcast_non_quantized``) the
@@ -34,6 +34,8 @@ def parse_args():
     ap.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo"])
     ap.add_argument("--prefill-tokens", type=int, default=None,
                     help="rollout.prefill_tokens (default: the config's): e.g. 512 prefills 16 x 128 in pieces of 32 columns")
+    ap.add_argument("--every-n", type=int, default=None,
+                    help="training.checkpoint_every_n_layers (default: every layer): e.g. 2 with --layers 4 checkpoints layers 0 and 2")
     return ap.parse_args()
 
 
@@ -120,7 +122,8 @@ def main() -> None:
             "actor.optimizer=adamw_8bit", "ref.backend=adapter_off", "reward.backend=hf", "reward.model=in-process",
             f"algorithm={args.algorithm}", *(["ppo.group_size=4"] if args.algorithm != "ppo" else []),
             "logging.tensorboard=false", "logging.progress=false",
-            *([f"rollout.prefill_tokens={args.prefill_tokens}"] if args.prefill_tokens is not None else [])])
+            *([f"rollout.prefill_tokens={args.prefill_tokens}"] if args.prefill_tokens is not None else []),
+            *([f"training.checkpoint_every_n_layers={args.every_n}"] if args.every_n is not None else [])])
         planned = plan(cfg, shape_from_config(config.to_dict(), "probe", "local"), 0, with_suggestion=False,
                        assumptions=Assumptions(decoder="hf"))
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -138,7 +141,8 @@ def main() -> None:
             measured = phase_peaks(json.load(fh)["traceEvents"])
     print(f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, intermediate {config.intermediate_size}, "
           f"compute {args.dtype}{' (fp32 upcast)' if args.upcast else ' end to end'}, {args.algorithm}, chunk {c} x ({args.prompt} + {args.new}), micro-batch {args.micro}, "
-          f"prefill {_prefill(cfg.rollout.prefill_columns(c, args.prompt))}")
+          f"prefill {_prefill(cfg.rollout.prefill_columns(c, args.prompt))}, "
+          f"checkpointing {cfg.training.checkpointed_layers(config.num_hidden_layers)} of {config.num_hidden_layers} layers")
     for phase in planned.phases:
         got = measured.get(phase.name, 0)
         print(f"{phase.name:<11} planned {phase.allocated_bytes / 2**20:8.2f} MiB  measured {got / 2**20:8.2f} MiB  "

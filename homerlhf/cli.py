@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, which any command may name
 from homerlhf.cli_check import check
 from homerlhf.cli_export import export_app
+from homerlhf.cli_preference import dpo, kto
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -28,6 +29,8 @@ app = typer.Typer(
 )
 app.add_typer(export_app, name="export")
 app.command("check")(check)
+app.command("dpo")(dpo)
+app.command("kto")(kto)
 
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
@@ -140,18 +143,31 @@ def plan(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="A `homerlhf check` report (JSON): the "
                                                "trainer's rates and phase peaks measured on that card, instead of "
                                                "the H200's scaled figures."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="dpo or kto: plan that stage (reference "
+                                            "forward and train step); ppo, grpo or rloo: as --set algorithm=..."),
 ) -> None:
     """Memory and time plan: bytes per component per PPO phase, verdict and suggestions; seconds per
     phase from `homerlhf bench` figures (or defaults, or a check report) and the fastest placement (offline)."""
     import json
 
     from homerlhf.memory.check_report import calibrated_plan, read_report
+    from homerlhf.memory.critic_compare import critic_sides
     from homerlhf.memory.render import print_plan, save_plan_figure, shape_for
 
     if gpu_gib is not None and gpu_gib <= 0:
         raise UserError(f"--gpu-gib must be > 0, got {gpu_gib:g}")
     report = read_report(calibration) if calibration is not None else None  # before anything loads
-    cfg = _load(preset, config, set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
+    rl = [f"algorithm={algorithm}"] if algorithm in ("ppo", "grpo", "rloo") else []
+    if algorithm is not None and not rl and algorithm not in ("dpo", "kto"):
+        raise UserError(f"--algorithm {algorithm!r}: choose one of ppo, grpo, rloo, dpo, kto")
+    cfg = _load(preset, config, rl + set_ + ([f"distributed.gpus={gpus}"] if gpus else []))
+    if algorithm in ("dpo", "kto"):
+        from homerlhf.memory.preference import preference_plan, print_preference_plan
+
+        result = preference_plan(cfg, shape_for(cfg, model), algorithm, gpu_gib)
+        save_plan_figure(result, plot) if plot is not None else None
+        typer.echo(json.dumps(result.to_dict(), indent=2)) if as_json else print_preference_plan(result)
+        return
     from homerlhf.models.reward_kinds import assumed_note, possible_reward_backends
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
@@ -159,7 +175,9 @@ def plan(
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
     shape = shape_for(cfg, model)
     rewards = possible_reward_backends(cfg.reward.model, model or cfg.model.name_or_path)
-    result = calibrated_plan(cfg, shape, cached_throughputs(cfg, shape), gpu_gib, rewards, report, str(calibration))
+    rates = cached_throughputs(cfg, shape)
+    result = calibrated_plan(cfg, shape, rates, gpu_gib, rewards, report, str(calibration))
+    result.critic = critic_sides(cfg, shape, rates, gpu_gib, rewards)  # critic.model: both placements
     if result.timing is not None and result.timing.best.time.placement.reward == "adapter" and assumed_note(cfg.reward.model):
         result.notes.append(assumed_note(cfg.reward.model))
     if plot is not None:
@@ -205,10 +223,20 @@ def demo(
         None, "--algorithm",
         help="grpo, rloo or ppo: RL on the builtin digit-reversal task with its checker as the reward "
         "(held-out accuracy before/after) instead of the default PPO demo with a reward model."),
+    method: Optional[str] = typer.Option(
+        None, "--method", help="dpo or kto: train the SFT model on the builtin preference pairs directly (TRL, no "
+        "reward model) instead of RL, with the same held-out evaluation and verdict."),
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers.
 
     Measured on a quiet 2-core machine: 82 s the first time (models built), 60 s once cached."""
+    if method is not None:
+        if algorithm is not None:
+            raise UserError("--method (dpo, kto) and --algorithm (RL on the verifiable task) are two demos; give one")
+        from homerlhf.stages.demo_preference import run_preference_demo
+
+        run_preference_demo(out, method, overwrite=overwrite, seed=seed)
+        return
     if algorithm is not None:
         from homerlhf.stages.demo_verifiable import run_verifiable_demo
 
@@ -249,7 +277,7 @@ def reward(
     data: Optional[str] = typer.Option(None, "--data", help="Preference dataset: builtin:<name>, hub id or file."),
     out: Path = typer.Option(Path("runs/reward"), "--out", "-o", help="Output directory."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Base model (default: rm.base or model.name_or_path)."),
-    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out pairs (default: a data.eval_fraction split)."),
+    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out pairs (default: a data.eval_fraction split of --data by prompt)."),
     overwrite: bool = OverwriteOpt,
 ) -> None:
     """Reward model (TRL RewardTrainer, QLoRA, Bradley-Terry), exported for the llama.cpp worker.
@@ -259,12 +287,10 @@ def reward(
 
     cfg = _load(preset, config, set_)
     check_device(cfg)
-    from homerlhf.stages.reward import run_reward  # torch, transformers, TRL: only once the config checked out
+    from homerlhf.stages.reward import done_line, run_reward  # torch, transformers, TRL: once the config checked out
 
     summary = run_reward(cfg, out, data=data, base=model, eval_data=eval_data, overwrite=overwrite)
-    acc = summary["eval_accuracy"]
-    typer.echo(f"reward done: {summary['n_train']} pairs, held-out accuracy "
-               f"{'n/a' if acc is None else f'{acc:.3f}'} on {summary['n_eval']}, run dir {out}")
+    typer.echo(done_line(summary, out))
 
 
 @app.command()

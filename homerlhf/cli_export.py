@@ -63,18 +63,24 @@ def export_policy(
     push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Upload OUT to this Hub repo (token: HF_TOKEN or `hf auth login`)."),
     private: bool = typer.Option(False, "--private", help="Create the Hub repo private."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="fp32, bf16 or fp16 for the merged model (default: the dtype the policy computed in, "
+        "fp32 for a CPU run; a lower one is smaller and the export says what its rounding costs)."),
 ) -> None:
     """Export a run's trained policy: a merged HF model, GGUFs with Ollama Modelfiles, a model card."""
     from homerlhf.stages.export import export_policy as _export_policy
 
     result = _export_policy(run_dir, out, checkpoint=checkpoint, base=base, gguf=gguf, push_to_hub=push_to_hub,
-                            private=private, overwrite=overwrite)
+                            private=private, overwrite=overwrite, dtype=dtype)
     gap = result["gap"]
-    typer.echo(f"wrote {result['out']} from {result['checkpoint']} (base {result['base']}, {result['dtype']})")
-    verdict = ("the trained policy up to rounding" if result["base"] == "nf4" else
+    typer.echo(f"wrote {result['out']} from {result['checkpoint']} (base {result['base']}, {result['dtype']}; "
+               f"the policy computed in {result['compute_dtype']})")
+    verdict = (f"the trained policy up to {result['dtype']} rounding" if result["base"] == "nf4" else
                "NOT the trained policy: merged into the original weights, not the NF4 ones it trained on")
     typer.echo(f"log-prob gap to the trained policy on {gap['tokens']} held tokens: max {gap['max_abs']:.2e}, "
                f"mean {gap['mean_abs']:.2e} nats/token ({verdict})")
+    if result.get("rounding"):
+        typer.echo(result["rounding"])
     for g in result["gguf"]:
         typer.echo(f"  {g['tensors']}")
     for line in result["commands"]:

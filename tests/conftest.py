@@ -56,6 +56,15 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_critic_dir(tmp_path_factory):
+    """A causal LM of half ``tiny_llama_dir``'s layers and width (hidden 64, 2 layers) on the same
+    builtin tokenizer: a smaller critic of the policy's family (``critic.model``)."""
+    from homerlhf.tiny import build_causal_lm
+
+    return build_causal_lm(tmp_path_factory.mktemp("small-critic"), arch="llama", seed=5, hidden=64, layers=2)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory):
     from homerlhf.tiny import build_causal_lm
 

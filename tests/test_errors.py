@@ -45,6 +45,8 @@ CLI_CASES = [
     ("minibatch-not-multiple", ["train", "--set", "ppo.micro_batch_size=5"], 2, "must be a multiple of ppo.micro_batch_size (5)"),
     ("upcast-with-fsdp", ["plan", "--preset", "4090", "--set", "distributed.fsdp=true", "--set",
                           "quant.upcast_non_quantized=true"], 2, "set quant.upcast_non_quantized=false with distributed.fsdp"),
+    ("offload-without-checkpointing", ["plan", "--preset", "4090", "--set", "training.gradient_checkpointing=false", "--set",
+                                       "training.activation_offload=true"], 2, "set training.gradient_checkpointing=true, or leave them at 1/false"),
     ("ref-backend-hf", ["train", "--set", "ref.backend=hf"], 2, "ref.backend 'hf' is not available; use 'llamacpp', 'adapter_off' or 'auto'"),
     ("reward-backend-adapter-off", ["train", "--set", "reward.backend=adapter_off"], 2, "reward.backend 'adapter_off' makes no sense"),
     ("reward-model-missing", ["train", "--set", "reward.model=null"], 2, "reward.model is required"),
@@ -60,6 +62,16 @@ CLI_CASES = [
     ("plan-calibration-missing", ["plan", "--calibration", "{tmp}/none.json"], 2, "no such file; give the JSON report `homerlhf check` wrote"),
     ("plan-calibration-not-json", ["plan", "--calibration", "{tmp}/bad.yaml"], 2, "not JSON (Expecting value: line 1 column 1 (char 0)); give the report `homerlhf check` wrote"),
     ("plan-calibration-other-card", ["plan", "--preset", "3090", "--calibration", "{report}"], 2, "measured on NVIDIA GeForce RTX 4090, not the plan's RTX 3090 (24 GiB); plan with that card's preset, or run `homerlhf check` on this card"),
+    ("plan-algorithm-unknown", ["plan", "--algorithm", "sft"], 2, "--algorithm 'sft': choose one of ppo, grpo, rloo, dpo, kto"),
+    ("dpo-too-few-pairs", ["dpo", "--data", "{tmp}/pairs3.jsonl", "--out", "{tmp}/p1"], 2, "pairs3.jsonl gave 3 usable for training after the held-out split: collect more, or lower dpo.min_rows"),
+    ("dpo-identical-answers", ["dpo", "--data", "{tmp}/same.jsonl", "--out", "{tmp}/p2"], 2, "same.jsonl (2 bad; first: chosen == rejected)"),
+    ("dpo-unknown-columns", ["dpo", "--data", "{tmp}/nocol.jsonl", "--out", "{tmp}/p3"], 2, "no chosen/rejected columns among ['foo']; set data.chosen_column and data.rejected_column"),
+    ("kto-unknown-columns", ["kto", "--data", "{tmp}/nocol.jsonl", "--out", "{tmp}/p4"], 2, "no answer and rating columns among ['foo']"),
+    ("kto-bad-ratings", ["kto", "--data", "{tmp}/badlabel.jsonl", "--out", "{tmp}/p5"], 2, "first: label 'maybe' is not a rating; use true/false, 1/0/-1, up/down or good/bad"),
+    ("dpo-prompt-over-length", ["dpo", "--model", "{tiny}", "--data", "{tmp}/pairs6.jsonl", "--set", "dpo.max_len=8", "--out", "{tmp}/p6"], 2, "fits dpo.max_len=8 tokens (data.overlong=truncate): raise dpo.max_len or shorten the prompts"),
+    ("dpo-start-run-without-checkpoint", ["dpo", "--model", "{tmp}/oldrun", "--out", "{tmp}/p7"], 2, "neither a model dir (config.json), an SFT run (model/), nor a run with checkpoints"),
+    ("dpo-resume-a-ppo-run", ["dpo", "--resume", "{tmp}/ckptrun"], 2, "is not a dpo/kto checkpoint (no start.json); resume a PPO run with `homerlhf train --resume`"),
+    ("demo-method-unknown", ["demo", "--method", "orpo", "--out", "{tmp}/p8"], 2, "demo --method 'orpo': choose dpo or kto"),
     ("check-unknown-preset", ["check", "--preset", "nope"], 2, "--preset 'nope' is not a GPU preset; choose one of: 3060-12g, 3090, 4060ti-16g, 4080, 4090, a100-80g, t4-colab"),
     ("check-out-exists", ["check", "--out", "{tmp}/list.yaml"], 2, "list.yaml already exists; pass --overwrite to replace it or choose another --out"),
     ("config-file-is-a-dir", ["train", "--config", "{tmp}/empty"], 2, "cannot read config file"),
@@ -348,6 +360,11 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "fake.gguf").write_text("not a gguf\n")
     (tmp / "nocol.jsonl").write_text('{"foo": 1}\n{"foo": 2}\n')
     (tmp / "garbage.jsonl").write_text("garbage\n{{{\n")
+    pair = {"prompt": "Tell me about tea.", "chosen": "Tea is made from leaves.", "rejected": "Go away."}
+    (tmp / "pairs3.jsonl").write_text(json.dumps(pair) + "\n" + json.dumps(pair) + "\n" + json.dumps(pair) + "\n")
+    (tmp / "pairs6.jsonl").write_text((json.dumps(pair) + "\n") * 6)
+    (tmp / "same.jsonl").write_text((json.dumps({**pair, "rejected": pair["chosen"]}) + "\n") * 2)
+    (tmp / "badlabel.jsonl").write_text((json.dumps({"prompt": "Hi", "completion": "Hello!", "label": "maybe"}) + "\n") * 2)
     (tmp / "rewards.py").write_text("def loud(response, row):\n    return float(row['solution'])\n\n\n"
                                     "def wants_x(response, x):\n    return 0.0\n")  # the reward-function-* rows
     (tmp / "empty").mkdir()

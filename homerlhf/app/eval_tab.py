@@ -46,7 +46,7 @@ def counts_markdown(run_dir: str) -> str:
         return f"No preference pair yet (a tie is no pair); {ties_text}."
     path = Path(run_dir) / preferences.PAIRS_FILE
     return (f"{pairs} preference pair(s) in `{path}`, {ties_text}. "
-            f"Train a reward model on them: `homerlhf reward --data {path}`")
+            f"Train a reward model on them: `homerlhf reward --data {path}`; {preferences.held_out_note(pairs)}.")
 
 
 def kl_so_far(run_dir: str) -> str:

@@ -77,8 +77,8 @@ def build(run_dir_shared) -> None:
     from homerlhf.workers.gguf.policy import POLICY_GGUF_TYPES
 
     gr.Markdown("### Export\nThe checkpoint's actor merged into the dequantized NF4 base it trained on (the "
-                "trained policy, up to bf16 rounding), as a transformers model, GGUFs for llama.cpp / Ollama / "
-                "LM Studio (quantized by llama.cpp) with an Ollama Modelfile each, and a model card. "
+                "trained policy, up to the rounding of the dtype it computed in), as a transformers model, GGUFs "
+                "for llama.cpp / Ollama / LM Studio (quantized by llama.cpp) with an Ollama Modelfile each, and a model card. "
                 "`homerlhf export policy` does the same; docs/export.md has the details.")
     with gr.Row():
         run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="export-run-dir")

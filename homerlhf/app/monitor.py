@@ -253,6 +253,7 @@ class Progress:
     total: Optional[int]
     elapsed_s: Optional[float]
     eta_s: Optional[float]
+    warning: Optional[str] = None  # the last KL flag's reason (homerlhf.ppo.guards.KLJump), if any
 
     @property
     def fraction(self) -> float:
@@ -267,7 +268,8 @@ class Progress:
             parts.append(f"elapsed {_format_duration(self.elapsed_s)}")
         if self.eta_s is not None and self.total and self.iteration < self.total:
             parts.append(f"ETA {_format_duration(self.eta_s)}")
-        return " · ".join(parts)
+        line = " · ".join(parts)
+        return f"{line} · **KL flag** {self.warning}" if self.warning else line
 
 
 def _row_time(row: dict) -> Optional[float]:
@@ -318,7 +320,17 @@ def progress(
             eta = per_iteration * (total - iteration)
         elif elapsed is not None:
             eta = elapsed / iteration * (total - iteration)
-    return Progress(iteration, total, elapsed, eta)
+    return Progress(iteration, total, elapsed, eta, kl_warning(rows))
+
+
+def kl_warning(rows: Sequence[dict]) -> Optional[str]:
+    """The reason of the last row flagged for leaving its reference in one update (``kl_flag``), with
+    how many were flagged; None when none was."""
+    flagged = [row for row in rows if _number(row.get("kl_flag"))]
+    if not flagged:
+        return None
+    reason = str(flagged[-1].get("kl_flag_reason") or f"iteration {flagged[-1].get('iteration')}")
+    return reason if len(flagged) == 1 else f"({len(flagged)} iterations flagged; the last) {reason}"
 
 
 def _mean_iteration_time(rows: Sequence[dict], last: int = 5) -> Optional[float]:

@@ -4,7 +4,10 @@
 ``{"prompt", "chosen", "rejected"}`` as plain text (the loader's prompt/chosen/rejected format),
 plus provenance fields the loader ignores: ``chosen_source``/``rejected_source`` ("actor" or
 "reference"), ``checkpoint``, ``chosen_score``/``rejected_score`` (reward model), ``sampling``, ``time``.
-So ``homerlhf reward --data RUN_DIR/preferences.jsonl`` trains on them as they are.
+So ``homerlhf reward --data RUN_DIR/preferences.jsonl`` trains on them as they are, and evaluates
+on them too: a ``data.eval_fraction`` of their prompts held out, never a preset's builtin pairs
+(:mod:`homerlhf.data.heldout`); :func:`held_out_note` says what a reward model trained on the pairs
+so far would report.
 
 A tie says neither answer is better, which a Bradley-Terry pair cannot express, and
 ``chosen == rejected`` rows are rejected by the loader. Ties therefore go to a separate file,
@@ -19,6 +22,8 @@ import os
 import time
 from pathlib import Path
 from typing import Optional
+
+from homerlhf.data.heldout import MIN_HELDOUT, half_width, pairs_needed
 
 PAIRS_FILE = "preferences.jsonl"
 TIES_FILE = "preferences_ties.jsonl"
@@ -81,3 +86,16 @@ def count(run_dir: str | Path) -> tuple[int, int]:
 
     run_dir = Path(run_dir)
     return lines(run_dir / PAIRS_FILE), lines(run_dir / TIES_FILE)
+
+
+def held_out_note(pairs: int, eval_fraction: float = 0.1) -> str:
+    """What ``homerlhf reward --data`` on ``pairs`` recorded pairs reports: a held-out accuracy on
+    their own held-out prompts, or (too few) its training accuracy only, and from how many pairs on
+    a held-out figure comes (at ``data.eval_fraction``, the default 0.1)."""
+    needed = pairs_needed(eval_fraction)
+    if needed is None or pairs < needed:
+        more = "" if needed is None else f" until {needed} pairs (at data.eval_fraction {eval_fraction:g})"
+        return (f"with {pairs} pair(s) it reports its training accuracy only{more}: a held-out figure on these "
+                f"pairs needs {MIN_HELDOUT} held-out ones (+-{half_width(MIN_HELDOUT):.2f} at 95%)")
+    return (f"it holds out about {int(pairs * eval_fraction + 0.5)} of these pairs by prompt and reports its "
+            "accuracy on them")

@@ -44,9 +44,11 @@ class RolloutConfig(Section):
     truncation_penalty: Optional[float] = Field(
         None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
     )
-    engine: Literal["hf", "llamacpp"] = Field(
-        "hf", description="Rollout engine: hf (the actor's own generate) or llamacpp (the exported base + the "
-        "actor's LoRA as a GGUF adapter, swapped in before every rollout).",
+    engine: Literal["auto", "hf", "llamacpp"] = Field(
+        "hf", description="Rollout engine: hf (the actor's own generate), llamacpp (the exported base + the "
+        "actor's LoRA as a GGUF adapter, swapped in before every rollout), or auto: the faster of the two by this "
+        "machine's `homerlhf bench` figures (else the documented defaults), chosen when a run starts and printed "
+        "with both engines' seconds per phase; hf where llama-cpp-python is not installed (docs/time.md).",
     )
     decoder: Literal["auto", "hf", "static"] = Field(
         "auto", description="hf engine: how the actor samples. static: a decode loop of our own with a static KV "
@@ -102,9 +104,9 @@ class RolloutConfig(Section):
             )
         if isinstance(self.generation_chunk, int) and self.generation_chunk < 1:
             raise ValueError(f"rollout.generation_chunk must be >= 1, 'auto' or unset; got {self.generation_chunk}")
-        if self.async_ and self.engine != "llamacpp":
+        if self.async_ and self.engine == "hf":
             raise ValueError(
-                "rollout.async needs rollout.engine=llamacpp: the hf engine samples with the trainer's own "
-                "module, which the update is changing meanwhile"
+                "rollout.async needs rollout.engine=llamacpp (or auto, which then takes it): the hf engine samples "
+                "with the trainer's own module, which the update is changing meanwhile"
             )
         return self

@@ -6,13 +6,15 @@ Gradio app read them from here. The rollout section is :mod:`homerlhf.config.rol
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
+from homerlhf.config.adapters import ActorConfig, CriticConfig, LoraConfig  # noqa: F401 (re-exported)
 from homerlhf.config.rollout import RolloutConfig
 from homerlhf.config.section import Section
-
+from homerlhf.config.training import TrainingConfig
+from homerlhf.config.preference import DPOTrainConfig, KTOTrainConfig
 from homerlhf.config.distributed import DistributedConfig
 
 
@@ -46,37 +48,6 @@ class QuantConfig(_Section):
         False, description="With a 4-bit base, keep its other weights (embeddings, LM head, norms) in fp32, and with "
         "them hidden states, KV cache and attention (peft's prepare_model_for_kbit_training: twice the bytes). Off: "
         "all of them in compute_dtype; norms still compute in fp32 inside, log-probs come from fp32 logits.")
-
-
-class LoraConfig(_Section):
-    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
-    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(
-        0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
-    )
-    target_modules: Union[Literal["all-linear"], list[str]] = Field(
-        "all-linear", description="Module names to adapt, or 'all-linear'."
-    )
-
-
-class ActorConfig(_Section):
-    lora: LoraConfig = LoraConfig()
-    lr: float = Field(1e-5, gt=0, description="Actor learning rate.")
-    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
-        "adamw", description="Actor optimizer; the 8-bit ones are bitsandbytes'."
-    )
-
-
-class CriticConfig(_Section):
-    lora: LoraConfig = LoraConfig()
-    lr: float = Field(5e-5, gt=0, description="Critic learning rate (LoRA and value head).")
-    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
-        "adamw", description="Critic optimizer."
-    )
-    shared_adapter: bool = Field(
-        False, description="One adapter for actor and critic (cheaper; the losses share weights)."
-    )
-    value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
 
 
 class PPOConfig(_Section):
@@ -242,22 +213,14 @@ class RewardTrainConfig(TRLStageConfig):
     data: TrainData = "builtin:demo-pairs"
     lr: PeakLR = 1e-4
     eval_data: Optional[str] = Field(
-        None, description="Held-out preference dataset (default: a data.eval_fraction split of rm.data)."
+        None, description="Held-out preference dataset (default: a data.eval_fraction split of rm.data by prompt; "
+        "a builtin held-out set is used only with its own task's training data)."
     )
     lora: LoraConfig = LoraConfig()
     center_rewards_coef: Optional[float] = Field(
         None, ge=0, description="Penalty on mean reward squared, keeps scores centred (None: off)."
     )
     export_gguf: bool = Field(True, description="Export the trained RM for the llama.cpp worker (OUT/gguf).")
-
-
-class TrainingConfig(_Section):
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    dynamic_micro_batch: bool = Field(True, description="Halve the micro-batch on CUDA OOM and redo.")
-    max_nonfinite_steps: int = Field(
-        5, ge=1, description="Stop the run after this many optimizer steps in a row with a NaN/inf loss or gradient."
-    )
 
 
 TrackerName = Literal["tensorboard", "trackio", "wandb", "mlflow", "none"]
@@ -315,6 +278,8 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     sft: SFTConfig = SFTConfig()
     rm: RewardTrainConfig = RewardTrainConfig()
+    dpo: DPOTrainConfig = DPOTrainConfig()
+    kto: KTOTrainConfig = KTOTrainConfig()
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -358,6 +323,9 @@ class RunConfig(_Section):
         group = self.ppo.group_size
         if self.algorithm != "ppo" and group < 2:
             raise ValueError(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+        if self.algorithm != "ppo" and self.critic.model:
+            raise ValueError(f"critic.model is the base of PPO's critic, and algorithm {self.algorithm} trains none; "
+                             "unset critic.model or set algorithm=ppo")
         if self.rollout.batch_size % group:
             raise ValueError(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
                              f"({group}): each prompt is sampled group_size times")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
 from homerlhf.config.schema import RunConfig
-from homerlhf.memory.shapes import ModelShape
+from homerlhf.memory.shapes import ModelShape, critic_shape
 
 GIB = 1024**3
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -148,13 +148,34 @@ def lora_on_mlp(lora) -> bool:
 
 def trainable_grad_bytes(cfg: RunConfig, shape: ModelShape) -> int:
     """fp32 gradients of everything PPO trains: the actor's LoRA, and the critic's LoRA (unless shared)
-    and value head."""
+    and value head, on the critic's own base with ``critic.model``."""
     grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4
+    on = critic_shape(cfg) or shape
     if cfg.has_critic:
-        grads += (shape.hidden_size + 1) * 4
+        grads += (on.hidden_size + 1) * 4
     if cfg.has_critic and not cfg.critic.shared_adapter:
-        grads += shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
+        grads += on.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
     return grads
+
+
+def critic_base_components(cfg: RunConfig, assumptions: Assumptions) -> list[Component]:
+    """``critic.model``'s frozen base: its decoder's linears (NF4, or the compute dtype without 4-bit),
+    embeddings, norms and biases as the policy's; no LM head (the critic loads its decoder alone)."""
+    own = critic_shape(cfg)
+    if own is None:
+        return []
+    c, _, nq = dtype_bytes(cfg, assumptions)
+    compute, _ = dtype_names(cfg)
+    if cfg.quant.load_in_4bit:
+        linears = Component("critic base linear weights (NF4)", "weights",
+                            int(own.linear_weight_params * nf4_bytes_per_param(cfg.quant.double_quant)),
+                            note=own.name, dtype=cfg.quant.quant_type)
+    else:
+        linears = Component("critic base linear weights", "weights", own.linear_weight_params * c, note=own.name,
+                            dtype=compute)
+    rest = (own.embedding_params + own.norm_params + own.linear_bias_params) * nq
+    return [linears, Component("critic base embeddings + norms + biases", "weights", rest,
+                               dtype="fp32" if nq == 4 else compute, note="no LM head")]
 
 
 def held_gradients(cfg: RunConfig, shape: ModelShape, assumptions: Assumptions) -> list[Component]:
@@ -227,22 +248,18 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
                            dtype=nq_name, note="compute in fp32 inside" if nq != 4 else ""))
     actor_lora = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules)
     comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}", dtype="fp32"))
-    if cfg.has_critic and not cfg.critic.shared_adapter:
-        critic_lora = shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules)
-        comps.append(Component("LoRA critic", "adapters", critic_lora * 4, note=f"r={cfg.critic.lora.r}",
-                               dtype="fp32"))
-    if cfg.has_critic:  # GRPO / RLOO load no critic at all
-        comps.append(Component("value head", "adapters", (shape.hidden_size + 1) * 4, dtype="fp32"))
+    comps.extend(critic_adapter_components(cfg, shape) + critic_base_components(cfg, assumptions))
     comps.extend(adapter_reward_components(cfg, shape))
     comps.extend(workspace_components(cfg, assumptions))
     roles = (("actor", cfg.actor), ("critic", cfg.critic)) if cfg.has_critic else (("actor", cfg.actor),)
     for role, sec in roles if assumptions.after_first_step else ():  # states are made at the first step
+        on = (critic_shape(cfg) or shape) if role == "critic" else shape
         if role == "critic" and cfg.critic.shared_adapter:
-            states = 8 * (shape.hidden_size + 1)  # only the value head
+            states = 8 * (on.hidden_size + 1)  # only the value head
         else:
-            states = _optimizer_state_bytes(shape, sec.lora.r, sec.lora.target_modules, sec.optimizer)
+            states = _optimizer_state_bytes(on, sec.lora.r, sec.lora.target_modules, sec.optimizer)
             if role == "critic":
-                states += 8 * (shape.hidden_size + 1)
+                states += 8 * (on.hidden_size + 1)
         paged = sec.optimizer.startswith("paged")
         comps.append(Component(
             f"optimizer states {role} ({sec.optimizer})", "optimizer", states, in_allocator=not paged,
@@ -261,6 +278,19 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
         comps.append(Component("experience batch ahead (async)", "buffers", ahead,
                                note=f"{cfg.rollout.batch_size} samples", dtype="int64 + fp32"))
     return comps
+
+
+def critic_adapter_components(cfg: RunConfig, shape: ModelShape) -> list[Component]:
+    """The critic's LoRA (none when shared) and value head, fp32, on its own base's shape with
+    ``critic.model``; nothing without a critic (GRPO / RLOO)."""
+    if not cfg.has_critic:
+        return []
+    on = critic_shape(cfg) or shape
+    where = f" on {on.name}" if on is not shape else ""
+    lora = [] if cfg.critic.shared_adapter else [Component(
+        "LoRA critic", "adapters", on.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4,
+        note=f"r={cfg.critic.lora.r}{where}", dtype="fp32")]
+    return lora + [Component("value head", "adapters", (on.hidden_size + 1) * 4, dtype="fp32", note=where.strip())]
 
 
 def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Component]:

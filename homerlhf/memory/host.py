@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from homerlhf.memory.components import Component
+from homerlhf.memory.recompute import offload_host_components
 from homerlhf.memory.shapes import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,11 +103,15 @@ def engine_components(cfg: "RunConfig", shape: ModelShape, on_gpu: bool) -> list
 
 def workers_host_bytes(cfg: "RunConfig", shape: ModelShape) -> dict[str, list[Component]]:
     """``{role: components}`` for every worker the run starts on this machine, and the llamacpp
-    rollout engine's host share (role ``engine``)."""
+    rollout engine's host share (role ``engine``), and the pinned memory of ``training.activation_offload``
+    (role ``activation offload``)."""
     from homerlhf.memory.threads import local_worker_roles
 
     out = {role: worker_components(cfg, shape, role) for role in local_worker_roles(cfg)}
     engine = engine_components(cfg, shape, on_gpu=False)
     if engine:
         out["engine"] = engine
+    offload = offload_host_components(cfg, shape)  # training.activation_offload: pinned, not a worker's
+    if offload:
+        out["activation offload"] = offload
     return out

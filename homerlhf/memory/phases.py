@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from homerlhf.memory.critic_phases import critic_scoring_moments, critic_update_moments
+from homerlhf.memory.recompute import update_saved
 from homerlhf.memory.components import (
     Component,
     dtype_bytes,
@@ -138,6 +140,7 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
             if name != "actor log-probs":
                 moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c,
                                                dtype=compute))
+    moments.update(critic_scoring_moments(cfg, assumptions))  # critic.model: its forward on its own base
     for comps in moments.values():
         comps.extend(held_gradients(cfg, shape, assumptions))
     return _largest(moments)
@@ -149,25 +152,19 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     m = cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     tokens = m * t
-    r = max(cfg.actor.lora.r, cfg.critic.lora.r) if cfg.has_critic else cfg.actor.lora.r
+    shared = cfg.has_critic and not cfg.critic.model  # a critic of its own saves its own activations
+    r = max(cfg.actor.lora.r, cfg.critic.lora.r) if shared else cfg.actor.lora.r
     per_layer = layer_saved_bytes_per_token(shape, a, t, r, cfg.actor.lora.target_modules)
     h, i = shape.hidden_size, shape.intermediate_size
-    ckpt = cfg.training.gradient_checkpointing
     mixed = act if a == 4 else f"{act}; norm inputs and LoRA inputs fp32"
-    if ckpt:
-        saved = Component("checkpointed layer inputs", "activations", tokens * h * a * (shape.num_layers + 1),
-                          note=f"{m} x {t} tokens x {shape.num_layers + 1} x h", dtype=act)
-        recompute = Component("recomputed layer", "activations", int(tokens * per_layer),
-                              note=f"one layer in backward ({mixed})")
-    else:
-        saved = Component("saved activations", "activations", int(tokens * per_layer * shape.num_layers + tokens * h * a),
-                          note=f"{m} x {t} tokens x {shape.num_layers} layers, no checkpointing ({mixed})")
-        recompute = None
-    attn_scores = None
-    if assumptions.attention == "eager":
-        count = 1 if ckpt else shape.num_layers
-        attn_scores = Component("attention scores", "activations", 2 * count * m * shape.num_heads * t * t * a,
-                                dtype=act)
+    saved, layer_moments = update_saved(cfg, shape, m, t, per_layer, a, act, mixed)  # every-N, offload
+    kept = shape.num_layers - cfg.training.checkpointed_layers(shape.num_layers)
+    kept_scores = layer_scores = None
+    if assumptions.attention == "eager":  # each layer not checkpointed keeps its scores; a recomputed one makes them
+        scores = 2 * m * shape.num_heads * t * t * a
+        kept_scores = Component("attention scores", "activations", kept * scores, dtype=act) if kept else None
+        layer_scores = Component("attention scores", "activations", (kept + (kept < shape.num_layers)) * scores,
+                                 dtype=act)
     bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP",
                     dtype=act)
     grads = trainable_grad_bytes(cfg, shape)
@@ -176,17 +173,14 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     lp = Component("log-prob chunk buffers", "logits", logprob_buffer_bytes(m, n, cfg, shape), dtype="fp32",
                    note=f"{m} x {min(cfg.ppo.logprob_chunk_size, n)} x {shape.vocab_size} x 4, recomputed per chunk")
     loss = Component("PPO loss tensors", "buffers", m * n * 4 * 12, dtype="fp32")
-    layer_bwd = [grad, saved] + ([recompute] if recompute else []) + [bwd]
-    if attn_scores:
-        layer_bwd.append(attn_scores)
-    moments = {
-        "actor loss backward": [grad, saved, lp, loss] + ([attn_scores] if attn_scores and not ckpt else []),
-        "layer backward": layer_bwd,
-    }
+    moments = {"actor loss backward": [grad, *saved, lp, loss] + ([kept_scores] if kept_scores else [])}
+    for name, alive in layer_moments.items():
+        moments[name] = [grad, *alive, bwd] + ([layer_scores] if layer_scores else [])
     if cfg.quant.load_in_4bit:
         dq = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute)
         for comps in moments.values():
             comps.append(dq)
+    moments.update(critic_update_moments(cfg, assumptions, grad))  # critic.model: its own base, after the actor
     return _largest(moments)
 
 

@@ -11,8 +11,8 @@ from typing import Any, Optional, Sequence
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.memory.shapes import ModelShape
-from homerlhf.memory.timing import (IterationTime, Placement, Throughputs, default_throughputs, human_seconds,
-                                    iteration_time, placement_of)
+from homerlhf.memory.timing import (PHASE_TITLES, IterationTime, Placement, Throughputs, default_throughputs,
+                                    human_seconds, iteration_time, placement_of)
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Candidate:
     peak_gib: Optional[float]  # GPU peak under this placement (None: no GPU budget)
     fits: bool
     gen_chunk: int = 0  # the generation chunk timed and planned under this placement
+    training: Any = None  # the training section, its auto checkpointing chosen under this placement
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Recommendation:
     current: Candidate
     candidates: list[Candidate] = field(default_factory=list)
     budget_gib: float = 0.0  # the GPU budget the candidates were fitted to (0: none)
+    unavailable: dict[str, str] = field(default_factory=dict)  # rollout engine -> why it is no candidate
 
     @property
     def best(self) -> Candidate:
@@ -75,7 +77,7 @@ class Recommendation:
                 "best": self.best.time.placement.overrides(), "set_args": self.set_args(),
                 "saving_s": round(self.saving_s, 4),
                 "per_role": {k: {"backend": b, "saving_s": round(s, 4)} for k, (b, s) in self.per_role().items()},
-                "line": self.line()}
+                "line": self.line(), "unavailable_engines": dict(self.unavailable)}
 
 
 REWARD_BACKENDS = ("llamacpp", "adapter", "hf")  # where a reward model can run
@@ -92,19 +94,49 @@ def reward_candidates(cfg: RunConfig, possible: Optional[Sequence[str]] = None) 
     return [b for b in found if not (b == "adapter" and cfg.rollout.async_)] or ["llamacpp"]
 
 
-def candidate_placements(cfg: RunConfig, rewards: Optional[Sequence[str]] = None) -> list[Placement]:
+ENGINES = ("hf", "llamacpp")  # rollout engines
+NO_LLAMA_CPP = "llama-cpp-python is not installed (`pip install llama-cpp-python` for the llamacpp engine)"
+
+
+def unavailable_engines() -> dict[str, str]:
+    """Rollout engines this machine cannot run, with why: ``llamacpp`` without the llama-cpp-python
+    package (looked up, not imported)."""
+    from importlib.util import find_spec
+
+    return {} if find_spec("llama_cpp") is not None else {"llamacpp": NO_LLAMA_CPP}
+
+
+def engine_candidates(cfg: RunConfig, unavailable: dict[str, str]) -> list[str]:
+    """The rollout engines worth comparing: :data:`ENGINES` less the ``unavailable`` ones, and less
+    ``hf`` under ``rollout.async`` (it cannot sample ahead); an engine the config names is kept."""
+    engines = [e for e in ENGINES if e == cfg.rollout.engine
+               or (e not in unavailable and not (e == "hf" and cfg.rollout.async_))]
+    if not engines:
+        raise UserError(f"rollout.async samples ahead with the llamacpp engine, and {unavailable['llamacpp']}; "
+                        "set rollout.async=false")
+    return engines
+
+
+def candidate_placements(cfg: RunConfig, rewards: Optional[Sequence[str]] = None,
+                         unavailable: Optional[dict[str, str]] = None) -> list[Placement]:
     """Placements worth comparing: each role's backends that can serve it (the reward's:
-    :func:`reward_candidates`). A reference served from a remote worker (``url``) keeps its backend."""
+    :func:`reward_candidates`; the engine's: :func:`engine_candidates`). A reference served from a
+    remote worker (``url``) keeps its backend."""
     refs = [cfg.ref.backend] if cfg.ref.url else ["llamacpp", "adapter_off"]
-    return [Placement(r, w, e) for r in refs for w in reward_candidates(cfg, rewards) for e in ("hf", "llamacpp")]
+    engines = engine_candidates(cfg, unavailable_engines() if unavailable is None else unavailable)
+    return [Placement(r, w, e) for r in refs for w in reward_candidates(cfg, rewards) for e in engines]
+
+
+def is_auto(cfg: RunConfig) -> bool:
+    """Whether a placement role (reference, reward, rollout engine) is ``auto``."""
+    return "auto" in (cfg.ref.backend, cfg.reward.backend, cfg.rollout.engine)
 
 
 def explicit(placement: Placement, cfg: RunConfig) -> bool:
-    """Whether ``placement`` keeps every role the config names (``auto`` names none; the rollout
-    engine is never switched by ``auto``)."""
+    """Whether ``placement`` keeps every role the config names (``auto`` names none)."""
     return ((cfg.ref.backend == "auto" or placement.ref == cfg.ref.backend)
             and (cfg.reward.backend == "auto" or placement.reward == cfg.reward.backend)
-            and placement.engine == cfg.rollout.engine)
+            and (cfg.rollout.engine == "auto" or placement.engine == cfg.rollout.engine))
 
 
 def extra_gpu_bytes(placement: Placement, cfg: RunConfig, shape: ModelShape) -> int:
@@ -130,6 +162,7 @@ def _candidate(cfg: RunConfig, shape: ModelShape, rates: Throughputs, placement:
                cores: int, logical: Optional[int]) -> Candidate:
     """One placement's iteration time and GPU peak, with an ``auto`` generation chunk resolved for it
     (the memory a placement takes is memory the chunk cannot have)."""
+    from homerlhf.memory.checkpointing import resolve_checkpointing
     from homerlhf.memory.chunks import resolve_generation_chunk
     from homerlhf.memory.components import GIB
     from homerlhf.memory.planner import MARGIN, plan
@@ -137,22 +170,25 @@ def _candidate(cfg: RunConfig, shape: ModelShape, rates: Throughputs, placement:
     extra = extra_gpu_bytes(placement, cfg, shape) / GIB
     # The memory plan counts a reward adapter; an in-process hf reward adds extra_gpu_bytes on top.
     planned = with_placement(cfg, replace(placement, reward="llamacpp") if placement.reward == "hf" else placement)
-    planned = resolve_generation_chunk(planned, shape, budget - extra if budget > 0 else budget)
+    room = budget - extra if budget > 0 else budget
+    planned = resolve_generation_chunk(resolve_checkpointing(planned, shape, room), shape, room)
     timed = with_placement(planned, placement)
-    time = iteration_time(timed, rates, placement, cores=cores, logical=logical)
+    time = iteration_time(timed, rates, placement, cores=cores, logical=logical, shape=shape)
     chunk = planned.rollout.generation_chunk_size
     if budget <= 0:
-        return Candidate(time, None, True, chunk)
+        return Candidate(time, None, True, chunk, planned.training)
     peak = plan(planned, shape, budget, with_suggestion=False).peak_gib + extra
-    return Candidate(time, peak, peak <= (1 - MARGIN) * budget, chunk)  # fits as a plan does: with the margin
+    return Candidate(time, peak, peak <= (1 - MARGIN) * budget, chunk, planned.training)  # fits with the margin
 
 
 def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: int, logical: Optional[int] = None,
-              gpu_gib: Optional[float] = None, rewards: Optional[Sequence[str]] = None) -> Recommendation:
+              gpu_gib: Optional[float] = None, rewards: Optional[Sequence[str]] = None,
+              unavailable: Optional[dict[str, str]] = None) -> Recommendation:
     """Every candidate placement's predicted iteration time and GPU peak; fastest first. A placement
     fits when its peak (the memory plan's, + :func:`extra_gpu_bytes`) leaves the plan's margin of
     ``gpu_gib`` free (default: the card's; no budget on a CPU card). ``rewards``: the backends the
-    reward model can run on.
+    reward model can run on; ``unavailable``: rollout engines that cannot run, with why (default:
+    :func:`unavailable_engines`).
 
     The current placement is the config's; where a role is ``auto``, the fastest candidate that fits
     and keeps the config's other roles (:func:`choose`)."""
@@ -164,13 +200,15 @@ def recommend(cfg: RunConfig, shape: ModelShape, rates: Throughputs, *, cores: i
         changed = sum(a != b for a, b in zip(c.time.placement.overrides().values(), named.values()))
         return round(c.time.total_s, 6), changed, c.peak_gib or 0.0
 
+    unavailable = unavailable_engines() if unavailable is None else dict(unavailable)
     cands = sorted((_candidate(cfg, shape, rates, p, budget, cores, logical)
-                    for p in candidate_placements(cfg, rewards)), key=order)
-    if "auto" in (cfg.ref.backend, cfg.reward.backend):
-        return Recommendation(choose(cands, cfg), cands, budget)
+                    for p in candidate_placements(cfg, rewards, unavailable)), key=order)
+    if is_auto(cfg):
+        return Recommendation(choose(cands, cfg), cands, budget, unavailable)
     here = placement_of(cfg)
     current = next((c for c in cands if c.time.placement == here), None)
-    return Recommendation(current or _candidate(cfg, shape, rates, here, budget, cores, logical), cands, budget)
+    return Recommendation(current or _candidate(cfg, shape, rates, here, budget, cores, logical), cands, budget,
+                          unavailable)
 
 
 def choose(cands: Sequence[Candidate], cfg: RunConfig) -> Candidate:
@@ -179,22 +217,29 @@ def choose(cands: Sequence[Candidate], cfg: RunConfig) -> Candidate:
     kept = [c for c in cands if explicit(c.time.placement, cfg)]
     if not kept:
         raise UserError(f"no placement keeps ref.backend={cfg.ref.backend}, reward.backend={cfg.reward.backend} "
-                        f"and rollout.engine={cfg.rollout.engine}; set ref.backend or reward.backend to auto")
+                        f"and rollout.engine={cfg.rollout.engine}; set ref.backend, reward.backend or rollout.engine "
+                        "to auto")
     fitting = [c for c in kept if c.fits]
     return fitting[0] if fitting else min(kept, key=lambda c: c.peak_gib or 0.0)
 
 
 def resolve_placement(cfg: RunConfig, rec: Recommendation) -> RunConfig:
-    """``cfg`` with its ``auto`` roles set to the chosen placement's (``rec.current``) and an ``auto``
-    generation chunk to the one planned under it."""
+    """``cfg`` with its ``auto`` roles set to the chosen placement's (``rec.current``), and an ``auto``
+    generation chunk and ``auto`` checkpointing to those planned under it."""
     chosen = rec.current
-    update = {}
+    update, rollout = {}, {}
     if cfg.ref.backend == "auto":
         update["ref"] = cfg.ref.model_copy(update={"backend": chosen.time.placement.ref})
     if cfg.reward.backend == "auto":
         update["reward"] = cfg.reward.model_copy(update={"backend": chosen.time.placement.reward})
+    if cfg.rollout.engine == "auto":
+        rollout["engine"] = chosen.time.placement.engine
     if cfg.rollout.generation_chunk == "auto":
-        update["rollout"] = cfg.rollout.model_copy(update={"generation_chunk": chosen.gen_chunk})
+        rollout["generation_chunk"] = chosen.gen_chunk
+    if cfg.training.has_auto and chosen.training is not None:
+        update["training"] = chosen.training
+    if rollout:
+        update["rollout"] = cfg.rollout.model_copy(update=rollout)
     return cfg.model_copy(update=update)
 
 
@@ -202,7 +247,7 @@ def choice_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
     """What ``auto`` chose, in words: the placement and its seconds per iteration, the alternatives
     that fit and those that do not, and the generation chunk."""
     chosen = rec.current
-    what = "placement auto" if "auto" in (cfg.ref.backend, cfg.reward.backend) else "placement as configured"
+    what = "placement auto" if is_auto(cfg) else "placement as configured"
     lines = [f"{what}: {chosen.time.placement.label()}: {human_seconds(chosen.time.total_s)} per iteration"
              + (f", generation chunk {chosen.gen_chunk}" if cfg.rollout.generation_chunk == "auto" else "")
              + f" ({chosen.time.source})"]
@@ -214,7 +259,33 @@ def choice_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
         lines.append("  alternatives that fit: " + "; ".join(fit))
     if over:
         lines.append(f"  over {budget_words(rec.budget_gib)}: " + "; ".join(over))
-    return lines
+    return lines + engine_lines(rec, cfg)
+
+
+def phase_words(it: IterationTime) -> str:
+    """Seconds per phase in words, overlapped ones marked: what an engine's line shows."""
+    return ", ".join(f"{PHASE_TITLES[name]} {human_seconds(seconds)}" + ("" if it.where[name] == "trainer"
+                                                                          else " (overlapped)")
+                     for name, seconds in it.phases.items())
+
+
+def engine_lines(rec: Recommendation, cfg: RunConfig) -> list[str]:
+    """``rollout.engine: auto``'s choice and its alternative (the other engine with the same
+    reference and reward), each with its seconds per phase, or why there is no alternative."""
+    if cfg.rollout.engine != "auto":
+        return []
+    chosen = rec.current.time
+    other = next(e for e in ENGINES if e != chosen.placement.engine)
+    alt = next((c for c in rec.candidates if c.time.placement == replace(chosen.placement, engine=other)), None)
+    lines = [f"  rollout engine auto -> {chosen.placement.engine}: {human_seconds(chosen.total_s)} per iteration "
+             f"({phase_words(chosen)})"]
+    if other in rec.unavailable:
+        return lines + [f"  {other}: not a candidate: {rec.unavailable[other]}"]
+    if alt is None:
+        return lines + [f"  {other}: not a candidate: rollout.async samples ahead with the llamacpp engine only"]
+    fit = "" if alt.fits else f", over {budget_words(rec.budget_gib)}"
+    return lines + [f"  the alternative, {other}: {human_seconds(alt.time.total_s)} per iteration{fit} "
+                    f"({phase_words(alt.time)})"]
 
 
 def budget_words(gpu_gib: float) -> str:
@@ -253,10 +324,12 @@ def placed_plan(cfg: RunConfig, shape: ModelShape, rates: Optional[Throughputs] 
     cores, logical = _cores()
     rates = rates or default_throughputs(shape, cfg, cores)
     rec = recommend(cfg, shape, rates, cores=cores, logical=logical, gpu_gib=gpu_gib, rewards=rewards)
-    auto = "auto" in (cfg.ref.backend, cfg.reward.backend)
+    auto = is_auto(cfg)
     result = plan(resolve_placement(cfg, rec) if auto else cfg, shape, gpu_gib)
     result.timing = rec
     result.generation["setting"] = cfg.rollout.generation_chunk  # "auto", as the config says
+    result.checkpointing.update(every_n_setting=cfg.training.checkpoint_every_n_layers,
+                                offload_setting=cfg.training.activation_offload)  # "auto" too
     if auto:
         result.notes[:0] = choice_lines(rec, cfg)
     return result

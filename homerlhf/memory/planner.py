@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.memory.checkpointing import checkpointing_info, resolve_checkpointing
 from homerlhf.memory.chunks import generation_chunk_info, resolve_generation_chunk
 from homerlhf.memory.components import Assumptions
 from homerlhf.memory.plans import MARGIN, PhasePlan, Plan, Suggestion, build_plan, param_counts, settings_of
@@ -48,14 +49,17 @@ def plan(
 ) -> Plan:
     """Bytes per component per phase for ``cfg`` on ``shape``; ``gpu_gib`` defaults to the card's.
 
-    An ``auto`` generation chunk is resolved first (``plan.generation`` says to what and why). When the
-    plan does not fit with the margin (over, or tight), ``plan.suggestion`` holds overrides that do (see
-    :func:`homerlhf.memory.search.suggest`).
+    ``auto`` checkpointing settings are resolved first (:mod:`homerlhf.memory.checkpointing`;
+    ``plan.checkpointing`` says to what), then an ``auto`` generation chunk (``plan.generation`` says to
+    what and why). When the plan does not fit with the margin (over, or tight), ``plan.suggestion`` holds
+    overrides that do (see :func:`homerlhf.memory.search.suggest`).
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
-    resolved = resolve_generation_chunk(cfg, shape, budget, assumptions=assumptions)
+    chosen = resolve_checkpointing(cfg, shape, budget, assumptions=assumptions)  # before the chunk it leaves room for
+    resolved = resolve_generation_chunk(chosen, shape, budget, assumptions=assumptions)
     result = build_plan(resolved, shape, gpu_gib, assumptions=assumptions)
-    result.generation.update(generation_chunk_info(cfg, shape, budget, assumptions=assumptions))
+    result.generation.update(generation_chunk_info(chosen, shape, budget, assumptions=assumptions))
+    result.checkpointing = checkpointing_info(cfg, chosen, shape)
     if with_suggestion and result.fits is False:
         result.suggestion = suggest(cfg, shape, budget, assumptions=assumptions)  # an auto chunk stays auto
     return result

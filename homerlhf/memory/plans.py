@@ -92,6 +92,10 @@ class Plan:
     # The generation chunk: {"chunk", "setting" (the config's: None, a number or "auto"), "kv_bytes_per_token",
     # and with a GPU budget "largest_that_fits" (homerlhf.memory.chunks)}
     generation: dict[str, Any] = field(default_factory=dict)
+    # critic.model: both placements of the critic side by side (homerlhf.memory.critic_compare.critic_sides)
+    critic: list[dict[str, Any]] = field(default_factory=list)
+    # the checkpointed layers and offload, as chosen (homerlhf.memory.checkpointing.checkpointing_info)
+    checkpointing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def workers_host_gib(self) -> float:
@@ -173,6 +177,8 @@ class Plan:
             "distributed": self.distributed,
             "time": None if self.timing is None else self.timing.to_dict(),
             "generation": self.generation,
+            "critic": self.critic,
+            "checkpointing": self.checkpointing,
         }
 
 
@@ -203,11 +209,14 @@ def settings_of(cfg: RunConfig) -> dict[str, Any]:
         "ppo.micro_batch_size": cfg.ppo.micro_batch_size,
         "ppo.logprob_chunk_size": cfg.ppo.logprob_chunk_size,
         "training.gradient_checkpointing": cfg.training.gradient_checkpointing,
+        "training.checkpoint_every_n_layers": cfg.training.checkpoint_every_n_layers,
+        "training.activation_offload": cfg.training.activation_offload,
         "actor.optimizer": cfg.actor.optimizer,
         "critic.optimizer": cfg.critic.optimizer,
         "actor.lora.r": cfg.actor.lora.r,
         "critic.lora.r": cfg.critic.lora.r,
         "critic.shared_adapter": cfg.critic.shared_adapter,
+        "critic.model": cfg.critic.model,
         "quant.load_in_4bit": cfg.quant.load_in_4bit,
         "quant.double_quant": cfg.quant.double_quant,
         "quant.compute_dtype": cfg.quant.compute_dtype,

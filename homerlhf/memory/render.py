@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 from homerlhf.errors import UserError
+from homerlhf.memory.checkpointing import checkpointing_line
 from homerlhf.memory.components import GIB
+from homerlhf.memory.critic_compare import critic_table
 from homerlhf.memory.planner import MARGIN, Plan
 from homerlhf.memory.shapes import ModelShape, resolve_shape
 
@@ -51,6 +53,8 @@ def print_plan(plan: Plan, console=None) -> None:
     )
     console.print(generation_line(plan), highlight=False)
     console.print(precision_line(plan), highlight=False)
+    if plan.checkpointing:
+        console.print(checkpointing_line(plan.checkpointing), highlight=False)
     dist = plan.distributed
     if dist.get("gpus", 1) > 1:
         console.print(f"{dist['gpus']} GPUs, {'sharded base (FSDP)' if dist['fsdp'] else 'data parallel (DDP)'}: "
@@ -80,6 +84,7 @@ def print_plan(plan: Plan, console=None) -> None:
     _print_workers(plan, console)
     if plan.timing is not None:
         print_time(plan.timing, console)
+    critic_table(plan.critic, console)  # critic.model: both placements of the critic
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
 
@@ -129,7 +134,9 @@ def _print_workers(plan: Plan, console) -> None:
     import psutil
 
     ram = psutil.virtual_memory().total / GIB
-    console.print(f"the workers need {plan.workers_host_gib:.2f} GiB of host RAM; this machine has {ram:.1f} GiB",
+    who = "the workers and the offloaded activations" if "activation offload" in plan.workers else "the workers"
+    over = "; NOT enough for them" if plan.workers_host_gib > ram else ""
+    console.print(f"{who} need {plan.workers_host_gib:.2f} GiB of host RAM; this machine has {ram:.1f} GiB{over}",
                   highlight=False)
 
 

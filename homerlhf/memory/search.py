@@ -2,7 +2,7 @@
 
 The search runs over micro-batch (divisors of the mini-batch), rollout chunk (halvings), sequence
 lengths, gradient checkpointing and paged 8-bit AdamW, and plans each candidate (an ``auto``
-generation chunk resolved for each).
+generation chunk resolved for each, and ``auto`` checkpointing before it).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 from typing import Any, Iterable, Optional
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.memory.checkpointing import resolve_checkpointing
 from homerlhf.memory.chunks import resolve_generation_chunk
 from homerlhf.memory.components import Assumptions
 from homerlhf.memory.plans import Plan, Suggestion, build_plan
@@ -98,7 +99,8 @@ def suggest(
     for cost, over in candidate_overrides(cfg):
         if best is not None and cost >= best[0]:
             continue
-        candidate = resolve_generation_chunk(apply_overrides(cfg, over), shape, budget, assumptions=assumptions)
+        chosen = resolve_checkpointing(apply_overrides(cfg, over), shape, budget, assumptions=assumptions)
+        candidate = resolve_generation_chunk(chosen, shape, budget, assumptions=assumptions)
         trial = build_plan(candidate, shape, budget, assumptions=assumptions)
         if trial.fits:
             best = (cost, over, trial)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -326,3 +327,20 @@ def policy_shape(policy, name: str) -> Optional[ModelShape]:
     except UserError as exc:
         logging.getLogger(__name__).warning("no predicted_mem_* metrics: %s", exc)
         return None
+
+
+def critic_shape(cfg) -> Optional[ModelShape]:
+    """The shape of ``critic.model``, the critic's own base (a reward run dir: its ``model/``), or None
+    when the critic is on the policy's base or there is none. It loads no LM head (its decoder alone)."""
+    if cfg.algorithm != "ppo" or not cfg.critic.model:
+        return None
+    return _critic_shape(cfg.critic.model)
+
+
+@lru_cache(maxsize=8)
+def _critic_shape(name: str) -> ModelShape:
+    """Read once per process: the planner's search counts many candidate settings of one critic."""
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
+        return resolve_shape(str(path / "model"))
+    return resolve_shape(name)

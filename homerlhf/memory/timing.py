@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.cards import MEASURED, CardSpec, card_spec
-from homerlhf.memory.shapes import ModelShape
+from homerlhf.memory.recompute import checkpointing_seconds
+from homerlhf.memory.shapes import ModelShape, critic_shape, resolve_shape
 from homerlhf.memory.threads import split_threads
 
 PHASES = ("generation", "reference", "reward", "policy_scoring", "update")
@@ -106,9 +107,13 @@ class Throughputs:
 # FLOPs; forward + backward 3x that). CPU figures: per physical core, from `homerlhf bench` of a 250 M
 # Qwen3-shaped stand-in at 1 thread on our shared 2-core EPYC VM (2026-11-30, load average 11-20;
 # docs/time.md), rounded; "gen" is per sequence (a chunk of c generates c times as fast), "llama_gen"
-# per engine; not measured on the machine a plan is for.
-CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 0.25e9, "forward": 28e9, "train": 33e9,
+# per engine; not measured on the machine a plan is for. "llama_gen": the demo's shape at 1 engine thread
+# (2026-12-02, 1,300-1,460 tok/s at chunks 4-32; the 250 M's was timed at 2 threads under load: docs/time.md).
+CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 2.5e9, "forward": 28e9, "train": 33e9,
                       "gen": 0.35e9}
+# HF generate on the CPU also pays a fixed cost per decoder layer per step, whatever the chunk (NF4
+# dequantized, LoRA, Python): the demo's shape (4 layers), 1 thread, 43-53 ms a step at chunks 4-32.
+CPU_HF_DECODE_S_PER_LAYER = 10.5e-3
 # GPU figures, measured on an NVIDIA H200 (2026-11-30; CUDA 13, torch 2.11, bitsandbytes 0.50.2) with
 # Qwen2.5-7B (random weights) in NF4 + LoRA r 16 on the 4090 preset's settings (32 prompts of 512 + 256
 # tokens, chunk 16, micro-batch 4, adapter-off reference, docs/time.md):
@@ -187,7 +192,8 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
     if cfg.card.device == "cpu":
         chunk = cfg.rollout.generation_chunk if isinstance(cfg.rollout.generation_chunk, int) else cfg.rollout.chunk_size
         trainer = {
-            "trainer_gen": {t: t * per_core["gen"] / flops * chunk for t in threads},
+            "trainer_gen": {t: chunk / (shape.num_layers * CPU_HF_DECODE_S_PER_LAYER + flops / (t * per_core["gen"]))
+                            for t in threads},
             "trainer_forward": {t: t * per_core["forward"] / flops for t in threads},
             "trainer_train": {t: t * per_core["train"] / (3 * flops) for t in threads},
         }
@@ -267,22 +273,40 @@ def thread_counts(placement: Placement, cfg: RunConfig, cores: int, logical: int
     return threads
 
 
-def _forwards(cfg: RunConfig) -> int:
+def _forwards(cfg: RunConfig, shape: Optional[ModelShape] = None) -> float:
     """Forwards per sequence to get old log-probs and values (and backward passes in the update):
-    actor and critic each, one when the adapter is shared or there is no critic."""
-    return 2 if cfg.has_critic and not cfg.critic.shared_adapter else 1
+    actor and critic each, one when the adapter is shared or there is no critic. A critic on a base of
+    its own (``critic.model``) costs its share of one: its decoder's matmul parameters over the
+    policy's (``shape``; default the config's model), no LM head."""
+    if not cfg.has_critic or cfg.critic.shared_adapter:
+        return 1
+    own = critic_shape(cfg)
+    if own is None:
+        return 2
+    policy = shape or resolve_shape(cfg.model.name_or_path, cfg.model.revision)
+    return 1 + matmul_params(own, lm_head=False) / matmul_params(policy)
+
+
+def _passes(cfg: RunConfig, shape: ModelShape) -> list[ModelShape]:
+    """The models one update pass runs forward and backward: the actor, and the critic (on its own base
+    with ``critic.model``) unless it shares the actor's adapter or there is none."""
+    if not cfg.has_critic or cfg.critic.shared_adapter:
+        return [shape]
+    return [shape, critic_shape(cfg) or shape]
 
 
 def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Placement] = None, *,
-                   cores: int, logical: Optional[int] = None) -> IterationTime:
+                   cores: int, logical: Optional[int] = None, shape: Optional[ModelShape] = None) -> IterationTime:
     """Predicted seconds of one iteration of ``cfg`` under ``placement`` (default: the config's own).
 
     Per generation chunk of c sequences (``rollout.generation_chunk``, resolved) of L = prompt + new
     tokens: generation c x new / gen rate (:meth:`Throughputs.generation_rate`); reference and
     reward c x L / their rate (a worker's, or the trainer's forward rate on the device); old
     log-probs / values forwards x c x L / forward rate. The update: epochs x forwards x B x L /
-    train rate. The rollout stage's wall clock follows the trainer's chunk loop (see the module
-    docstring) with one queue per worker.
+    train rate (with ``shape``: x the recompute share, + offload copies, :mod:`homerlhf.memory.recompute`).
+    The rollout stage's wall clock follows the trainer's chunk loop (see the module
+    docstring) with one queue per worker; under ``rollout.async`` with the llamacpp engine, the
+    next batch is made while this one is scored and updated (:func:`_ahead`).
     """
     placement = placement or placement_of(cfg)
     threads = thread_counts(placement, cfg, cores, logical or cores)
@@ -302,31 +326,56 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
             return 0.0, False
         return tokens / forward, False  # adapter_off, adapter, hf: one forward on the trainer device
 
-    busy = dict.fromkeys(PHASES, 0.0)
-    where = {"generation": "trainer", "policy_scoring": "trainer", "update": "trainer"}
-    t = ref_free = rm_free = 0.0
+    chunks = []  # per chunk: generation, (ref s, on a worker), (reward s, on a worker), old log-probs / values
     for start in range(0, ro.batch_size, gen_chunk):
         c = min(gen_chunk, ro.batch_size - start)
-        gen = c * ro.max_new_tokens / gen_rate
+        chunks.append((c * ro.max_new_tokens / gen_rate, seconds("ref", placement.ref, c * length),
+                       seconds("reward", placement.reward, c * length), _forwards(cfg, shape) * c * length / forward))
+    update = cfg.ppo.epochs * _forwards(cfg, shape) * ro.batch_size * length / rates.rate("trainer_train", trainer_t)
+    if shape is not None:  # recomputed layers and offload copies (homerlhf.memory.recompute)
+        update = checkpointing_seconds(cfg, _passes(cfg, shape), update, cfg.ppo.epochs * ro.batch_size)
+    busy = {"generation": sum(ch[0] for ch in chunks), "reference": sum(ch[1][0] for ch in chunks),
+            "reward": sum(ch[2][0] for ch in chunks), "policy_scoring": sum(ch[3] for ch in chunks), "update": update}
+    ahead = ro.async_ and placement.engine == "llamacpp"
+    ref_worker, rm_worker = chunks[0][1][1], chunks[0][2][1]
+    where = {"generation": "ahead" if ahead else "trainer", "policy_scoring": "trainer", "update": "trainer",
+             "reference": "worker" if ref_worker else "trainer",
+             "reward": "worker" if rm_worker else ("ahead" if ahead else "trainer")}
+    rollout, wait = _ahead(chunks, update) if ahead else _in_sequence(chunks)
+    return IterationTime(placement, busy, where, rollout, wait, update, threads, rates.source)
+
+
+def _in_sequence(chunks) -> tuple[float, float]:
+    """(rollout stage wall, of which the trainer's wait for the workers after its last chunk): per
+    chunk the trainer generates, submits the reference then the reward (a worker queues it, one
+    request at a time; on the trainer it computes right there), then scores the chunk."""
+    t = ref_free = rm_free = 0.0
+    for gen, (ref_s, ref_async), (rm_s, rm_async), scoring in chunks:
         t += gen
-        busy["generation"] += gen
-        # Submitted in this order after the chunk's generation (collect_experience): ref, reward.
-        ref_s, ref_async = seconds("ref", placement.ref, c * length)
         ref_free = max(ref_free, t) + ref_s if ref_async else ref_free
         t += 0.0 if ref_async else ref_s
-        rm_s, rm_async = seconds("reward", placement.reward, c * length)
         rm_free = max(rm_free, t) + rm_s if rm_async else rm_free
         t += 0.0 if rm_async else rm_s
-        busy["reference"] += ref_s
-        busy["reward"] += rm_s
-        where["reference"], where["reward"] = ("worker" if ref_async else "trainer"), ("worker" if rm_async else "trainer")
-        scoring = _forwards(cfg) * c * length / forward
         t += scoring
-        busy["policy_scoring"] += scoring
     rollout = max(t, ref_free, rm_free)
-    update = cfg.ppo.epochs * _forwards(cfg) * ro.batch_size * length / rates.rate("trainer_train", trainer_t)
-    busy["update"] = update
-    return IterationTime(placement, busy, where, rollout, rollout - t, update, threads, rates.source)
+    return rollout, rollout - t
+
+
+def _ahead(chunks, update: float) -> tuple[float, float]:
+    """``rollout.async`` in its steady state: (rollout stage wall, of which the wait for the batch
+    ahead). The next batch is made in the background (the engine's chunks, the workers' requests
+    queued behind them, an in-process reward in that thread) while the trainer scores this batch
+    (old log-probs / values, an ``adapter_off`` reference) and updates; the trainer waits when the
+    background takes longer (threads competing for the same cores: not modelled)."""
+    made = ref_free = rm_free = own = 0.0
+    for gen, (ref_s, ref_async), (rm_s, rm_async), scoring in chunks:
+        made += gen
+        ref_free = max(ref_free, made) + ref_s if ref_async else ref_free
+        own += scoring + (0.0 if ref_async else ref_s)
+        rm_free = max(rm_free, made) + rm_s if rm_async else rm_free
+        made += 0.0 if rm_async else rm_s
+    wait = max(0.0, max(made, ref_free, rm_free) - own - update)
+    return own + wait, wait
 
 
 def human_seconds(seconds: float) -> str:
@@ -344,5 +393,6 @@ def human_seconds(seconds: float) -> str:
 
 def phase_rows(it: IterationTime) -> list[list[Any]]:
     """[phase title, predicted seconds, where it runs] per phase, for tables."""
-    where = {"trainer": "trainer (in sequence)", "worker": "llama.cpp worker (overlapped)"}
+    where = {"trainer": "trainer (in sequence)", "worker": "llama.cpp worker (overlapped)",
+             "ahead": "the next batch, made during this one (rollout.async)"}
     return [[PHASE_TITLES[name], round(it.phases[name], 3), where[it.where[name]]] for name in PHASES]

@@ -55,21 +55,29 @@ def cast_trainable(model, compute: torch.dtype, *, all_trainable: bool) -> list[
     return cast
 
 
-def prepare_frozen_base(model, *, load_in_4bit: bool, upcast: bool, checkpointing: bool):
+def prepare_frozen_base(model, *, load_in_4bit: bool, upcast: bool, checkpointing):
     """The frozen base made ready for LoRA training, as peft's ``prepare_model_for_kbit_training`` does it
     (gradient checkpointing, non-reentrant, so no input-grad hook is needed), its fp32 upcast only with
     ``upcast`` (a 4-bit base; ``quant.upcast_non_quantized``). A full-precision base keeps its dtype and
-    gets the input-grad hook the checkpointed forward of a frozen embedding needs. Returns the model."""
+    gets the input-grad hook the checkpointed forward of a frozen embedding needs. Returns the model.
+
+    ``checkpointing``: a bool (every decoder layer, or none), or the run's ``training`` section, whose
+    ``checkpoint_every_n_layers`` and ``activation_offload`` choose the layers and where their inputs wait
+    (:func:`homerlhf.models.activations.enable_checkpointing`; an unresolved ``auto``: every layer, no offload)."""
     from peft import prepare_model_for_kbit_training
 
-    kwargs = {"use_reentrant": False}
+    from homerlhf.models.activations import enable_checkpointing
+
+    every_n, offload = 1, False
+    if not isinstance(checkpointing, bool):
+        every_n, offload, checkpointing = checkpointing.every_n, checkpointing.offload, checkpointing.gradient_checkpointing
     if load_in_4bit and upcast:
-        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
-                                               gradient_checkpointing_kwargs=kwargs)
-    for param in model.parameters():
-        param.requires_grad_(False)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        for param in model.parameters():
+            param.requires_grad_(False)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model, every_n, offload)
         if not load_in_4bit:
             model.enable_input_require_grads()
     return model

@@ -71,6 +71,7 @@ INCOMPATIBLE_KEYS = (
     "critic.lora.target_modules",
     "critic.optimizer",
     "critic.shared_adapter",
+    "critic.model",
     "algorithm",
     "data.prompts",
     "data.split",
@@ -326,7 +327,7 @@ def load_adapters(policy, ckpt: str | Path) -> None:
             raise UserError(f"checkpoint {ckpt} has no {adapter} adapter ({path.name}); "
                             "it was written with another critic.shared_adapter setting")
         weights = load_file(str(path), device=str(policy.device))
-        result = set_peft_model_state_dict(policy.model, weights, adapter_name=adapter)
+        result = set_peft_model_state_dict(policy.peft_model_of(adapter), weights, adapter_name=adapter)
         unexpected = getattr(result, "unexpected_keys", None) or []
         if unexpected:
             raise UserError(f"checkpoint {ckpt}: {adapter} adapter does not fit the model "

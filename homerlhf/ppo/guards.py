@@ -1,9 +1,16 @@
-"""The non-finite guard: a NaN/inf loss or gradient skips that optimizer step; N in a row stop the run.
+"""The run's guards: the non-finite guard and the KL-jump flag.
 
+The non-finite guard: a NaN/inf loss or gradient skips that optimizer step; N in a row stop the run.
 One bad mini-batch (an overflow, a degenerate reward) should not poison the adapters or the
 optimizer's moments, so the step is skipped and logged. A run that keeps producing them has
 diverged; it stops with a clear message and without writing a checkpoint, so the last good
 checkpoint is what ``--resume`` continues from.
+
+The KL-jump flag (:class:`KLJump`): an iteration whose KL to the reference rose past the run's whole
+budget in one update, or whose update moved the policy past a bound, is flagged in its metrics row
+(``kl_flag``, ``kl_jump``, ``kl_flag_reason``), hence in ``metrics.jsonl``, the trackers, the
+progress line and the app's monitor, and in one warning line naming the likely cause and the
+setting that stops it (``ppo.early_stop_kl``). It warns; it stops nothing.
 """
 
 from __future__ import annotations
@@ -80,3 +87,73 @@ class NonFiniteGuard:
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.in_row = int(state["in_row"])
         self.skipped_total = int(state["skipped_total"])
+
+
+# nats/token: the bound on an update's approx_kl when ppo.early_stop_kl is unset (docs/ppo_details.md:
+# 0.001-0.05 is healthy, above 0.1 a step too large).
+APPROX_KL_BOUND = 0.1
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def likely_cause(cfg, row: Mapping[str, object]) -> str:
+    """The settings that make one update too large, with their values: the learning rate always, the
+    epochs when the batch is trained more than once, the reward scale when scores are not normalised."""
+    causes = [f"actor.lr {cfg.actor.lr:g} too high for this model"]
+    if cfg.ppo.epochs > 1:
+        causes.append(f"ppo.epochs {cfg.ppo.epochs} (each batch trained {cfg.ppo.epochs} times)")
+    if not cfg.ppo.score_norm:
+        std = row.get("score_std")
+        causes.append("raw reward scale (ppo.score_norm false" + (f", score std {std:.2f})" if _finite(std) else ")"))
+    return "likely cause: " + ", ".join(causes)
+
+
+def stopping_setting(ppo) -> str:
+    """The setting that stops an update once it has moved the policy far enough."""
+    if ppo.early_stop_kl is None:
+        return (f"set ppo.early_stop_kl={APPROX_KL_BOUND:g} (stops an update's epochs once approx_kl passes it) "
+                "and lower actor.lr")
+    return f"ppo.early_stop_kl is {ppo.early_stop_kl:g}: lower it, or lower actor.lr"
+
+
+class KLJump:
+    """Flags an iteration that left its reference in one update.
+
+    ``check(row)`` (a metrics row, in iteration order) returns the row's additions: ``kl_jump``, its
+    ``kl_mean`` minus the previous row's (from the second row on), ``kl_flag`` (1 when ``kl_jump``
+    exceeds ``ppo.target_kl``, the run's KL budget, or ``approx_kl`` exceeds ``ppo.early_stop_kl``, or
+    :data:`APPROX_KL_BOUND` when that is unset) and, when flagged, ``kl_flag_reason``: the line it
+    also logs as a warning (when ``warn``). After a resume the first row has no previous one.
+    """
+
+    def __init__(self, cfg, warn: bool = True):
+        self.cfg = cfg
+        self.warn = warn
+        self.previous_kl: Optional[float] = None
+
+    def check(self, row: Mapping[str, object]) -> dict[str, object]:
+        ppo = self.cfg.ppo
+        kl, approx = row.get("kl_mean"), row.get("approx_kl")
+        out: dict[str, object] = {}
+        reasons = []
+        if self.previous_kl is not None and _finite(kl):
+            out["kl_jump"] = kl - self.previous_kl
+            if out["kl_jump"] > ppo.target_kl:
+                reasons.append(f"KL to the reference rose {out['kl_jump']:.2f} nats in one update "
+                               f"({self.previous_kl:.2f} -> {kl:.2f} nats per response), past the run's budget "
+                               f"ppo.target_kl={ppo.target_kl:g}")
+        bound = ppo.early_stop_kl if ppo.early_stop_kl is not None else APPROX_KL_BOUND
+        if _finite(approx) and approx > bound:
+            reasons.append(f"the update moved the policy {approx:.3f} nats/token (approx_kl) from the one that "
+                           f"sampled, past {bound:g}")
+        if _finite(kl):
+            self.previous_kl = float(kl)
+        out["kl_flag"] = int(bool(reasons))
+        if reasons:
+            out["kl_flag_reason"] = (f"iteration {row.get('iteration')}: the policy is leaving its reference: "
+                                     f"{'; '.join(reasons)}; {likely_cause(self.cfg, row)}; {stopping_setting(ppo)}")
+            if self.warn:
+                log.warning("%s", out["kl_flag_reason"])
+        return out

@@ -36,6 +36,9 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_coef": "KL penalty coefficient used for this iteration's rewards.",
     "kl_clamped_frac": f"k3 runs only: fraction of the rollout's response tokens whose k3 KL to the reference was capped at {K3_MAX:g} nats (log-ratio beyond about -11 or +2.6).",
     "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
+    "kl_jump": "From the second iteration of a run (or of a resume) on: kl_mean minus the previous iteration's, nats per response: how far one update moved the policy from the reference.",
+    "kl_flag": "1 if the iteration left its reference in one update: kl_jump above ppo.target_kl (the run's KL budget), or approx_kl above ppo.early_stop_kl (0.1 when unset); else 0.",
+    "kl_flag_reason": "Flagged iterations only (a string, not sent to trackers): what jumped, the likely cause and the setting that stops it; also logged as a warning.",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
     "group_zero_spread_fraction": "GRPO/RLOO: fraction of prompt groups whose sequence rewards are all equal (no signal).",
     "group_reward_std": "GRPO/RLOO: mean over groups of the (unbiased) std of their sequence rewards.",
@@ -310,5 +313,9 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def progress_postfix(row: dict[str, Any]) -> dict[str, str]:
-    """The few numbers the progress bar shows."""
-    return {"score": f"{row['score_mean']:.3f}", "kl": f"{row['kl_mean']:.3f}"}
+    """The few numbers the progress bar shows, and a flag when the iteration left its reference in one
+    update (``kl_flag``, :class:`homerlhf.ppo.guards.KLJump`; its reason is in the warning line)."""
+    postfix = {"score": f"{row['score_mean']:.3f}", "kl": f"{row['kl_mean']:.3f}"}
+    if row.get("kl_flag"):
+        postfix["warning"] = "KL jump: the policy is leaving its reference (see ppo.early_stop_kl in the log)"
+    return postfix

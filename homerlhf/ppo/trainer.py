@@ -40,7 +40,7 @@ from homerlhf.ppo.collect import StageTimes, collect_experience, phase, rollout_
 from homerlhf.ppo.distributed import SINGLE, Ranks, check_data_parallel, gather_batch, global_mean
 from homerlhf.ppo.engines import HFEngine, RolloutEngine
 from homerlhf.ppo.experience import Experience
-from homerlhf.ppo.guards import NonFiniteGuard
+from homerlhf.ppo.guards import KLJump, NonFiniteGuard
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.metrics import (KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix,
                                    sample_records)
@@ -109,6 +109,7 @@ class PPOTrainer:
         self.shape = policy_shape(policy, cfg.model.name_or_path)
         self.rollout_state = rollout_state(cfg, self.shape)  # an auto generation chunk planned for this card
         self.guard = NonFiniteGuard(cfg.training.max_nonfinite_steps)
+        self.kl_jump = KLJump(cfg, warn=ranks.is_main)  # flags an update that leaves the reference
         # The stage installs the signal handlers; a bare trainer only stops when asked in code.
         self.stop = stop if stop is not None else StopRequested()
         self.last_checkpoint: Optional[Path] = None
@@ -210,6 +211,7 @@ class PPOTrainer:
         if self.iteration == 1:
             row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(component_metrics(components))
+        row.update(self.kl_jump.check(row))
         row.update(self.memory_metrics())
         self.record(row, exp)
         return row

@@ -1,15 +1,20 @@
 """``auto`` settings resolved when a PPO run starts: where the reference and reward models run
-(``ref.backend`` / ``reward.backend: auto``) and how many prompts are generated at once
-(``rollout.generation_chunk: auto``).
+(``ref.backend`` / ``reward.backend: auto``), what samples the rollouts (``rollout.engine: auto``)
+and how many prompts are generated at once (``rollout.generation_chunk: auto``), and which layers the update
+checkpoints and where their inputs wait (``training.checkpoint_every_n_layers`` / ``activation_offload: auto``:
+:mod:`homerlhf.memory.checkpointing`, within the chosen placement).
 
 The choice is the fastest placement that fits the card (:func:`homerlhf.memory.placement.choose`),
 by the throughputs at hand: this machine's ``homerlhf bench`` figures from the cache, else the
 documented defaults. A run's start plans; it never measures: no export, no worker and no model is
 started to choose (measuring is ``homerlhf bench``'s job, asked for by the user), on a CUDA machine
 as on a CPU, so every rank of ``accelerate launch`` chooses alike too. Roles the config names are
-kept as named. The choice is printed with the alternatives' seconds per iteration and, when the
-defaults decided, a line saying so and naming ``homerlhf bench``; the resolved values are what the
-run's ``config.yaml`` records. A resumed run keeps the choice its checkpoint was written with.
+kept as named. The choice is printed with the alternatives' seconds per iteration (an ``auto``
+engine's with both engines' seconds per phase) and, when the defaults decided, a line saying so and
+naming ``homerlhf bench``; the resolved values are what the run's ``config.yaml`` records. A
+resumed run keeps the choice its checkpoint was written with. The llamacpp engine is no candidate
+where llama-cpp-python is not installed, or the policy's architecture has no GGUF export or no
+verified LoRA swap (:func:`unavailable_engines`); ``auto`` then takes ``hf`` and says why.
 """
 
 from __future__ import annotations
@@ -26,7 +31,41 @@ SAY_PREFIX = "[homerlhf] "
 
 
 def has_auto(cfg: RunConfig) -> bool:
-    return "auto" in (cfg.ref.backend, cfg.reward.backend) or cfg.rollout.generation_chunk == "auto"
+    settings = (cfg.ref.backend, cfg.reward.backend, cfg.rollout.engine, cfg.rollout.generation_chunk)
+    return "auto" in settings or cfg.training.has_auto
+
+
+# Policy architectures whose LoRA the llamacpp engine swaps in exactly, as tested (the engine's
+# behaviour log-probs against the trainer's before and after updates: tests/workers/test_rollout_engine.py).
+# ``auto`` takes the engine for these only; any family the export serves can name it.
+ENGINE_VERIFIED = ("llama", "qwen2")
+
+
+def unavailable_engines(cfg: RunConfig) -> dict[str, str]:
+    """Rollout engines this run's ``auto`` may not take, with why: llamacpp without llama-cpp-python
+    (:func:`homerlhf.memory.placement.unavailable_engines`), for a policy whose architecture the GGUF
+    export does not serve, or one not among :data:`ENGINE_VERIFIED` (its ``config.json`` read, as
+    :func:`homerlhf.stages.preflight.check_run` reads it; a model not on this machine: not checked)."""
+    from homerlhf.errors import UserError
+    from homerlhf.memory.placement import unavailable_engines as missing
+    from homerlhf.stages.preflight import ENGINE_SWITCH, check_exportable, model_config
+
+    out = missing()
+    if cfg.rollout.engine != "auto" or "llamacpp" in out:
+        return out
+    name = cfg.model.name_or_path
+    config = model_config(name, cfg.model.revision)
+    try:
+        if config is not None:
+            check_exportable(config, name, "rollout", cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens)
+    except UserError as exc:
+        out["llamacpp"] = str(exc).removesuffix(f"; {ENGINE_SWITCH}")
+        return out
+    kind = (config or {}).get("model_type")
+    if config is not None and kind not in ENGINE_VERIFIED:
+        out["llamacpp"] = (f"{name}: the engine's LoRA swap is verified for {' and '.join(ENGINE_VERIFIED)} policies, "
+                           f"not {kind} (name rollout.engine=llamacpp to use it)")
+    return out
 
 
 def run_rates(cfg: RunConfig, shape: ModelShape) -> tuple[Throughputs, bool]:
@@ -77,7 +116,8 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
         return cfg
     if saved is not None:
         return _keep_saved(cfg, saved)
-    from homerlhf.memory.placement import choice_lines, recommend, resolve_placement
+    from homerlhf.memory.checkpointing import run_start_lines
+    from homerlhf.memory.placement import choice_lines, is_auto, recommend, resolve_placement
     from homerlhf.memory.render import shape_for
     from homerlhf.memory.threads import physical_cores
     from homerlhf.models.reward_kinds import possible_reward_backends
@@ -86,18 +126,20 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
     planned = cfg
     if reward_given:  # e.g. CallableReward: nothing on a worker, nothing on the GPU
         planned = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"backend": "function"})})
-    if rewards is None and not reward_given:
+    if rewards is None and not reward_given and cfg.reward.backend == "auto":  # a named reward keeps its backend
         rewards = possible_reward_backends(cfg.reward.model, cfg.model.name_or_path, build=True)
     measured = rates is not None
     if rates is None:
         rates, measured = run_rates(cfg, shape)
     rec = recommend(planned, shape, rates, cores=physical_cores(), logical=max(1, os.cpu_count() or 1),
-                    rewards=rewards)
+                    rewards=rewards, unavailable=unavailable_engines(cfg))
     for line in choice_lines(rec, planned):
         say(SAY_PREFIX + line)
-    if not measured and "auto" in (cfg.ref.backend, cfg.reward.backend):
+    if not measured and is_auto(planned):
         say(SAY_PREFIX + default_rates_line(rec, planned))
     resolved = resolve_placement(planned, rec)
+    for line in run_start_lines(resolved, shape) if cfg.training.has_auto else ():  # the plan's checkpointing
+        say(SAY_PREFIX + line)
     if reward_given:
         resolved = resolved.model_copy(update={"reward": cfg.reward})
     return resolved
@@ -105,13 +147,20 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
 
 def _keep_saved(cfg: RunConfig, saved: RunConfig) -> RunConfig:
     """The checkpoint's resolved values for ``cfg``'s ``auto`` settings."""
-    update = {}
+    update, rollout = {}, {}
     if cfg.ref.backend == "auto":
         update["ref"] = cfg.ref.model_copy(update={"backend": saved.ref.backend})
     if cfg.reward.backend == "auto":
         update["reward"] = cfg.reward.model_copy(update={"backend": saved.reward.backend})
-    if cfg.rollout.generation_chunk == "auto":
-        update["rollout"] = cfg.rollout.model_copy(update={"generation_chunk": saved.rollout.generation_chunk})
+    for key in ("engine", "generation_chunk"):
+        if getattr(cfg.rollout, key) == "auto":
+            rollout[key] = getattr(saved.rollout, key)
+    training = {key: getattr(saved.training, key) for key in ("checkpoint_every_n_layers", "activation_offload")
+                if getattr(cfg.training, key) == "auto"}
+    if training:
+        update["training"] = cfg.training.model_copy(update=training)
+    if rollout:
+        update["rollout"] = cfg.rollout.model_copy(update=rollout)
     return cfg.model_copy(update=update)
 
 

@@ -2,15 +2,14 @@
 
 From one checkpoint's ``actor`` adapter (``--checkpoint N|last|best``) it writes ``OUT/``: a merged
 HF model (safetensors, config, tokenizer with its chat template, a generation config stopping
-where the run's rollouts stopped) in bf16 (fp16 for an fp16 base), ``OUT/gguf/`` with the GGUFs
-asked for and an Ollama Modelfile per GGUF, ``README.md`` (the model card) and ``export.json``
-(what was exported and the measured log-prob gap), and optionally uploads ``OUT`` to the Hub.
+where the run's rollouts stopped) in the dtype the policy computed in (``--dtype`` for another),
+``OUT/gguf/`` with the GGUFs asked for and an Ollama Modelfile per GGUF, ``README.md`` (the model
+card) and ``export.json`` (what was exported and the measured log-prob gap), and optionally uploads
+``OUT`` to the Hub.
 
-:func:`plan_policy_export` checks everything it can from files alone (the run, the checkpoint and that
-its actor is what its manifest recorded, the adapter, the output dir, the architecture and tokenizer
-for GGUF, the Hub login) before :func:`run_policy_export` loads a weight. ``OUT`` is written as a
-temporary sibling and renamed into place at the end: a failed export leaves no half-written
-directory and replaces nothing.
+:func:`plan_policy_export` (:mod:`homerlhf.stages.export_plan`) checks everything it can from files
+alone before :func:`run_policy_export` loads a weight. ``OUT`` is written as a temporary sibling and
+renamed into place at the end: a failed export leaves no half-written directory and replaces nothing.
 """
 
 from __future__ import annotations
@@ -18,150 +17,13 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from homerlhf.config import RunConfig
 from homerlhf.errors import UserError
-
-ACTOR = "actor"
-EXPORT_FILE = "export.json"
-Progress = Callable[[float, str], None]
-
-
-@dataclass
-class PolicyExport:
-    """An export checked and ready to run: nothing here has loaded a weight."""
-
-    run_dir: Path
-    checkpoint: Path
-    iteration: int
-    cfg: RunConfig
-    base_dir: Path
-    out: Path
-    base: str = "nf4"
-    gguf: list[str] = field(default_factory=list)
-    hub_repo: Optional[str] = None
-    private: bool = False
-    overwrite: bool = False
-
-    @property
-    def name(self) -> str:
-        """The file stem of the GGUFs and the Ollama model name: the output dir's name, tidied."""
-        return re.sub(r"[^a-z0-9._-]+", "-", self.out.resolve().name.lower()).strip("-.") or "policy"
-
-
-def resolve_checkpoint(run_dir: Path, which: str) -> Path:
-    """The checkpoint ``--checkpoint`` names: an iteration number, ``last`` or ``best`` (the one whose
-    iteration logged the highest ``score_mean``, the mean reward of its rollouts), among those whose
-    manifest was written (whether their files still match it is :func:`verify_policy_files`'s)."""
-    from homerlhf.ppo.checkpoint import checkpoint_dirs, checkpoint_name, sealed_checkpoints
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory; give the --out of a `homerlhf train` run")
-    found, dirs = sealed_checkpoints(run_dir), checkpoint_dirs(run_dir)
-    which = str(which).strip().lower()
-    if dirs and which == "last":
-        return dirs[-1]  # sealed or not: verify_policy_files refuses an unsealed one, never passes it over
-    if not found:
-        raise UserError(f"{run_dir} has no complete checkpoint: nothing trained to export yet "
-                        "(checkpoints are written every checkpoint.every iterations and at the end)")
-    if which == "best":
-        return _best_checkpoint(run_dir, found)
-    iterations = ", ".join(str(int(p.name.split("_")[1])) for p in found)
-    if not which.isdigit():
-        raise UserError(f"--checkpoint {which!r}: give an iteration number ({iterations}), last or best")
-    wanted = run_dir / "checkpoints" / checkpoint_name(int(which))
-    if wanted not in found:
-        raise UserError(f"--checkpoint {int(which)}: {run_dir} has no complete checkpoint of that iteration; "
-                        f"it has {iterations} (or pass last or best)")
-    return wanted
-
-
-def verify_policy_files(ckpt: Path) -> None:
-    """Refuse a checkpoint whose actor adapter or config is not what its manifest recorded, naming
-    the file and the newest earlier checkpoint to export instead."""
-    from homerlhf.ppo.checkpoint import POLICY_FILES, verify_checkpoint
-
-    def fix(fallback: Optional[Path]) -> str:
-        if fallback is None:
-            return "no earlier checkpoint's actor is intact: restore the file from a backup, or train again"
-        return f"export {fallback.name} instead with --checkpoint {int(fallback.name.split('_')[1])}"
-
-    verify_checkpoint(ckpt, POLICY_FILES, fix)
-
-
-def _best_checkpoint(run_dir: Path, found: list[Path]) -> Path:
-    from homerlhf.ppo.metrics import read_metrics
-
-    scores = {int(r["iteration"]): r["score_mean"] for r in read_metrics(run_dir)
-              if isinstance(r.get("score_mean"), (int, float))}
-    scored = [(scores[int(p.name.split("_")[1])], i, p) for i, p in enumerate(found) if int(p.name.split("_")[1]) in scores]
-    if not scored:
-        raise UserError(f"--checkpoint best: {run_dir}/metrics.jsonl has no score_mean for any kept checkpoint; "
-                        "pass last or an iteration number")
-    return max(scored)[2]  # a tie goes to the later checkpoint
-
-
-def _check_out(out: Path, run_dir: Path, overwrite: bool) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; choose a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out} already exists and is not empty; pass --overwrite to replace it or choose another --out")
-    if out.exists() and (out.resolve() == run_dir.resolve() or out.resolve() in run_dir.resolve().parents):
-        raise UserError(f"--out {out} holds the run {run_dir} itself; choose another --out")
-    return out
-
-
-def _check_hub(repo: Optional[str], private: bool) -> None:
-    if repo is None:
-        if private:
-            raise UserError("--private makes sense only with --push-to-hub REPO")
-        return
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", repo):
-        raise UserError(f"--push-to-hub {repo!r} is not a Hub repo id; use NAME or USER/NAME")
-    import huggingface_hub
-
-    if huggingface_hub.get_token() is None:  # read from HF_TOKEN or the saved login, never shown
-        raise UserError("--push-to-hub: no Hugging Face login; run `hf auth login` or set HF_TOKEN, then export again")
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise UserError("--push-to-hub: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it or drop --push-to-hub")
-
-
-def plan_policy_export(run_dir: str | Path, out: str | Path, checkpoint: str = "last", base: str = "nf4",
-                       gguf: Sequence[str] = (), push_to_hub: Optional[str] = None, private: bool = False,
-                       overwrite: bool = False) -> PolicyExport:
-    """Every check the export can make without loading a weight, in one-line ``UserError``s."""
-    from homerlhf.models.registry import resolve_model_dir
-    from homerlhf.ppo.resuming import saved_config
-    from homerlhf.workers.gguf.merge import BASES
-    from homerlhf.workers.gguf.policy import check_policy_gguf, parse_types
-
-    if base not in BASES:
-        raise UserError(f"--base {base!r} is not known; use nf4 (the weights the actor trained on) or original")
-    types = parse_types(gguf)
-    _check_hub(push_to_hub, private)
-    run_dir = Path(run_dir)
-    out = _check_out(Path(out), run_dir, overwrite)
-    ckpt = resolve_checkpoint(run_dir, checkpoint)
-    verify_policy_files(ckpt)  # before its config or a weight is read
-    if not (ckpt / ACTOR / "adapter_model.safetensors").is_file() or not (ckpt / ACTOR / "adapter_config.json").is_file():
-        raise UserError(f"checkpoint {ckpt} has no actor adapter ({ACTOR}/adapter_model.safetensors); "
-                        "export a checkpoint of a `homerlhf train` run")
-    cfg = saved_config(ckpt)
-    base_dir = resolve_model_dir(cfg.model.name_or_path)
-    config = json.loads((base_dir / "config.json").read_text()) if (base_dir / "config.json").is_file() else {}
-    if config.get("quantization_config"):
-        raise UserError(f"{base_dir} is a pre-quantized checkpoint; export needs the unquantized base the run loaded")
-    if types:
-        check_policy_gguf(base_dir)
-    return PolicyExport(run_dir, ckpt, int(ckpt.name.split("_")[1]), cfg, base_dir, out, base, types,
-                        push_to_hub, private, overwrite)
+from homerlhf.stages.export_plan import (ACTOR, EXPORT_FILE, PolicyExport, Progress,  # noqa: F401 - the API
+                                         plan_policy_export, resolve_checkpoint, rounding_note, verify_policy_files)
 
 
 def probe_sequences(run_dir: Path, tokenizer, n_samples: int = 4, max_len: int = 128) -> list[list[int]]:
@@ -210,22 +72,22 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 
 
 def _merge_and_check(plan: PolicyExport, tmp: Path) -> dict[str, Any]:
-    """The merged HF model in ``tmp`` and its log-prob gap to the trained policy on held sequences."""
+    """The merged HF model in ``tmp`` (in ``plan.dtype``) and its log-prob gap to the trained policy on
+    held sequences."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from homerlhf.models.generation import stop_token_ids
     from homerlhf.models.policy import load_tokenizer
-    from homerlhf.workers.gguf.merge import (load_trained_policy, logprob_gap, output_dtype, policy_tensors,
-                                             sequence_logprobs, write_model_files, write_safetensors)
+    from homerlhf.workers.gguf.merge import (load_trained_policy, logprob_gap, policy_tensors, sequence_logprobs,
+                                             write_model_files, write_safetensors)
     from homerlhf.workers.gguf.policy import stop_tokens
 
     policy = load_trained_policy(plan.base_dir, plan.checkpoint / ACTOR, plan.cfg.quant, plan.cfg.card.device)
     tokenizer = load_tokenizer(str(plan.base_dir))
     stop_ids = stop_token_ids(tokenizer, policy.model.get_base_model().generation_config)
-    dtype = output_dtype(plan.base_dir)
-    write_safetensors(policy_tensors(policy, plan.base_dir, plan.base), tmp, getattr(torch, dtype))
-    write_model_files(plan.base_dir, tmp, dtype, stop_ids)
+    write_safetensors(policy_tensors(policy, plan.base_dir, plan.base), tmp, getattr(torch, plan.dtype))
+    write_model_files(plan.base_dir, tmp, plan.dtype, stop_ids)
     sequences = probe_sequences(plan.run_dir, tokenizer)
     trained = sequence_logprobs(policy.model, sequences)
     del policy
@@ -233,8 +95,8 @@ def _merge_and_check(plan: PolicyExport, tmp: Path) -> dict[str, Any]:
     merged = AutoModelForCausalLM.from_pretrained(tmp, device_map="cpu")  # as a user loads it
     gap = logprob_gap(trained, sequence_logprobs(merged, sequences))
     del merged
-    return {"dtype": dtype, "gap": {**gap, "sequences": len(sequences)}, "stop_ids": stop_ids,
-            "stop_tokens": stop_tokens(tokenizer, stop_ids)}
+    return {"dtype": plan.dtype, "compute_dtype": plan.compute, "gap": {**gap, "sequences": len(sequences)},
+            "stop_ids": stop_ids, "stop_tokens": stop_tokens(tokenizer, stop_ids)}
 
 
 def commands(out: Path, name: str, ggufs: Sequence[dict]) -> list[str]:
@@ -262,6 +124,7 @@ def run_policy_export(plan: PolicyExport, progress: Optional[Progress] = None) -
         steps("merge the actor into its base")
         result: dict[str, Any] = {"run_dir": str(plan.run_dir), "checkpoint": str(plan.checkpoint),
                                   "iteration": plan.iteration, "base": plan.base, **_merge_and_check(plan, tmp)}
+        result["rounding"] = rounding_note(result)  # None when saved in the dtype the policy computed in
         ggufs = export_policy_gguf(tmp, tmp / "gguf", plan.gguf, plan.name, result["stop_tokens"],
                                    on_type=lambda t: steps(f"GGUF {t}"))
         result["gguf"] = [{"type": g.outtype, "path": str(g.path.relative_to(tmp)),

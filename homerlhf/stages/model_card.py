@@ -2,17 +2,17 @@
 
 Base, data, algorithm, iterations, the reward and KL of the exported checkpoint's iteration, the
 held-out figures of a run that has them (``homerlhf demo``'s ``before_after.jsonl``, the verifiable
-demo's ``summary.json``), the export's base weights and measured log-prob gap, and its files.
+demo's ``summary.json``), the export's base weights, dtype and measured log-prob gap (and what
+rounding to a dtype below the policy's cost), and its files.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from homerlhf.stages.export import PolicyExport
+from homerlhf.stages.export_plan import PolicyExport
 
 
 def _hub_id(name: str) -> Optional[str]:
@@ -61,11 +61,10 @@ def _front_matter(base: Optional[str], gguf: bool) -> list[str]:
     return lines + ["---", ""]
 
 
-def model_card(plan: "PolicyExport", result: dict[str, Any]) -> str:
+def model_card(plan: PolicyExport, result: dict[str, Any]) -> str:
     """The README.md text for the export ``plan`` whose outcome is ``result``."""
     cfg, row = plan.cfg, _metrics_row(plan.run_dir, plan.iteration)
     base_name = cfg.model.name_or_path
-    gap = result["gap"]
     lines = _front_matter(_hub_id(base_name), bool(result.get("gguf")))
     lines += [f"# {plan.name}", "",
               f"A policy trained with [homerlhf](https://github.com/homerlhf/homerlhf) ({cfg.algorithm.upper()}, "
@@ -81,16 +80,23 @@ def model_card(plan: "PolicyExport", result: dict[str, Any]) -> str:
         if isinstance(row.get(key), (int, float)):
             lines.append(f"- {what} at iteration {plan.iteration}: {row[key]:.4f}")
     lines += held_out_lines(plan.run_dir)
-    exact = ("the dequantized NF4 weights the actor trained on: this is the trained policy up to "
-             f"{result['dtype']} rounding" if plan.base == "nf4" else
-             "the original full-precision weights, **not** the NF4 weights the actor trained on: "
-             "this model differs from the trained policy")
-    lines += ["", "## This export", "",
-              f"- merged into {exact}",
-              f"- log-prob gap to the trained policy (adapter on the NF4 base) on {gap['sequences']} held "
-              f"sequences ({gap['tokens']} tokens): max {gap['max_abs']:.2e}, mean {gap['mean_abs']:.2e} nats/token",
-              f"- dtype {result['dtype']}; generation stops at {', '.join(repr(t) for t in result['stop_tokens'])}"]
+    lines += ["", "## This export", "", *_export_lines(plan, result)]
     for g in result.get("gguf", []):
         lines.append(f"- GGUF `{g['path']}` ({g['tensors']}), Ollama: `{g['modelfile']}`")
     lines += ["", "## Use", "", "```bash", *result["commands"], "```", ""]
     return "\n".join(lines)
+
+
+def _export_lines(plan: PolicyExport, result: dict[str, Any]) -> list[str]:
+    """The card's lines on the export itself: base weights, dtype, measured gap, stop tokens."""
+    gap, dtype, compute = result["gap"], result["dtype"], result.get("compute_dtype", result["dtype"])
+    exact = ("the dequantized NF4 weights the actor trained on: this is the trained policy up to "
+             f"{dtype} rounding" if plan.base == "nf4" else
+             "the original full-precision weights, **not** the NF4 weights the actor trained on: "
+             "this model differs from the trained policy")
+    lines = [f"- merged into {exact}",
+             f"- log-prob gap to the trained policy (adapter on the NF4 base) on {gap['sequences']} held "
+             f"sequences ({gap['tokens']} tokens): max {gap['max_abs']:.2e}, mean {gap['mean_abs']:.2e} nats/token",
+             f"- dtype {dtype} (the policy computed in {compute}); generation stops at "
+             f"{', '.join(repr(t) for t in result['stop_tokens'])}"]
+    return lines + ([f"- {result['rounding']}"] if result.get("rounding") else [])

@@ -11,14 +11,16 @@ Writes, under the run directory OUT:
 - ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.gguf``);
 - ``reward_run.json``  base model and its fingerprint (``base_fingerprint``,
   :mod:`homerlhf.models.fingerprint`: ``reward.backend: adapter`` checks it against the policy's
-  base), data reports, counts, held-out pairwise accuracy, time.
+  base), data reports, counts, time, the training accuracy and the held-out pairwise accuracy with
+  where its pairs came from (``eval_source``, ``eval_how``; :mod:`homerlhf.data.heldout`: a user's
+  data is evaluated on its own held-out prompts, never on a preset's builtin set), or, for data too
+  small to hold out a meaningful set, none and why (``eval_note``).
 
 ``homerlhf train`` takes ``reward.model: OUT`` directly.
 """
 
 from __future__ import annotations
 
-import random
 import shutil
 import sys
 import tempfile
@@ -27,6 +29,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from homerlhf.data.heldout import (MIN_HELDOUT, choose_eval_source, half_width, prompt_key, split_by_prompt,
+                                   too_small_note)
 from homerlhf.data.load import load_preferences
 from homerlhf.data.replies import ReplyEncoder
 from homerlhf.data.tokens import fit_length, fit_prompt
@@ -157,24 +161,62 @@ def export_gguf(run_dir: str | Path, outtype: str = "f16") -> Optional[Path]:
     return final
 
 
-def _split(items, fraction: float, seed: int):
-    """(train, eval) by a seeded shuffle; eval is empty when fraction is 0."""
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
-    n_eval = int(round(len(items) * fraction))
-    if n_eval >= len(items):
-        n_eval = len(items) - 1
-    return [items[i] for i in order[n_eval:]], [items[i] for i in order[:n_eval]]
+class HeldOut(NamedTuple):
+    """The pairs a reward model trains on and is evaluated on, and where the held-out ones came from."""
+
+    train: list[Pair]
+    eval: list[Pair]
+    report: Any  # the held-out set's LoadReport; None for a split of the training data
+    source: Optional[str]  # the held-out pairs' dataset; None when there are none
+    how: str  # "--eval-data", "rm.eval_data", "held out by prompt" or "none"
+    note: Optional[str]  # why the figure is missing, or which builtin set was not used
 
 
-def _train_and_eval(records, report, eval_source, cfg, tokenizer, max_len: int):
-    """(train pairs, eval pairs, eval report or None), fitted to ``max_len``; without
-    ``eval_source`` the eval pairs are a ``data.eval_fraction`` split of ``records``."""
-    pairs = _fit(records, report, tokenizer, max_len, cfg.data.overlong)
-    if not eval_source:
-        return (*_split(pairs, cfg.data.eval_fraction, cfg.seed), None)
-    eval_records, eval_report = load_preferences(eval_source, cfg.data)
-    return pairs, _fit(eval_records, eval_report, tokenizer, max_len, cfg.data.overlong), eval_report
+def _held_out(records, report, train_source: str, choice, cfg, tokenizer, max_len: int) -> HeldOut:
+    """Fitted training and held-out pairs. Without a held-out dataset (``choice.source`` None) the
+    held-out pairs are a ``data.eval_fraction`` split of ``records`` by prompt
+    (:func:`homerlhf.data.heldout.split_by_prompt`), or none when the split would hold out fewer than
+    :data:`homerlhf.data.heldout.MIN_HELDOUT` pairs (``note`` says why and what would give a figure)."""
+    pairs = _pairs(records, tokenizer, max_len)
+    kept = fit_length(list(range(len(pairs))), [p.n_full for p in pairs], max_len, cfg.data.overlong, report)
+    pairs = [pairs[i] for i in kept]
+    if choice.source:
+        eval_records, eval_report = load_preferences(choice.source, cfg.data)
+        return HeldOut(pairs, _fit(eval_records, eval_report, tokenizer, max_len, cfg.data.overlong), eval_report,
+                       choice.source, choice.given_by, choice.ignored_note(train_source))
+    keys = [prompt_key(records[i]["prompt"]) for i in kept]
+    train_idx, held_idx = split_by_prompt(keys, cfg.data.eval_fraction, cfg.seed)
+    if len(held_idx) < MIN_HELDOUT:
+        note = too_small_note(len(pairs), len(held_idx), cfg.data.eval_fraction, train_source)
+        ignored = choice.ignored_note(train_source)
+        return HeldOut(pairs, [], None, None, "none", f"{ignored}; {note}" if ignored else note)
+    return HeldOut([pairs[i] for i in train_idx], [pairs[i] for i in held_idx], None, train_source,
+                   "held out by prompt", choice.ignored_note(train_source))
+
+
+def eval_summary(held: HeldOut, fraction: float) -> dict[str, Any]:
+    """``reward_run.json``'s account of the held-out figure: its source, how it was chosen, its 95%
+    half-width at worst (accuracy 0.5) and, when there is no figure or a builtin set was not used, why."""
+    split = held.how == "held out by prompt"
+    eval_data = held.report.to_dict() if held.report is not None else (
+        {"source": held.source, "split": "by prompt", "eval_fraction": fraction} if split else None)
+    return {"eval_source": held.source, "eval_how": held.how, "eval_data": eval_data,
+            "eval_half_width_95": round(half_width(len(held.eval)), 4) if held.eval else None,
+            "eval_note": held.note}
+
+
+def done_line(summary: dict[str, Any], out: str | Path) -> str:
+    """The line ``homerlhf reward`` ends with: pairs, the held-out figure and where it comes from
+    (or why there is none), the training accuracy, the run dir."""
+    acc, train_acc = summary["eval_accuracy"], summary.get("train_accuracy")
+    if acc is None:
+        figure = f"no held-out figure ({summary.get('eval_note') or 'no held-out pairs'})"
+    else:
+        how = summary.get("eval_how")
+        figure = (f"held-out accuracy {acc:.3f} +-{summary['eval_half_width_95']:.2f} (95%) on "
+                  f"{summary['n_eval']} pairs of {summary['eval_source']}" + (f" ({how})" if how else ""))
+    trained = "" if train_acc is None else f", training accuracy {train_acc:.3f}"
+    return f"reward done: {summary['n_train']} pairs, {figure}{trained}, run dir {out}"
 
 
 def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[str] = None,
@@ -196,10 +238,9 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
     out = prepare_out(Path(out), "reward_run.json", overwrite)
     records, report = load_preferences(data or section.data, cfg.data)  # bad data fails before a model is built
     base_name, base_path, tokenizer = open_base(base, section, cfg)
-    train_pairs, eval_pairs, eval_report = _train_and_eval(
-        records, report, eval_data or section.eval_data, cfg, tokenizer, section.max_len
-    )
-    print("\n".join(r.summary() for r in (report, eval_report) if r is not None))
+    choice = choose_eval_source(data or section.data, eval_data, section.eval_data)  # never another task's
+    held = _held_out(records, report, data or section.data, choice, cfg, tokenizer, section.max_len)
+    print("\n".join([r.summary() for r in (report, held.report) if r is not None] + ([held.note] if held.note else [])))
 
     def make_trainer():
         torch.manual_seed(cfg.seed)  # the score head is initialised at random
@@ -213,20 +254,20 @@ def run_reward(cfg, out: str | Path, data: Optional[str] = None, base: Optional[
                 center_rewards_coefficient=section.center_rewards_coef,
                 disable_dropout=True,
             ),
-            train_dataset=Dataset.from_dict(_columns(train_pairs)),
+            train_dataset=Dataset.from_dict(_columns(held.train)),
             processing_class=tokenizer,
             peft_config=lora_config(section, section.lora, "SEQ_CLS"),
         )
 
     trained = train_and_save(make_trainer, section.method, cfg, out, base_path, tokenizer,
                              AutoModelForSequenceClassification,
-                             lambda model: _accuracies(model, train_pairs, eval_pairs, tokenizer.pad_token_id),
+                             lambda model: _accuracies(model, held.train, held.eval, tokenizer.pad_token_id),
                              num_labels=1, pad_token_id=tokenizer.pad_token_id)
     summary = {
         "stage": "reward", "base_model": base_name, "base_path": base_path, "method": section.method,
         "data": report.to_dict(),
-        "eval_data": eval_report.to_dict() if eval_report else f"{cfg.data.eval_fraction:g} split of the data",
-        "n_train": len(train_pairs), "n_eval": len(eval_pairs), **trained, "gguf_dir": None,
+        **eval_summary(held, cfg.data.eval_fraction),
+        "n_train": len(held.train), "n_eval": len(held.eval), **trained, "gguf_dir": None,
         "base_fingerprint": base_fingerprint(resolve_model_dir(base_path)),
     }
     write_json(out / "reward_run.json", summary)

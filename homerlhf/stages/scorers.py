@@ -112,6 +112,9 @@ def adapter_reward(cfg: RunConfig, rc, policy) -> RewardBackend:
 def build_engine(cfg: RunConfig, policy, policy_model_path: str, run_dir: Path) -> RolloutEngine:
     """The configured rollout engine (``rollout.engine``): the actor's own generate, or llama.cpp
     on the KL-consistent export with the actor's LoRA swapped in before every rollout."""
+    if cfg.rollout.engine == "auto":  # never taken as llamacpp by default: a run's start chooses
+        raise ValueError("rollout.engine 'auto' is chosen when a run starts; resolve it first "
+                         "(homerlhf.stages.autoplan.resolve_auto)")
     if cfg.rollout.engine == "hf":
         return HFEngine(policy)
     from homerlhf.workers.rollout_engine import llamacpp_engine

@@ -114,6 +114,15 @@ def test_progress_eta_from_iteration_times():
     assert prog.line() == "iteration 3/10 · 30% · elapsed 1m40s · ETA 0m35s"
 
 
+def test_the_progress_line_carries_the_last_kl_flag():
+    rows = [{"iteration": 1, "kl_flag": 0}, {"iteration": 2, "kl_flag": 1, "kl_flag_reason": "iteration 2: first"},
+            {"iteration": 3, "kl_flag": 0}]
+    assert monitor.progress(rows[:1], 5, now=0.0).line() == "iteration 1/5 · 20%"
+    assert monitor.progress(rows, 5, now=0.0).line() == "iteration 3/5 · 60% · **KL flag** iteration 2: first"
+    rows.append({"iteration": 4, "kl_flag": 1})  # a row without its reason (a tracker's export) still counts
+    assert monitor.kl_warning(rows) == "(2 iterations flagged; the last) iteration 4"
+
+
 def test_progress_eta_from_wall_clock_when_no_timing_is_logged():
     # 4 of 12 iterations in 80 s since start: 20 s each, 8 left -> 160 s.
     prog = monitor.progress([{"iteration": 4}], total=12, started_at=1000.0, now=1080.0)

@@ -46,3 +46,23 @@ def test_identical_answers_are_a_tie_not_a_pair(tmp_path):
 def test_unknown_choice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="choice"):
         preferences.record_preference(tmp_path, "p", "a", "b", "both")
+
+
+def test_the_pairs_say_what_a_reward_model_trained_on_them_reports(tmp_path):
+    """The Evaluate tab's count line: a reward model trained on the recorded pairs is evaluated on
+    their own held-out prompts, so with a few pairs it reports training accuracy only, until
+    ceil(43 / 0.1) = 430 pairs hold out 43 (a 95% interval of at most +-0.15)."""
+    from homerlhf.app.eval_tab import counts_markdown
+
+    assert preferences.held_out_note(3) == ("with 3 pair(s) it reports its training accuracy only until 430 pairs "
+                                            "(at data.eval_fraction 0.1): a held-out figure on these pairs needs "
+                                            "43 held-out ones (+-0.15 at 95%)")
+    assert preferences.held_out_note(429).startswith("with 429 pair(s) it reports its training accuracy only")
+    assert preferences.held_out_note(430) == ("it holds out about 43 of these pairs by prompt and reports its "
+                                              "accuracy on them")
+    assert "until 172 pairs (at data.eval_fraction 0.25)" in preferences.held_out_note(100, 0.25)
+    for prompt in ("Tell me about tea.", "Tell me about cats.", "Tell me about maps."):
+        preferences.record_preference(tmp_path, prompt, "Gladly! Here is a fact.", "Go away.", "left")
+    text = counts_markdown(str(tmp_path))
+    assert f"`homerlhf reward --data {tmp_path / preferences.PAIRS_FILE}`; with 3 pair(s) it reports its training " \
+           "accuracy only until 430 pairs" in text

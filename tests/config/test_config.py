@@ -56,7 +56,7 @@ def test_config_is_frozen():
         (["rollout.top_p=2"], "rollout.top_p"),
         (["rollout.top_p=0.9"], "rollout.top_p=0.9, rollout.top_k=0: training rollouts must sample the full"),
         (["rollout.top_k=5"], "set rollout.top_p=1.0 and rollout.top_k=0"),
-        (["rollout.async=true"], "rollout.async needs rollout.engine=llamacpp"),
+        (["rollout.engine=hf", "rollout.async=true"], "rollout.async needs rollout.engine=llamacpp"),
         (["ppo.kl_estimator=k2"], "ppo.kl_estimator"),
         (["ppo.micro_batch_size=3"], "multiple of ppo.micro_batch_size"),
         (["ppo"], "section.key=value"),

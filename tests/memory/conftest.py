@@ -8,9 +8,12 @@ from homerlhf.config import load_config
 from homerlhf.memory.timing import Throughputs
 
 # 4 sequences in chunks of 2, each 6 prompt + 4 new tokens (L = 10); PPO with actor + critic
-# adapters (2 forwards per sequence to score, 2 forward+backward passes per epoch), 1 epoch.
+# adapters (2 forwards per sequence to score, 2 forward+backward passes per epoch), 1 epoch; the HF
+# generate engine named and the llama.cpp engine on every logical core (the preset's: auto, 1 thread;
+# tests/memory/test_engine_choice.py).
 SMALL = ["rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_prompt_len=6", "rollout.max_new_tokens=4",
-         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1"]
+         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1", "rollout.engine=hf",
+         "rollout.engine_threads=0"]
 
 
 @pytest.fixture
@@ -29,9 +32,10 @@ def rates() -> Throughputs:
     )
 
 
-# The 4090 preset with its placement and generation chunk named (llama.cpp workers, the rollout
-# chunk): the tests that pin memory figures of fixed settings.
-NAMED = ["ref.backend=llamacpp", "reward.backend=llamacpp", "rollout.generation_chunk=null"]
+# The 4090 preset with its placement, generation chunk and checkpointing named (llama.cpp workers, the
+# rollout chunk, every layer checkpointed on the card): the tests that pin memory figures of fixed settings.
+NAMED = ["ref.backend=llamacpp", "reward.backend=llamacpp", "rollout.generation_chunk=null",
+         "training.checkpoint_every_n_layers=1", "training.activation_offload=false"]
 
 
 @pytest.fixture

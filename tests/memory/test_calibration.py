@@ -11,7 +11,8 @@ change to the planner moves a prediction away from what the card allocated.
 The runs kept a 4-bit base's other weights, and so hidden states and KV cache, in fp32 (peft's
 ``prepare_model_for_kbit_training``, all there was then): they are pinned with
 ``quant.upcast_non_quantized=true``; and they prefilled each chunk's prompt block in one forward (pinned with
-``rollout.prefill_tokens=0``: the pieces came later). The compute dtype end to end (the setting's default since) has
+``rollout.prefill_tokens=0``: the pieces came later); and checkpointed every layer, their inputs on the card
+(pinned: the presets' ``auto`` may now choose fewer or offload). The compute dtype end to end (the setting's default since) has
 not run on a GPU: its plans are predictions (docs/memory.md) until ``homerlhf check`` measures them.
 """
 
@@ -50,7 +51,8 @@ def run_config(preset, model, chunk, micro, prompt, new, *extra):
         f"rollout.chunk_size={chunk}", f"rollout.batch_size={2 * chunk}", "rollout.generation_chunk=null",
         f"rollout.max_prompt_len={prompt}", f"rollout.max_new_tokens={new}", f"ppo.mini_batch_size={chunk}",
         f"ppo.micro_batch_size={micro}", "ppo.epochs=1", "ref.backend=adapter_off", "reward.backend=hf",
-        "reward.model=in-process", "quant.upcast_non_quantized=true", "rollout.prefill_tokens=0", *extra])
+        "reward.model=in-process", "quant.upcast_non_quantized=true", "rollout.prefill_tokens=0",
+        "training.checkpoint_every_n_layers=1", "training.activation_offload=false", *extra])
 
 
 def allocated(run: str, assumptions: Assumptions) -> dict[str, float]:

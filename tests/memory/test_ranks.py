@@ -16,7 +16,9 @@ def _component(p, phase: str, name: str):
 
 
 def _plans(*overrides):
-    one = load_config("4090", None, ["rollout.batch_size=128", *overrides])
+    # Every layer checkpointed: the preset's auto would spend what sharding frees on fewer recomputed layers.
+    one = load_config("4090", None, ["rollout.batch_size=128", "training.checkpoint_every_n_layers=1",
+                                     "training.activation_offload=false", *overrides])
     return one, plan(one, shape_for(one), with_suggestion=False)
 
 

@@ -11,9 +11,10 @@ from homerlhf.memory.render import shape_for
 from homerlhf.memory.timing import Throughputs
 from homerlhf.stages.autoplan import has_auto, resolve_auto
 
-# The small PPO shape of tests/memory/conftest.py: 4 sequences in chunks of 2, 6 + 4 tokens, 1 epoch.
+# The small PPO shape of tests/memory/conftest.py: 4 sequences in chunks of 2, 6 + 4 tokens, 1 epoch,
+# HF generate named (an auto engine: tests/stages/test_autoplan_engine.py).
 SMALL = ["rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_prompt_len=6", "rollout.max_new_tokens=4",
-         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1"]
+         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1", "rollout.engine=hf"]
 RATES = Throughputs(worker_ref={1: 10.0}, worker_reward={1: 5.0}, llama_gen={2: 1.0}, trainer_gen={1: 4.0, 2: 8.0},
                     trainer_forward={1: 20.0, 2: 40.0}, trainer_train={1: 10.0, 2: 20.0}, source="hand-made")
 
@@ -56,8 +57,10 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
     from bitsandbytes.nn import Linear4bit
 
     from homerlhf.models.policy import PolicyModel
+    from homerlhf.ppo.metrics import read_metrics
     from homerlhf.stages.ppo import run_ppo
     from homerlhf.tiny import build_sequence_classifier
+    from homerlhf.workers.bench import _save
 
     layers, load = [], PolicyModel.from_config
 
@@ -73,7 +76,13 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
         f"model.name_or_path={tiny_llama_dir}", "ref.backend=auto", "reward.backend=auto", f"reward.model={rm}",
         "rollout.batch_size=2", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_len=24",
         "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.iterations=1", "logging.progress=false",
-        "logging.tensorboard=false", "rollout.truncation_penalty=null"])
+        "logging.tensorboard=false", "rollout.truncation_penalty=null", "rollout.engine=auto"])
+    # This machine's bench figures (hand-made, saved by the bench's own writer): the llama.cpp engine far the
+    # faster, so rollout.engine auto takes it (tests/stages/test_autoplan_engine.py: the choice),
+    # and workers far the slower (no worker to start: the reference and the reward in process).
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))
+    figures = {**RATES.__dict__, "llama_gen": {1: 1e6}, "worker_ref": {1: 1e-3}, "worker_reward": {1: 1e-3}}
+    _save(cfg, shape_for(cfg), Throughputs(**figures), {"note": "hand-made"})
     gc.disable()  # no collection but the stage's own (objects stay young: enabling would collect them)
     try:
         run_ppo(cfg, out_dir=tmp_path / "run")
@@ -85,9 +94,15 @@ def test_train_records_the_resolved_placement_in_the_run_config(tiny_llama_dir, 
     assert layers and alive == 0
     out = capsys.readouterr().out
     saved = from_yaml_file(tmp_path / "run" / "config.yaml")
-    assert saved.ref.backend in ("llamacpp", "adapter_off") and saved.reward.backend in ("llamacpp", "hf")
-    line = f"placement auto: ref {saved.ref.backend}, reward {saved.reward.backend}, rollout hf: "
-    assert line in out and "s per iteration" in out
+    assert (saved.ref.backend, saved.reward.backend) == ("adapter_off", "hf")
+    line = f"placement auto: ref {saved.ref.backend}, reward {saved.reward.backend}, rollout llamacpp: "
+    assert line in out and "s per iteration" in out and saved.rollout.engine == "llamacpp"
+    # Sampled by llama.cpp: the actor's LoRA went to it as a GGUF adapter (written in the run's engine/), and
+    # its f16 export's behaviour log-probs are not the trainer's (with hf they are taken as equal: weights
+    # exactly 1; measured here: is_weight_max 1.0003).
+    assert (tmp_path / "run" / "engine").is_dir()
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["is_weight_max"] != 1.0
 
 
 def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decided(monkeypatch, tmp_path, capsys):
@@ -129,5 +144,7 @@ def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decid
         assert said[0].startswith(f"[homerlhf] placement auto: ref {resolved.ref.backend}, "
                                   f"reward {resolved.reward.backend}")
         assert "GPU: H200 figures scaled to the" in said[0]  # the GPU's default rates, as the plan labels them
-        assert said[-1].startswith("[homerlhf]   chosen by default rates (no `homerlhf bench` figures")
-        assert verdict in said[-1] and "`homerlhf bench` with this run's preset and --set measures them" in said[-1]
+        rates_line = next(line for line in said if "chosen by default rates" in line)  # then the checkpointing's
+        assert rates_line.startswith("[homerlhf]   chosen by default rates (no `homerlhf bench` figures")
+        assert verdict in rates_line and "`homerlhf bench` with this run's preset and --set measures them" in rates_line
+        assert said[-1].startswith("[homerlhf] activation checkpointing (planned): ")

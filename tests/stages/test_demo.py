@@ -44,6 +44,9 @@ def test_demo_fast_end_to_end(tmp_path):
     # the SFT policy starts near an even mix, so a working PPO moves the mean by well over 1.
     assert last > first + 1.0, (first, last)
     assert all(r["kl_mean"] < 30 for r in rows)
+    # The demo's recipe never leaves its reference in one update: no KL flag, no warning line.
+    assert [r["kl_flag"] for r in rows] == [0] * len(rows), [r.get("kl_flag_reason") for r in rows]
+    assert "leaving its reference" not in proc.stderr
 
     assert (out / "reward_curve.png").stat().st_size > 10_000
     assert (out / "config.yaml").is_file()

@@ -48,8 +48,12 @@ def test_qlora_reward_writes_merged_classifier_and_gguf(tiny_llama_dir, pairs_fi
     assert run == summary
     assert run["method"] == "qlora" and run["steps"] == 3
     assert run["data"]["n_bad"] == 3 and run["data"]["bad_examples"][0]["reason"] == "chosen == rejected"
-    assert (run["n_train"], run["n_eval"]) == (7, 2)  # 9 usable pairs, a 0.25 held-out split
-    assert 0.0 <= run["eval_accuracy"] <= 1.0
+    # 9 usable pairs on 3 prompts: a 0.25 split by prompt holds out one prompt's 3 pairs, a 95% interval
+    # of +-1.96*0.5/sqrt(3) = 0.57: no held-out figure, every pair trains, the training accuracy is reported
+    assert (run["n_train"], run["n_eval"]) == (9, 0) and run["eval_accuracy"] is None
+    assert run["eval_source"] is None and run["eval_how"] == "none"
+    assert "give 3 held-out pair(s) (+-0.57 at 95%): too few for a held-out figure" in run["eval_note"]
+    assert 0.0 <= run["train_accuracy"] <= 1.0
     assert (out / "adapter" / "adapter_config.json").is_file()
 
     model = AutoModelForSequenceClassification.from_pretrained(out / "model")
@@ -67,6 +71,48 @@ def test_qlora_reward_writes_merged_classifier_and_gguf(tiny_llama_dir, pairs_fi
 
     assert run["gguf_dir"] == str(out / "gguf")
     assert (out / "gguf" / "backbone.gguf").is_file() and (out / "gguf" / "score_head.safetensors").is_file()
+
+
+def test_a_users_pairs_are_evaluated_on_their_own_held_out_prompts(tiny_llama_dir, tmp_path, capsys):
+    """The default preset names the builtin task's held-out pairs (rm.eval_data); a user's --data
+    is evaluated on its own rows instead: whole prompts held out, and the figure is the model's
+    accuracy on exactly those pairs of the file."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from homerlhf.data.heldout import prompt_key, split_by_prompt
+    from homerlhf.data.load import load_preferences
+    from homerlhf.stages.reward import done_line, pair_ids, pairwise_accuracy, run_reward
+
+    topics = ["tea", "cats", "maps", "rain", "bread", "trains", "bees", "clocks", "rivers", "salt", "owls", "glass",
+              "paper", "moss", "kites", "wool", "stars", "honey", "sand", "ferns", "boats", "ink", "frogs", "bells",
+              "caves", "pears", "wind", "coral", "tin", "hay"]
+    rows = [{"prompt": f"Tell me about {t}.", "chosen": f"Gladly! {t.capitalize()} are worth a look{end}",
+             "rejected": reply} for t in topics for end, reply in (("!", "Go away."), (".", "Not my problem."))]
+    path = tmp_path / "my_pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config("cpu-tiny", overrides=["rm.max_steps=2", "rm.batch_size=8", "data.eval_fraction=0.75",
+                                             "logging.progress=false", "rm.export_gguf=false"])
+    assert cfg.rm.eval_data == "builtin:demo-pairs-heldout"  # what the preset names
+    summary = run_reward(cfg, tmp_path / "rm", data=str(path), base=str(tiny_llama_dir))
+
+    # 60 pairs on 30 prompts, 2 each: round(60 * 0.75) = 45 wanted, whole prompts: 23 of them, 46 pairs
+    assert (summary["n_train"], summary["n_eval"]) == (14, 46)
+    assert summary["eval_source"] == str(path) and summary["eval_how"] == "held out by prompt"
+    assert summary["eval_data"] == {"source": str(path), "split": "by prompt", "eval_fraction": 0.75}
+    assert summary["eval_half_width_95"] == pytest.approx(0.98 / 46 ** 0.5, abs=1e-4)  # 0.1445
+    assert "builtin:demo-pairs-heldout is the builtin task's held-out set" in summary["eval_note"]
+    # The figure is the saved model's accuracy on the file's held-out pairs, counted here.
+    records, _ = load_preferences(str(path))
+    _, held = split_by_prompt([prompt_key(r["prompt"]) for r in records], 0.75, cfg.seed)
+    assert len({prompt_key(records[i]["prompt"]) for i in held}) == 23
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm" / "model")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "rm" / "model")
+    pairs = pair_ids([records[i] for i in held], tok, cfg.rm.max_len)
+    assert summary["eval_accuracy"] == pairwise_accuracy(model, pairs, tok.pad_token_id)
+    line = done_line(summary, tmp_path / "rm")
+    assert line.startswith(f"reward done: 14 pairs, held-out accuracy {summary['eval_accuracy']:.3f} +-0.14 (95%) "
+                           f"on 46 pairs of {path} (held out by prompt), training accuracy ")
+    assert "builtin:demo-pairs-heldout is the builtin task's held-out set" in capsys.readouterr().out
 
 
 def test_score_ids_reads_the_last_real_token(tiny_llama_dir):

@@ -46,12 +46,16 @@ class TrainedPolicy:
 
 
 def load_trained_policy(base_dir: Path, adapter_dir: Path, quant: "QuantConfig", device: str) -> TrainedPolicy:
-    """The base with the policy's own 4-bit settings and dtype (on the CPU) and the adapter on it."""
+    """The base with the policy's own 4-bit settings and dtype (on the CPU) and the adapter on it,
+    computing as the run's policy computes (no bitsandbytes repacking into its bf16 CPU kernel)."""
     from peft import PeftModel
+
+    from homerlhf.models.policy import _keep_cpu_4bit_differentiable
 
     if quant.load_in_4bit:
         base = load_nf4_model(base_dir, quant, device)
         tensors = nf4_tensors(base_dir, quant, device, model=base)  # before peft wraps the 4-bit modules
+        _keep_cpu_4bit_differentiable(base)  # as models.policy.load_base: else an AVX512-BF16 CPU computes in bf16
     else:  # the actor trained on the checkpoint's own weights
         from transformers import AutoModelForCausalLM
 
@@ -163,13 +167,6 @@ def logprob_gap(reference: list[np.ndarray], other: list[np.ndarray]) -> dict[st
     """Largest and mean absolute per-token log-prob difference (nats) between two scorings."""
     diff = np.concatenate([np.abs(a - b) for a, b in zip(reference, other)])
     return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "tokens": int(diff.size)}
-
-
-def output_dtype(base_dir: Path) -> str:
-    """``float16`` for a float16 base (a model that ships in fp16 keeps it), else ``bfloat16``."""
-    config = json.loads((Path(base_dir) / "config.json").read_text())
-    saved = config.get("dtype") or config.get("torch_dtype")
-    return "float16" if saved == "float16" else "bfloat16"
 
 
 def write_model_files(base_dir: Path, out_dir: Path, dtype: str, stop_ids: Sequence[int]) -> None:

@@ -1,8 +1,8 @@
 """An exported policy as GGUF for llama.cpp, Ollama and LM Studio, and the Ollama ``Modelfile`` beside it.
 
-``f32``/``f16``/``bf16`` are written by :mod:`.writer` from the merged HF directory (exact for its
-bf16 weights, but for f16's narrower range); the quantized types by llama.cpp's own quantizer
-(:mod:`.quantize`) from the bf16 (fp16 for an fp16 model) GGUF. Unlike a worker export, the GGUF is
+``f32``/``f16``/``bf16`` are written by :mod:`.writer` from the merged HF directory (each weight
+rounded once, to the type); the quantized types by llama.cpp's own quantizer (:mod:`.quantize`) from
+a GGUF in the merged model's dtype (f32, f16 or bf16). Unlike a worker export, the GGUF is
 made for text: llama.cpp's pre-tokenizer of the tokenizer, its BOS setting and the chat template in
 ``tokenizer.chat_template`` (:func:`.tokenizer.add_text_use`).
 
@@ -86,10 +86,11 @@ def modelfile_text(gguf_name: str, stop_tokens: Sequence[str]) -> str:
 
 
 def _quant_source(model_dir: Path, out_dir: Path, name: str, written: dict[str, Path]) -> tuple[Path, bool]:
-    """The GGUF llama.cpp quantizes from: the export's own bf16 (f16 for an fp16 model) if it writes
-    one, else a temporary one (True: remove it afterwards)."""
+    """The GGUF llama.cpp quantizes from, in the merged model's own dtype (f32 for a float32 model, f16
+    for float16, else bf16): the export's own if it writes one, else a temporary one (True: remove it
+    afterwards)."""
     dtype = json.loads((model_dir / "config.json").read_text()).get("dtype")
-    kind = "f16" if dtype == "float16" else "bf16"
+    kind = {"float32": "f32", "float16": "f16"}.get(dtype, "bf16")
     if kind in written:
         return written[kind], False
     path = out_dir / f".{name}-{kind}.source.gguf"

@@ -1,0 +1,53 @@
+"""The sections of what PPO trains: ``actor`` and ``critic`` (each a LoRA, ``LoraConfig``), re-exported by
+:mod:`homerlhf.config.schema`."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from homerlhf.config.section import Section
+
+
+class LoraConfig(Section):
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
+    )
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class ActorConfig(Section):
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(1e-5, gt=0, description="Actor learning rate.")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="Actor optimizer; the 8-bit ones are bitsandbytes'."
+    )
+
+
+class CriticConfig(Section):
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(5e-5, gt=0, description="Critic learning rate (LoRA and value head).")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="Critic optimizer."
+    )
+    shared_adapter: bool = Field(
+        False, description="One adapter for actor and critic (cheaper; the losses share weights)."
+    )
+    value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
+    model: Optional[str] = Field(
+        None, description="The critic on a base of its own, e.g. a smaller model of the policy's family: a causal LM "
+        "with the policy's tokenizer (hub id, local dir, builtin:<name>), loaded as quant says, with its own LoRA "
+        "(critic.lora) and value head; or a reward model (dir or reward run dir), whose score head initialises the "
+        "value head. None: a LoRA on the policy's base.")
+
+    @model_validator(mode="after")
+    def _own_base_or_shared(self) -> "CriticConfig":
+        if self.model is not None and self.shared_adapter:
+            raise ValueError(f"critic.model ({self.model}) gives the critic a base of its own, and critic.shared_adapter "
+                             "puts it in the actor's adapter; set critic.shared_adapter=false or unset critic.model")
+        return self

@@ -1,0 +1,87 @@
+"""Activation checkpointing of the decoder layers: which ones recompute in backward, and where the
+inputs they keep for the recompute wait.
+
+``every_n``: layers 0, n, 2n, ... are checkpointed (their forward runs again in backward; only their
+input is kept), the others keep every activation their backward needs. ``offload``: the checkpointed
+layers' inputs go to pinned host memory in the forward (a device-to-host copy) and come back for the
+recompute (host-to-device), through ``torch.autograd.graph.save_on_cpu``. Under non-reentrant
+checkpointing a checkpointed layer saves nothing else (its saved tensors are placeholders refilled by
+the recompute), so the bytes moved are its positional inputs: the hidden states, tokens x hidden x
+the activation dtype's bytes per layer, each way (:func:`homerlhf.memory.recompute.offloaded_bytes`).
+
+Two paths to the same layers and the same bytes: transformers' own
+``PreTrainedModel.activation_checkpointing_enable(every_n_layers=..., offload=...)`` where the
+installed version has it (5.24 does), else (:func:`native_supported` false; the GPU machine's 5.17
+may lack it) every layer's checkpointing is enabled the old way and each layer's flag and
+checkpoint function are set here, the latter wrapped in ``save_on_cpu`` as transformers wraps it.
+On a CPU there is nothing to offload to: ``save_on_cpu`` without pinning keeps a CPU tensor where it
+is (transformers' own offload asks for pinned memory, which a CPU-only torch refuses: on a CPU model the
+offload takes this module's path).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Optional
+
+import torch
+from torch.autograd.graph import save_on_cpu
+
+CHECKPOINT_KWARGS = {"use_reentrant": False}
+
+
+def native_supported(model) -> bool:
+    """Whether ``model``'s transformers has ``activation_checkpointing_enable(every_n_layers, offload)``."""
+    enable = getattr(type(model), "activation_checkpointing_enable", None)
+    return enable is not None and {"every_n_layers", "offload"} <= set(inspect.signature(enable).parameters)
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated decoder layers that can checkpoint, in forward order (transformers'
+    ``GradientCheckpointingLayer`` instances, which ``every_n_layers`` counts)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def checkpointed_flags(model) -> list[bool]:
+    """Which decoder layers of ``model`` recompute in backward, in forward order."""
+    return [getattr(layer, "gradient_checkpointing", False) is True for layer in decoder_layers(model)]
+
+
+def enable_checkpointing(model, every_n: int = 1, offload: bool = False, *, native: Optional[bool] = None) -> str:
+    """Checkpoint every ``every_n``-th decoder layer of ``model`` (a transformers ``PreTrainedModel``),
+    non-reentrant, their inputs in host memory with ``offload``. ``native``: transformers' own method
+    (default: where it has one) or this module's wrapping of the same layers. Returns the path taken:
+    ``transformers`` or ``save_on_cpu``. Calling it again replaces the earlier settings. On a CPU model
+    the offload is this module's (transformers' pins host memory, which needs an accelerator: on a
+    CPU-only torch it raises), unless ``native`` asks for transformers'."""
+    if every_n < 1:
+        raise ValueError(f"every_n must be >= 1, got {every_n}")
+    device_type = next(model.parameters()).device.type
+    if native is None:  # transformers' offload pins host memory: no pinned allocator without an accelerator
+        native = native_supported(model) and not (offload and device_type == "cpu")
+    if native:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS),
+                                              every_n_layers=every_n, offload=offload)
+        return "transformers"
+    with warnings.catch_warnings():  # transformers 5.24 calls it a deprecated alias; 5.17 has nothing else
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    for index, layer in enumerate(decoder_layers(model)):
+        layer.gradient_checkpointing = index % every_n == 0
+        if offload and layer.gradient_checkpointing:
+            layer._gradient_checkpointing_func = _offloaded(layer._gradient_checkpointing_func, device_type)
+    return "save_on_cpu"
+
+
+def _offloaded(checkpoint_func, device_type: str):
+    """``checkpoint_func`` whose saved inputs go to host memory: pinned where there is a device to
+    copy from (transformers' ``checkpoint_func`` under ``offload=True``)."""
+
+    def run(function, *args, **kwargs):
+        with save_on_cpu(pin_memory=device_type != "cpu", device_type=device_type):
+            return checkpoint_func(function, *args, **kwargs)
+
+    return run

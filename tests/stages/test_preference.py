@@ -1,0 +1,240 @@
+"""``homerlhf dpo`` / ``homerlhf kto`` on tiny models: real TRL trainers, real bitsandbytes NF4, real peft.
+
+- DPO from an SFT run dir (a new LoRA; the reference the SFT model with adapters off) through the CLI:
+  the held-out chosen-over-rejected log-prob margin rises; the margin the run reports for the start
+  is the SFT model's own, computed here independently; the checkpoint is a policy checkpoint
+  (actor adapter, config with the base, manifest) that a later run starts from;
+- resume: a run of 4 steps with a checkpoint at 2; the checkpoint at 4 removed, ``--resume`` redoes
+  steps 3-4: the same adapter bit for bit and the same logged figures;
+- KTO and DPO from a GRPO run's checkpoint (its actor adapter continued; the reference that adapter
+  as loaded): the reported start margin is the GRPO policy's, computed independently; KTO raises
+  the good answers' log-probs and lowers the bad ones'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+FACTS = ["tea is made from leaves", "cats sleep a lot", "snow holds air", "maps show places from above",
+         "bees make honey", "the moon has no air", "rivers run to the sea", "bread needs yeast",
+         "owls hunt at night", "ice floats on water", "salt melts ice", "wind turns mills"]
+TOPICS = ["tea", "cats", "snow", "maps", "bees", "the moon", "rivers", "bread", "owls", "ice", "salt", "wind"]
+
+
+def _pairs(indices) -> list[dict]:
+    return [{"prompt": f"Tell me about {TOPICS[i]}.", "chosen": f"Happy to help! {FACTS[i].capitalize()}.",
+             "rejected": f"Go away. {FACTS[i].capitalize()}."} for i in indices]
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+SETTINGS = ["logging.progress=false", "data.eval_fraction=0", "dpo.lr=1e-2", "dpo.batch_size=4", "dpo.grad_accum=1",
+            "dpo.max_len=96", "dpo.warmup_ratio=0", "dpo.beta=0.5", "kto.lr=1e-2", "kto.batch_size=4",
+            "kto.grad_accum=1", "kto.max_len=96", "kto.warmup_ratio=0", "kto.beta=0.5", "checkpoint.keep=3"]
+
+
+def _cli(*argv: str) -> str:
+    from homerlhf.cli import main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        main(list(argv))
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pref-data")
+    return {"train": _write(root / "train.jsonl", _pairs(range(8))),
+            "held": _write(root / "held.jsonl", _pairs(range(8, 12)))}
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_llama_dir, tmp_path_factory):
+    """A real (short) SFT run dir: OUT/model, OUT/sft_run.json."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.sft import run_sft
+
+    root = tmp_path_factory.mktemp("pref-sft")
+    rows = [{"prompt": p["prompt"], "completion": p["chosen"]} for p in _pairs(range(8))]
+    cfg = load_config("cpu-tiny", overrides=["sft.method=full", "sft.max_steps=1", "sft.batch_size=4",
+                                             "sft.grad_accum=1", "logging.progress=false"])
+    run_sft(cfg, root / "sft", data=_write(root / "sft.jsonl", rows), base=str(tiny_llama_dir))
+    return root / "sft"
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_llama_dir, tmp_path_factory):
+    """One GRPO iteration on the tiny model (reward: a function), one checkpoint with its actor."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.ppo import run_ppo
+
+    root = tmp_path_factory.mktemp("pref-grpo")
+    (root / "rewards.py").write_text("def many_e(response):\n    return response.count('e') / 4.0\n")
+    cfg = load_config("cpu-tiny", overrides=[
+        f"model.name_or_path={tiny_llama_dir}", "algorithm=grpo", "ppo.group_size=2", "ref.backend=adapter_off",
+        "reward.backend=function", f"reward.function={root / 'rewards.py'}:many_e", "rollout.batch_size=4",
+        "rollout.chunk_size=4", "rollout.max_new_tokens=6", "rollout.max_prompt_len=24", "ppo.mini_batch_size=4",
+        "ppo.micro_batch_size=4", "ppo.iterations=1", "checkpoint.every=1", "actor.lr=5e-2",
+        "logging.samples_per_iteration=0", "logging.progress=false", "rollout.truncation_penalty=null"])
+    run_ppo(cfg, out_dir=root / "run")
+    return root / "run"
+
+
+def _margins(model, tokenizer, pairs: list[dict]) -> list[float]:
+    """log p(chosen) - log p(rejected) per pair, computed here: the whole sequence's per-token log-probs
+    (homerlhf.workers.gguf.merge.sequence_logprobs), summed over the answer's tokens."""
+    from homerlhf.data.load import normalise
+    from homerlhf.data.replies import ReplyEncoder
+    from homerlhf.workers.gguf.merge import sequence_logprobs
+
+    records, _ = normalise(pairs, "preference")
+    encoder = ReplyEncoder(tokenizer)
+    out = []
+    for r in records:
+        head = len(encoder.prompt_ids(r["prompt"]))
+        sides = [encoder.sequence_ids(r["prompt"], r[side]) for side in ("chosen", "rejected")]
+        logps = sequence_logprobs(model, sides)  # per token, from position 1
+        out.append(float(sum(logps[0][head - 1:]) - sum(logps[1][head - 1:])))
+    return out
+
+
+def _start_policy(base: str, adapter: Path | None):
+    """The start loaded as the stage loads its base (homerlhf.stages.common:load_model: the CPU 4-bit
+    kernels of the PPO policy's loader differ by up to 1e-2 nats on these answers), with its adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from homerlhf.config import load_config
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.stages.common import load_model
+
+    model = load_model(AutoModelForCausalLM, base, load_config("cpu-tiny"), "qlora")
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    model.eval()
+    return model, load_tokenizer(base)
+
+
+@pytest.fixture(scope="module")
+def dpo_from_sft(sft_run, data_files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pref-dpo") / "run"
+    printed = _cli("dpo", "--model", str(sft_run), "--data", data_files["train"], "--eval-data", data_files["held"],
+                   "--out", str(out), *[x for s in SETTINGS + ["dpo.max_steps=4", "checkpoint.every=2"]
+                                        for x in ("--set", s)])
+    return out, printed
+
+
+def test_dpo_from_an_sft_run_raises_the_held_out_margin(dpo_from_sft, sft_run, data_files):
+    from homerlhf.config import from_yaml_file
+
+    out, printed = dpo_from_sft
+    summary = json.loads((out / "preference_run.json").read_text())
+    held = summary["held_out"]
+    assert summary["stage"] == "dpo" and summary["steps"] == 4 and summary["n_train"] == 8
+    assert summary["start"]["kind"] == "sft run" and summary["start"]["adapter"] is None
+    assert held["eval_pairs"] == 4
+    assert held["margin_after"] > held["margin_before"] + 1.0, held
+    assert held["chosen_logp_change"] > held["rejected_logp_change"] and held["accuracy_after"] >= held["accuracy_before"]
+    assert f"held-out margin {held['margin_before']:+.3f} -> {held['margin_after']:+.3f} on 4 pairs" in printed
+    # The reported start is the SFT model itself (4-bit, adapters off), measured here on its own.
+    model, tokenizer = _start_policy(str(sft_run / "model"), None)
+    mine = _margins(model, tokenizer, _pairs(range(8, 12)))
+    assert held["margin_before"] == pytest.approx(sum(mine) / 4, abs=1e-4)
+    # A policy checkpoint, as a PPO run writes them: actor adapter + config naming the base + manifest.
+    ckpt = Path(summary["checkpoint"])
+    assert ckpt.name == "iter_000004" and sorted(p.name for p in ckpt.parent.iterdir()) == ["iter_000002", "iter_000004"]
+    assert (ckpt / "actor" / "adapter_model.safetensors").is_file() and (ckpt / "MANIFEST.json").is_file()
+    assert from_yaml_file(ckpt / "config.yaml").model.name_or_path == str(sft_run.resolve() / "model")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert all("rewards/margins" in r for r in rows if "loss" in r)
+
+
+def test_dpo_resume_redoes_the_steps_bit_for_bit(dpo_from_sft, tmp_path):
+    import shutil
+
+    out, _ = dpo_from_sft
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    final = load_file(str(out / "checkpoints" / "iter_000004" / "actor" / "adapter_model.safetensors"))
+    logged = (out / "metrics.jsonl").read_text()
+    shutil.rmtree(run / "checkpoints" / "iter_000004")  # the run stopped after its checkpoint at step 2
+    (run / "preference_run.json").unlink()
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "loss": 123.0}\n')  # a step logged after the checkpoint: redone, not kept
+    _cli("dpo", "--resume", str(run))
+    summary = json.loads((run / "preference_run.json").read_text())
+    assert summary["resumed_from"].endswith("iter_000002") and summary["steps"] == 4
+    resumed = load_file(str(run / "checkpoints" / "iter_000004" / "actor" / "adapter_model.safetensors"))
+    assert final.keys() == resumed.keys() and all(torch.equal(final[k], resumed[k]) for k in final)
+
+    def figures(text: str) -> list[dict]:  # every step's logged figures (the end-of-run totals aside)
+        rows = [json.loads(line) for line in text.splitlines()]
+        return [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k} for r in rows if "loss" in r]
+
+    assert figures((run / "metrics.jsonl").read_text()) == figures(logged)
+
+
+def test_a_later_run_starts_from_a_dpo_run(dpo_from_sft, data_files, tmp_path):
+    """dpo -> kto: the earlier run's actor continues, on the same base."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    out, _ = dpo_from_sft
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + ["kto.max_steps=1"])
+    summary = run_preference("kto", cfg, tmp_path / "kto", data=[data_files["train"]], base=str(out))
+    assert summary["start"]["kind"] == "dpo run"
+    assert summary["start"]["adapter"].endswith("iter_000004/actor") and summary["steps"] == 1
+
+
+@pytest.mark.parametrize("method", ["dpo", "kto"])
+def test_from_a_grpo_checkpoint_the_reference_is_that_policy(method, grpo_run, data_files, tiny_llama_dir, tmp_path):
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + [f"{method}.max_steps=2", f"{method}.lr=2e-2", "kto.batch_size=8"])
+    summary = run_preference(method, cfg, tmp_path / method, data=[data_files["train"]],
+                             eval_data=data_files["held"], base=str(grpo_run))
+    held = summary["held_out"]
+    ckpt = grpo_run / "checkpoints" / "iter_000001"
+    assert summary["start"] == {"name": str(grpo_run), "kind": "ppo run", "base": str(tiny_llama_dir),
+                                "adapter": str(ckpt / "actor"), "checkpoint": str(ckpt)}
+    assert summary["n_train"] == (16 if method == "kto" else 8)  # a pair is a good and a bad answer for KTO
+    model, tokenizer = _start_policy(str(tiny_llama_dir), ckpt / "actor")
+    mine = _margins(model, tokenizer, _pairs(range(8, 12)))
+    with model.disable_adapter():
+        base = _margins(model, tokenizer, _pairs(range(8, 9)))
+    assert abs(mine[0] - base[0]) > 1e-2  # the GRPO adapter is not the bare base: the check below can fail
+    assert held["margin_before"] == pytest.approx(sum(mine) / 4, abs=1e-4)
+    assert held["margin_after"] > held["margin_before"] + 0.5, held
+    # TRL's step-1 figures come from the forward before the first update: the policy starts equal to its
+    # reference (the GRPO adapter's exact weights, not TRL's bf16 rounding of them), so its rewards are 0.
+    first = next(json.loads(line) for line in (tmp_path / method / "metrics.jsonl").read_text().splitlines()
+                 if '"loss"' in line)
+    assert first["step"] == 1 and abs(first["rewards/chosen"]) < 1e-6 and abs(first["rewards/rejected"]) < 1e-6, first
+    if method == "kto":
+        assert held["good_logp_change"] > 0 > held["bad_logp_change"], held
+
+
+def test_kto_from_an_sft_run_raises_good_answers_and_lowers_bad_ones(sft_run, data_files, tmp_path):
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + ["kto.max_steps=2", "kto.batch_size=8"])
+    summary = run_preference("kto", cfg, tmp_path / "kto", data=[data_files["train"]], eval_data=data_files["held"],
+                             base=str(sft_run))
+    held = summary["held_out"]
+    assert summary["start"]["kind"] == "sft run" and (summary["n_good"], summary["n_bad"]) == (8, 8)
+    assert held["eval_rated"] == 8 and held["good_logp_change"] > 0 > held["bad_logp_change"], held
+    assert held["margin_after"] > held["margin_before"], held
