@@ -125,7 +125,8 @@ class KLJump:
     ``kl_mean`` minus the previous row's (from the second row on), ``kl_flag`` (1 when ``kl_jump``
     exceeds ``ppo.target_kl``, the run's KL budget, or ``approx_kl`` exceeds ``ppo.early_stop_kl``, or
     :data:`APPROX_KL_BOUND` when that is unset) and, when flagged, ``kl_flag_reason``: the line it
-    also logs as a warning (when ``warn``). After a resume the first row has no previous one.
+    also logs as a warning (when ``warn``). ``previous_kl`` travels in the checkpoint (the trainer's
+    ``kl_previous``), so a resumed run's rows are the straight run's.
     """
 
     def __init__(self, cfg, warn: bool = True):

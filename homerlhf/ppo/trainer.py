@@ -154,6 +154,7 @@ class PPOTrainer:
             "micro_batch_size": self.update_state.micro_batch_size,
             "rollout_chunk_size": self.rollout_state.chunk_size,
             "rollout_generation_chunk": self.rollout_state.generation_chunk,
+            "kl_previous": self.kl_jump.previous_kl,  # the KL-jump flag's last kl_mean: exact after a resume
         }
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -190,8 +191,7 @@ class PPOTrainer:
         exp, entropy, components = (self._collect(times) if self.ahead is None else self.ahead.collect(
             self.iteration, self.next_indices, self.policy, self.total_iterations, self.meter, times))
         if self._stop_agreed():
-            # The rollout phase is over; the update would be a new one. Nothing it produced has
-            # touched the weights, optimizers or normaliser yet, so dropping it is exact.
+            # Rollout over; nothing it made touched weights, optimizers or normaliser: dropping it is exact.
             self._drop_iteration()
             return None
         kl_coef = float(self.kl_ctl.value)
@@ -326,6 +326,7 @@ class PPOTrainer:
         self.update_state.micro_batch_size = int(counters.get("micro_batch_size", self.update_state.micro_batch_size))
         self.rollout_state.chunk_size = int(counters.get("rollout_chunk_size", self.rollout_state.chunk_size))
         self.rollout_state.generation_chunk = counters.get("rollout_generation_chunk")  # None before there was one
+        self.kl_jump.previous_kl = counters.get("kl_previous")  # None in a checkpoint of before the flag
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.actor_opt, self.cfg.actor), (self.critic_opt, self.cfg.critic)):
             for group in (optimizer.param_groups if optimizer is not None else []):
