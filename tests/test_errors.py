@@ -130,6 +130,7 @@ TRAIN_CASES = [
     ("export-policy-out-exists", ["export", "policy", "{tmp}/ckptrun", "--out", "{tmp}/oldsft"], 2, "already exists and is not empty; pass --overwrite to replace it"),
     ("export-policy-arch-gguf", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e4", "--gguf", "f16"], 2, "gpt2: architecture 'gpt2' is not supported for GGUF export"),
     ("export-policy-bad-gguf-type", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e5", "--gguf", "q3"], 2, "--gguf 'q3' is not a type homerlhf exports; use one of f32, f16, bf16, q8_0, q6_k, q5_k_m, q4_k_m"),
+    ("export-policy-bad-dtype", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e8", "--dtype", "fp8"], 2, "--dtype 'fp8' is not known; use fp32, bf16 or fp16, or leave it out for the dtype the policy computed in"),
     ("export-policy-checkpoint-changed", ["export", "policy", "{tmp}/flippedrun", "--out", "{tmp}/e7"], 2, "iter_000002: actor/adapter_model.safetensors does not match its MANIFEST.json sha256 (changed after it was written); export iter_000001 instead with --checkpoint 1"),
     ("export-policy-no-hub-login", ["export", "policy", "{tmp}/gpt2run", "--out", "{tmp}/e6", "--push-to-hub", "me/policy"], 2, "no Hugging Face login; run `hf auth login` or set HF_TOKEN"),
 ]
@@ -474,7 +475,7 @@ def test_train_bad_input_writes_nothing_over(cli_results, files, ident, argv, co
     results, before, after = cli_results
     check_one_line(results[ident], code, fragment)
     assert after == before  # the earlier runs are byte for byte what they were
-    assert not any((files["tmp"] / f"e{i}").exists() for i in range(1, 8))  # no export output either
+    assert not any((files["tmp"] / f"e{i}").exists() for i in range(1, 9))  # no export output either
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,10 @@ def load_models(run_dir: str | Path, checkpoint: str | Path, with_reward: bool =
     """A checkpoint of the run in ``run_dir``, loaded with the run's config and reward model."""
     run_dir = Path(run_dir)
     cfg = runs.run_config(run_dir)
+    if cfg is None and (Path(checkpoint) / "config.yaml").is_file():  # a dpo / kto run keeps it per checkpoint
+        from homerlhf.config import from_yaml_file
+
+        cfg = from_yaml_file(Path(checkpoint) / "config.yaml")
     if cfg is None:
         raise UserError(f"{run_dir} has no run config yet; start the run or attach to a finished one")
     reward = (lambda cfg, tokenizer: reward_backend(cfg, run_dir, tokenizer)) if with_reward else None

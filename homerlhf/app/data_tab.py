@@ -6,6 +6,7 @@ length histogram and a few normalised records, and hands the chosen source to th
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -92,8 +93,53 @@ def report_markdown(report) -> str:
     return "\n".join(lines)
 
 
-def bad_rows_table(report) -> list[list]:
-    return [[b["row"], b["reason"], b["value"]] for b in report.bad_examples]
+def row_places(source: str):
+    """Row index (the loader's, from 0) -> where a person finds the row: ``line N`` of a local JSON-lines or
+    CSV file, counted from 1 as editors count (blank lines, which the readers skip, counted too; a CSV
+    row where its record starts), else ``row N`` from 1."""
+    path = Path(source)
+    starts: list[int] = []
+    if path.suffix.lower() in (".jsonl", ".json") and path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.lstrip().startswith("["):  # a JSON array has rows, not lines
+            starts = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    elif path.suffix.lower() == ".csv" and path.is_file():
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            reader, before = csv.reader(fh), 0
+            for record in reader:
+                start, before = before + 1, reader.line_num
+                if record:
+                    starts.append(start)
+        starts = starts[1:]  # the header
+    return lambda i: f"line {starts[i]}" if i < len(starts) else f"row {i + 1}"
+
+
+def bad_rows_table(report, places=None) -> list[list]:
+    """The first bad rows: where (``line N`` / ``row N``, :func:`row_places`), why (in this tab's words), what."""
+    places = places or row_places(report.source)
+    return [[places(b["row"]), app_words(b["reason"]), b["value"]] for b in report.bad_examples]
+
+
+# The loader's config keys as this tab's fields; the data keys it has no field for go to the Plan tab.
+COLUMN_FIELDS = {"prompt_column": "Prompt column", "chosen_column": "Reply / chosen column",
+                 "rejected_column": "Rejected column", "messages_column": "Messages column"}
+OWN_FIELDS = {"split": "Split", "max_rows": "Max rows", **COLUMN_FIELDS}
+
+
+def app_words(message: str) -> str:
+    """A loader message in this tab's words: ``data.prompt_column`` is its *Prompt column* field (under
+    *Column names*), and a ``data.*`` key it has no field for is said to go in the Plan tab's overrides."""
+    from homerlhf.config.schema import DataConfig
+
+    named = any(f"data.{name}" in message for name in COLUMN_FIELDS) or "data.*_column" in message
+    message = re.sub(r"\bset (data\.\w+_column)", r"fill \1", message)
+    message = message.replace("data.*_column", "the 'Column names' fields")
+    for name in DataConfig.model_fields:
+        where = f"'{OWN_FIELDS[name]}'" if name in OWN_FIELDS else rf"data.{name}\1 (in the Plan tab's overrides)"
+        message = re.sub(rf"\bdata\.{name}\b(=[^\s;,)]+)?", where, message)
+    return message + (" (under 'Column names')" if named and "'Column names'" not in message else "")
 
 
 def sample_table(records: list[dict], n: int = N_SHOWN) -> list[list]:
@@ -118,22 +164,48 @@ def resolve_source(mode: str, builtin: Optional[str], hub_id: str, upload: Optio
     return keep_upload(upload)
 
 
-def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional[int] = None):
-    """(records, report) through the project's loader, with this tab's split and row cap."""
+def column_items(columns) -> list[tuple[str, str]]:
+    """(``data.<name>_column``, value) of the *Column names* boxes filled, in :data:`COLUMN_FIELDS` order."""
+    return [(f"data.{name}", value.strip()) for name, value in zip(COLUMN_FIELDS, columns) if (value or "").strip()]
+
+
+def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional[int] = None, columns=()):
+    """(records, report) through the project's loader, with this tab's split, row cap and column names;
+    a loader error is said in this tab's words (:func:`app_words`)."""
     from homerlhf.config.schema import DataConfig
     from homerlhf.data.load import load_records
 
-    cfg = DataConfig(split=split or "train", max_rows=int(max_rows) if max_rows else None)
-    return load_records(source, kind, cfg)
+    named = {key.removeprefix("data."): value for key, value in column_items(columns)}
+    cfg = DataConfig(split=split or "train", max_rows=int(max_rows) if max_rows else None, **named)
+    try:
+        return load_records(source, kind, cfg)
+    except UserError as exc:
+        raise UserError(app_words(str(exc))) from None
 
 
-def load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, source: Optional[str] = None) -> tuple:
+def load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, *columns, source: Optional[str] = None) -> tuple:
     """Load what the tab shows: (report, histogram, bad rows, samples, the loaded [source, kind, split,
-    max rows])."""
+    max rows, *column names])."""
     source = source or resolve_source(mode, builtin, hub_id, upload)
-    records, report = load_for_ui(source, KINDS[kind_label], split, max_rows)
+    records, report = load_for_ui(source, KINDS[kind_label], split, max_rows, columns)
     return (report_markdown(report), length_figure(record_lengths(records)), bad_rows_table(report),
-            sample_table(records), [source, kind_label, split, max_rows])
+            sample_table(records), [source, kind_label, split, max_rows, *columns])
+
+
+def use_screen(screen: list, loaded, overrides: str) -> tuple:
+    """*Use for training*: what is on screen into the overrides, loaded first when it is not what was
+    loaded: (message, overrides, *the shown outputs, or updates that keep them)."""
+    import gradio as gr
+
+    mode, builtin, hub_id, upload, kind_label, split, max_rows, *columns = screen
+    source = resolve_source(mode, builtin, hub_id, upload)
+    outs = tuple(gr.update() for _ in range(5))
+    if loaded != [source, kind_label, split, max_rows, *columns]:
+        outs = load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, *columns, source=source)
+    items = [(KIND_KEYS[KINDS[kind_label]], source), *column_items(columns)]
+    for key, value in items:
+        overrides = set_override(overrides, key, value)
+    return (f"Set {' '.join(f'`{k}={v}`' for k, v in items)} in the Plan tab's overrides.", overrides, *outs)
 
 
 def reward_check(spec: str, source: str, split: str = "train"):
@@ -146,6 +218,45 @@ def reward_check(spec: str, source: str, split: str = "train"):
     return check_table(spec, read_rows(source, split or "train", max_rows=N_CHECKED))
 
 
+def _layout() -> dict:
+    """The tab's components by name (the Source inputs, Column names, buttons and results)."""
+    import gradio as gr
+
+    c = {}
+    with gr.Row():
+        c["mode"] = gr.Radio(["builtin", "hub id", "upload"], value="builtin", label="Source", elem_id="data-mode")
+        c["kind_label"] = gr.Dropdown(list(KINDS), value="prompts (PPO)", label="Use as", elem_id="data-kind")
+    with gr.Row():  # only the input of the Source picked is shown
+        c["builtin"] = gr.Dropdown(builtin_names(), value="builtin:demo", label="Builtin dataset", elem_id="data-builtin")
+        c["hub_id"] = gr.Textbox(label="Hub dataset id", placeholder="org/name", visible=False, elem_id="data-hub")
+        c["split"] = gr.Textbox("train", label="Split", elem_id="data-split")
+        c["max_rows"] = gr.Number(0, label="Max rows (0: all)", precision=0, elem_id="data-max-rows")
+    c["upload"] = gr.File(label="Upload .jsonl / .json / .csv / .parquet", file_types=[".jsonl", ".json", ".csv", ".parquet"],
+                          type="filepath", visible=False, elem_id="data-upload")
+    with gr.Accordion("Column names (empty: detected; Use for training writes the ones filled as data.*_column)",
+                      open=False, elem_id="data-columns"):
+        with gr.Row():
+            c["columns"] = [gr.Textbox(label=label, elem_id=f"data-col-{name.split('_')[0]}")
+                            for name, label in COLUMN_FIELDS.items()]
+    with gr.Row():
+        c["load_btn"] = gr.Button("Load and inspect", variant="primary", elem_id="data-load")
+        c["use_btn"] = gr.Button("Use for training", elem_id="data-use")
+    c["message"] = gr.Markdown(elem_id="data-message")
+    c["report_md"] = gr.Markdown(elem_id="data-report")
+    with gr.Row():
+        c["hist"] = gr.Plot(label="Length histogram", elem_id="data-hist")
+        c["bad"] = gr.Dataframe(headers=["where", "reason", "value"], label="Bad rows (first few)", wrap=True,
+                                interactive=False, elem_id="data-bad")
+    c["samples"] = gr.Dataframe(headers=["prompt", "reply / chosen", "rejected"], label=f"First {N_SHOWN} normalised records",
+                                wrap=True, interactive=False, elem_id="data-samples")
+    c["chosen_source"] = gr.State("")  # the source last loaded, as (source, kind, split, max rows, *columns)
+    return c
+
+
+# A load or Use that fails leaves none of the previous load's results under its error.
+CLEARED = {"report": "", "hist": None, "bad": None, "samples": None, "loaded": ""}
+
+
 def build(overrides_box, reward_function=None) -> None:
     """Lay out the tab inside the current ``gr.Blocks``; ``overrides_box`` and ``reward_function`` are
     the Plan tab's."""
@@ -153,58 +264,33 @@ def build(overrides_box, reward_function=None) -> None:
 
     gr.Markdown("### Dataset\nPick a builtin dataset, type a hub id, or upload a file. "
                 "The loader detects the format and shows what it kept and why it dropped rows.")
-    with gr.Row():
-        mode = gr.Radio(["builtin", "hub id", "upload"], value="builtin", label="Source", elem_id="data-mode")
-        kind_label = gr.Dropdown(list(KINDS), value="prompts (PPO)", label="Use as", elem_id="data-kind")
-    with gr.Row():  # only the input of the Source picked is shown
-        builtin = gr.Dropdown(builtin_names(), value="builtin:demo", label="Builtin dataset", elem_id="data-builtin")
-        hub_id = gr.Textbox(label="Hub dataset id", placeholder="org/name", visible=False, elem_id="data-hub")
-        split = gr.Textbox("train", label="Split", elem_id="data-split")
-        max_rows = gr.Number(0, label="Max rows (0: all)", precision=0, elem_id="data-max-rows")
-    upload = gr.File(label="Upload .jsonl / .json / .csv / .parquet", file_types=[".jsonl", ".json", ".csv", ".parquet"],
-                     type="filepath", visible=False, elem_id="data-upload")
-    with gr.Row():
-        load_btn = gr.Button("Load and inspect", variant="primary", elem_id="data-load")
-        use_btn = gr.Button("Use for training", elem_id="data-use")
-    message = gr.Markdown(elem_id="data-message")
-    report_md = gr.Markdown(elem_id="data-report")
-    with gr.Row():
-        hist = gr.Plot(label="Length histogram", elem_id="data-hist")
-        bad = gr.Dataframe(headers=["row", "reason", "value"], label="Bad rows (first few)", wrap=True,
-                           interactive=False, elem_id="data-bad")
-    samples = gr.Dataframe(headers=["prompt", "reply / chosen", "rejected"], label=f"First {N_SHOWN} normalised records",
-                           wrap=True, interactive=False, elem_id="data-samples")
-    chosen_source = gr.State("")  # the source last loaded, as (source, kind, split, max rows)
+    c = _layout()
 
     def on_builtin(name):
         kind = default_kind(name or "")
         return next(label for label, k in KINDS.items() if k == kind)
 
-    builtin.change(on_builtin, builtin, kind_label)
-    mode.change(lambda m: tuple(gr.update(visible=m == name) for name in ("builtin", "hub id", "upload")),
-                mode, [builtin, hub_id, upload])
-    screen = [mode, builtin, hub_id, upload, kind_label, split, max_rows]
-    shown = [report_md, hist, bad, samples, chosen_source]
+    c["builtin"].change(on_builtin, c["builtin"], c["kind_label"])
+    c["mode"].change(lambda m: tuple(gr.update(visible=m == name) for name in ("builtin", "hub id", "upload")),
+                     c["mode"], [c["builtin"], c["hub_id"], c["upload"]])
+    screen = [c[k] for k in ("mode", "builtin", "hub_id", "upload", "kind_label", "split", "max_rows")] + c["columns"]
+    shown = [c["report_md"], c["hist"], c["bad"], c["samples"], c["chosen_source"]]
+    cleared = list(CLEARED.values())
 
-    @guarded(6, error_index=0)
+    @guarded(6, error_index=0, on_error={i + 1: v for i, v in enumerate(cleared)})
     def on_load(*values):
         return ("", *load_screen(*values))
 
-    load_btn.click(on_load, screen, [message, *shown])
+    c["load_btn"].click(on_load, screen, [c["message"], *shown])
 
-    @guarded(7, error_index=0)
-    def on_use(mode, builtin, hub_id, upload, kind_label, split, max_rows, loaded, overrides):
+    @guarded(7, error_index=0, on_error={i + 2: v for i, v in enumerate(cleared)})
+    def on_use(*values):
         """What is on screen goes into the overrides (loaded first when it is not what was loaded)."""
-        source = resolve_source(mode, builtin, hub_id, upload)
-        outs = tuple(gr.update() for _ in shown)
-        if loaded != [source, kind_label, split, max_rows]:
-            outs = load_screen(mode, builtin, hub_id, upload, kind_label, split, max_rows, source=source)
-        key = KIND_KEYS[KINDS[kind_label]]
-        return (f"Set `{key}={source}` in the Plan tab's overrides.", set_override(overrides, key, source), *outs)
+        return use_screen(list(values[:-2]), values[-2], values[-1])
 
-    use_btn.click(on_use, [*screen, chosen_source, overrides_box], [message, overrides_box, *shown])
+    c["use_btn"].click(on_use, [*screen, c["chosen_source"], overrides_box], [c["message"], overrides_box, *shown])
     if reward_function is not None:
-        _reward_check_section(reward_function, chosen_source, split)
+        _reward_check_section(reward_function, c["chosen_source"], c["split"])
 
 
 def _reward_check_section(reward_function, chosen_source, split) -> None:

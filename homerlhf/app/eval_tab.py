@@ -2,7 +2,9 @@
 model's score under each answer, and record which is better: the human feedback loop closes here.
 
 Each message is a fresh single-turn prompt for both models (so every judgement is one
-prompt/chosen/rejected record); the chat windows keep the history for reading.
+prompt/chosen/rejected record): the windows show that one exchange, the newest, and say which
+checkpoint answered; a new message or *Resample* replaces it, and following another run clears it.
+Thumbs, drafts and *Train on my feedback* are :mod:`homerlhf.app.eval_feedback`'s.
 """
 
 from __future__ import annotations
@@ -11,25 +13,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from homerlhf.app import chat, preferences, runs
+from homerlhf.app import chat, feedback, feedback_runs, preferences, runs
 from homerlhf.app.common import guarded
 from homerlhf.errors import UserError
 
 LEFT_LABEL = "Actor (trained adapter)"
 RIGHT_LABEL = "Reference (adapter off)"
+SINGLE_TURN = ("**One message at a time:** each message is answered alone, without the ones before it (the "
+               "model sees no conversation), so the windows show the newest exchange only and name the "
+               "checkpoint that answered.")
 
 
 def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
     """(label, path) of the run's checkpoints, newest first; one whose actor adapter is not what its
-    manifest recorded is marked with why (Send refuses it)."""
+    manifest recorded is marked with why (Send refuses it). A DPO / KTO run's list ends with the
+    checkpoint it started from, so the same prompt can be asked of both."""
     from homerlhf.ppo.checkpoint import POLICY_FILES
 
     states = runs.checkpoint_states(run_dir, POLICY_FILES) if run_dir else []
-    return [(runs.checkpoint_label(p.name, problem), str(p)) for p, problem in states]
+    choices = [(runs.checkpoint_label(p.name, problem), str(p)) for p, problem in states]
+    start = feedback_runs.start_checkpoint(run_dir) if run_dir else None
+    if start is not None and start.is_dir():
+        choices.append((f"{start.name} of {feedback.owner_run(start).name} (where this run started)", str(start)))
+    return choices
 
 
 def default_checkpoint(choices: list[tuple[str, str]]):
-    """The newest checkpoint not marked unusable (else the newest; None for none)."""
+    """The newest checkpoint of the run not marked unusable (else the first listed; None for none)."""
     usable = [path for label, path in choices if label == Path(path).name]
     return (usable or [path for _, path in choices] or [None])[0]
 
@@ -87,13 +97,18 @@ class EvalPanel:
     right_btn: Any
     resample_btn: Any
     info: Any
-    last: Any  # gr.State: the exchange waiting for a judgement
+    last: Any  # gr.State: the exchange on screen (judged once; rated and drafted until the next)
     known: Any  # gr.State: the checkpoints listed, to follow the run as it writes new ones
     timer: Any
 
     @property
     def judge_buttons(self) -> list:
         return [self.left_btn, self.tie_btn, self.right_btn, self.resample_btn]
+
+    @property
+    def exchange(self) -> list:
+        """What shows one exchange: the chats, their scores, the info line and the exchange itself."""
+        return [self.left_chat, self.right_chat, self.left_score, self.right_score, self.info, self.last]
 
 
 def _sampling_controls() -> list:
@@ -118,6 +133,7 @@ def _layout() -> EvalPanel:
         checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
         refresh_btn = gr.Button("Refresh checkpoints", elem_id="eval-refresh")
     sampling = _sampling_controls()
+    gr.Markdown(SINGLE_TURN, elem_id="eval-single-turn")
     with gr.Row():
         with gr.Column():
             left_chat = gr.Chatbot(label=LEFT_LABEL, height=320, elem_id="eval-left")
@@ -126,7 +142,8 @@ def _layout() -> EvalPanel:
             right_chat = gr.Chatbot(label=RIGHT_LABEL, height=320, elem_id="eval-right")
             right_score = gr.Markdown(elem_id="eval-right-score")
     with gr.Row():
-        message = gr.Textbox(placeholder="Ask something…", show_label=False, scale=5, elem_id="eval-message")
+        message = gr.Textbox(placeholder="Ask something (answered alone, as a new conversation)…", show_label=False,
+                             scale=5, elem_id="eval-message")
         send_btn = gr.Button("Send", variant="primary", elem_id="eval-send")
     with gr.Row():  # off until there are two answers to judge
         left_btn = gr.Button("◀ Left better", interactive=False, elem_id="eval-left-better")
@@ -144,18 +161,36 @@ FOLLOW_S = 2.0  # how often the checkpoint list follows the run
 
 def button_states(pending) -> tuple:
     """Left / Tie / Right / Resample interactive or not: all off without answers; Left and Right off
-    for two identical answers (no pair can come of them)."""
+    for two identical answers (no pair can come of them); Left, Tie and Right off once judged."""
     import gradio as gr
 
     if not pending:
         return tuple(gr.update(interactive=False) for _ in range(4))
-    different = pending["left"] != pending["right"]
-    return (gr.update(interactive=different), gr.update(interactive=True), gr.update(interactive=different),
+    open_ = not pending.get("judged")
+    different = open_ and pending["left"] != pending["right"]
+    return (gr.update(interactive=different), gr.update(interactive=open_), gr.update(interactive=different),
             gr.update(interactive=True))
 
 
+def cleared(note: str = "") -> tuple:
+    """``exchange`` outputs with nothing on screen (another run followed), and the judgement buttons off."""
+    import gradio as gr
+
+    return (gr.update(value=[], label=LEFT_LABEL), gr.update(value=[], label=RIGHT_LABEL), "", "", note, None,
+            *button_states(None))
+
+
+def _chat(text: str, answer: str, label: str, ckpt: str):
+    import gradio as gr
+
+    return gr.update(value=[{"role": "user", "content": text}, {"role": "assistant", "content": answer or "(empty answer)"}],
+                     label=f"{label}: {Path(ckpt).name} of {feedback.owner_run(ckpt).name}")
+
+
 def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
-    """Both models answer ``text``: the chats, the scores, and the exchange to judge."""
+    """Both models answer ``text`` alone: the chats (this exchange only, replacing the one before), the
+    scores, the info line and the exchange to judge. The checkpoint may be of another run than
+    ``run_dir`` (the one a DPO / KTO run started from): it is loaded, and its feedback kept, with its own run."""
     if not run_dir:
         raise UserError("give a run directory (or start/attach one in the Train tab)")
     if not ckpt:
@@ -163,21 +198,20 @@ def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, to
     if not Path(ckpt).is_dir():
         raise UserError(f"checkpoint not found: {ckpt}")
     _verify(ckpt)
+    owner = str(feedback.owner_run(ckpt))
     sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
-    models = chat.get_models(run_dir, ckpt)
-    left, right = models.answer_both(text, sampling)
-    user = {"role": "user", "content": text}
-    left_hist = [*(left_hist or []), user, {"role": "assistant", "content": left.text or "(empty answer)"}]
-    right_hist = [*(right_hist or []), user, {"role": "assistant", "content": right.text or "(empty answer)"}]
+    left, right = chat.get_models(owner, ckpt).answer_both(text, sampling)
+    answers = [{"text": a.text, "source": source, "score": a.score, "seed": sampling.seed}
+               for a, source in ((left, "actor"), (right, "reference"))]
     pending = {"prompt": text, "left": left.text, "right": right.text, "left_score": left.score,
-               "right_score": right.score, "checkpoint": str(ckpt), "run_dir": run_dir,
-               "sampling": sampling.__dict__}
-    info = "Which answer is better?" if left.text != right.text else identical_markdown(run_dir, sampling.seed)
+               "right_score": right.score, "checkpoint": str(ckpt), "run_dir": owner,
+               "sampling": sampling.__dict__, "answers": answers, "rated": [], "pairs": []}
+    info = "Which answer is better?" if left.text != right.text else identical_markdown(owner, sampling.seed)
     if "\ufffd" in left.text + right.text:
         info += (f" (An answer holds bytes that form no character, shown as \ufffd: at temperature "
                  f"{sampling.temperature:g} the model joined byte tokens that make no UTF-8 text.)")
-    return (left_hist, right_hist, score_markdown(left), score_markdown(right), info, pending, "",
-            *button_states(pending))
+    return (_chat(text, left.text, LEFT_LABEL, ckpt), _chat(text, right.text, RIGHT_LABEL, ckpt), score_markdown(left),
+            score_markdown(right), info, pending, text, *button_states(pending))
 
 
 def _verify(ckpt: str) -> None:
@@ -189,7 +223,7 @@ def _verify(ckpt: str) -> None:
 
 
 def on_resample(pending, run_dir, ckpt, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
-    """The last message again with the next seed: (send's outputs..., the new seed)."""
+    """The last message again with the next seed, replacing its answers: (send's outputs..., the new seed)."""
     if not pending:
         raise UserError("send a message first")
     seed = int(seed or 0) + 1
@@ -198,11 +232,11 @@ def on_resample(pending, run_dir, ckpt, left_hist, right_hist, max_new, temperat
 
 
 def judge(choice: str):
-    """The handler of one judgement button: record the pending exchange as ``choice``."""
+    """The handler of one judgement button: record the exchange on screen as ``choice`` (once)."""
 
     @guarded(6, error_index=0)
     def on_judge(pending):
-        if not pending:
+        if not pending or pending.get("judged"):
             raise UserError("send a message first; each answer pair can be judged once")
         if choice != "tie" and pending["left"] == pending["right"]:
             raise UserError("the two answers are identical: no preference pair can come of them; "
@@ -213,8 +247,12 @@ def judge(choice: str):
             left_score=pending["left_score"], right_score=pending["right_score"],
             extra={"checkpoint": pending["checkpoint"], "sampling": pending["sampling"]},
         )
-        return (f"Recorded **{choice}** in `{path}`. " + counts_markdown(pending["run_dir"]), None,
-                *button_states(None))
+        done = dict(pending, judged=True)
+        if choice != "tie":
+            won, lost = (pending["left"], pending["right"])[::1 if choice == "left" else -1]
+            done["pairs"] = [*pending.get("pairs", []), [won, lost]]
+        return (f"Recorded **{choice}** in `{path}`. " + counts_markdown(pending["run_dir"]), done,
+                *button_states(done))
 
     return on_judge
 
@@ -234,43 +272,53 @@ def follow_checkpoints(run_dir: str, current: str, known: list) -> tuple:
 
 
 def _wire_checkpoints(panel: EvalPanel, run_dir_shared) -> None:
-    """The run dir follows the Train tab's; the checkpoint list follows the run dir and its new checkpoints."""
+    """The run dir follows the Train tab's; the checkpoint list follows the run dir and its new checkpoints.
+    Another run followed clears the exchange on screen (its answers were another policy's)."""
     import gradio as gr
 
-    def sync_run(shared):
+    def sync_run(shared, shown):
         choices = checkpoint_choices(shared)
-        return shared, gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices]
+        clear = cleared() if shared != shown else (gr.update(),) * 10
+        return (shared, gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices], *clear)
 
-    run_dir_shared.change(sync_run, run_dir_shared, [panel.run_dir, panel.checkpoint, panel.known])
+    run_dir_shared.change(sync_run, [run_dir_shared, panel.run_dir],
+                          [panel.run_dir, panel.checkpoint, panel.known, *panel.exchange, *panel.judge_buttons])
 
-    def on_refresh(run_dir):
+    def on_refresh(run_dir, pending):
         choices = checkpoint_choices(run_dir)
         note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
-        return gr.update(choices=choices, value=default_checkpoint(choices)), note, [p for _, p in choices]
+        other = pending and Path(pending["checkpoint"]) not in [Path(p) for _, p in choices]
+        clear = cleared(note) if other else (*(gr.update(),) * 4, note, *(gr.update(),) * 5)
+        return (gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices], *clear)
 
-    panel.refresh_btn.click(on_refresh, panel.run_dir, [panel.checkpoint, panel.info, panel.known])
-    panel.run_dir.submit(on_refresh, panel.run_dir, [panel.checkpoint, panel.info, panel.known])
+    outputs = [panel.checkpoint, panel.known, *panel.exchange, *panel.judge_buttons]
+    panel.refresh_btn.click(on_refresh, [panel.run_dir, panel.last], outputs)
+    panel.run_dir.submit(on_refresh, [panel.run_dir, panel.last], outputs)
     panel.timer.tick(follow_checkpoints, [panel.run_dir, panel.checkpoint, panel.known],
                      [panel.checkpoint, panel.known], show_progress="hidden")
 
 
-def build(run_dir_shared) -> None:
+def build(run_dir_shared, settings=None, runs_root: str = "runs") -> None:
+    """Lay out the tab; ``settings``: the Plan tab's (a feedback run trains with its preset and overrides)."""
     import gradio as gr
 
+    from homerlhf.app import eval_feedback
+
     gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
-                "the reference — the base with the adapter off (right). Pick the better answer to add a "
-                "preference record for `homerlhf reward` (ties go to a separate file). Loading a checkpoint "
-                "takes a second copy of the base in memory: on a full GPU, evaluate after the run stops.")
+                "the reference — the base with the adapter off (right). Pick the better answer, rate one, or ask "
+                "for another draft to pick from; *Train on my feedback* trains this policy on what you gave "
+                "(DPO or KTO). Loading a checkpoint takes a second copy of the base in memory: on a full GPU, "
+                "evaluate after the run stops.")
     panel = _layout()
     _wire_checkpoints(panel, run_dir_shared)
     send = guarded(11, error_index=4)(on_send)
-    send_outputs = [panel.left_chat, panel.right_chat, panel.left_score, panel.right_score, panel.info, panel.last,
-                    panel.message, *panel.judge_buttons]
+    send_outputs = [*panel.exchange[:5], panel.last, panel.message, *panel.judge_buttons]
     send_inputs = [panel.run_dir, panel.checkpoint, panel.message, panel.left_chat, panel.right_chat, *panel.sampling]
-    panel.send_btn.click(send, send_inputs, send_outputs)
-    panel.message.submit(send, send_inputs, send_outputs)
+    fb = eval_feedback.build(panel, run_dir_shared, settings, runs_root)
+    for event in (panel.send_btn.click, panel.message.submit):
+        event(send, send_inputs, send_outputs).then(*fb.after_exchange)
     seed = panel.sampling[-1]
     panel.resample_btn.click(guarded(12, error_index=4)(on_resample), [panel.last, *send_inputs[:2], *send_inputs[3:]],
-                             [*send_outputs, seed])
+                             [*send_outputs, seed]).then(*fb.after_exchange)
     for button, choice in ((panel.left_btn, "left"), (panel.right_btn, "right"), (panel.tie_btn, "tie")):
-        button.click(judge(choice), panel.last, [panel.info, panel.last, *panel.judge_buttons])
+        button.click(judge(choice), panel.last, [panel.info, panel.last, *panel.judge_buttons]).then(*fb.after_record)

@@ -1,13 +1,15 @@
 """The Export tab: a run's trained policy as a model that runs elsewhere (`homerlhf export policy`).
 
-Pick a run and a checkpoint (an iteration, ``last`` or ``best``), the base weights and GGUF types,
-export with a progress bar (the merge and each GGUF's tensors, through Gradio's tqdm tracking),
-then see the written files and the commands that run them (transformers, llama.cpp, Ollama).
-The work is :mod:`homerlhf.stages.export`'s; this module only lays out and reports.
+Pick a run and a checkpoint (named as the Evaluate tab names it, or ``best``), the base weights, the
+dtype and GGUF types, export with a progress bar (the merge and each GGUF's tensors, through Gradio's
+tqdm tracking), then see the written files and the commands that run them (transformers, llama.cpp,
+Ollama). The work is :mod:`homerlhf.stages.export`'s; this module only lays out and reports, and
+says its refusals in the tab's own field names, not the CLI's flags.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from homerlhf.app import runs
@@ -15,24 +17,82 @@ from homerlhf.app.common import guarded
 from homerlhf.errors import UserError
 
 DEFAULT_TYPES = ["q4_k_m"]
+BEST = ("best (the highest mean score)", "best")
+DTYPE_FLAGS = ("fp32", "bf16", "fp16")
 
 
 def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
-    """(label, value): ``last``, ``best`` and the run's checkpoint iterations, newest first; one whose
-    actor adapter is not what its manifest recorded is marked with why (its export is refused)."""
+    """(label, value): the run's checkpoints newest first, labelled as every tab labels them
+    (:func:`homerlhf.app.runs.checkpoint_entries`: ``iter_000003``, one whose actor adapter is not what
+    its manifest recorded marked with why; its export is refused), valued by iteration; then ``best``."""
     from homerlhf.ppo.checkpoint import POLICY_FILES
 
-    states = runs.checkpoint_states(run_dir, POLICY_FILES) if run_dir else []
-    if not states:
+    entries = runs.checkpoint_entries(run_dir, POLICY_FILES)
+    if not entries:
         return []
-    numbers = [(str(int(p.name.split("_")[1])), problem) for p, problem in states]
-    return [(runs.checkpoint_label("last", states[0][1]), "last"), ("best", "best"),
-            *[(runs.checkpoint_label(n, problem), n) for n, problem in numbers]]
+    return [*[(label, str(int(path.name.split("_")[1]))) for label, path in entries], BEST]
+
+
+def default_checkpoint(choices: list[tuple[str, str]]):
+    """The newest checkpoint not marked unusable (else the newest; None for none), as Evaluate picks it."""
+    usable = [value for label, value in choices if value != BEST[1] and re.fullmatch(r"iter_\d+", label)]
+    return (usable or [value for _, value in choices] or [None])[0]
 
 
 def default_out(run_dir: str) -> str:
     """``RUNS/exports/RUN``: beside the runs, named after the run (the GGUF files and the Ollama model too)."""
     return str(Path(run_dir).parent / "exports" / Path(run_dir).name) if run_dir else ""
+
+
+def compute_flag(run_dir: str) -> str:
+    """The dtype the run's policy computed in, as ``--dtype`` names it (``fp32`` for a CPU run); '' unknown."""
+    from homerlhf.stages.export_plan import FLAGS, compute_dtype_name
+
+    cfg = runs.run_config(run_dir) if run_dir else None
+    if cfg is None:
+        return ""
+    try:
+        name = compute_dtype_name(cfg)
+    except (UserError, ValueError):
+        return ""
+    return FLAGS.get(name, name)
+
+
+def dtype_choices(run_dir: str) -> list[tuple[str, str]]:
+    """The 'Save in' choices: ``auto`` (the dtype the policy computed in, named once the run is known),
+    then each dtype ``homerlhf export policy --dtype`` takes."""
+    flag = compute_flag(run_dir)
+    auto = f"as the policy computed ({flag})" if flag else "as the policy computed"
+    return [(auto, "auto"), *[(f, f) for f in DTYPE_FLAGS]]
+
+
+# The CLI's flags in export's messages, as this tab's fields (specific phrases first).
+FIELD_WORDS = [
+    (r"pass --overwrite to replace it or choose another --out", "tick 'Overwrite' to replace it, or choose another 'Output directory'"),
+    (r"give the --out of a `homerlhf train` run", "give the directory of a run (the Train tab's, or one `homerlhf train` wrote)"),
+    (r"with --checkpoint \d+", "(pick it in 'Checkpoint')"),
+    (r"\(or pass last or best\)", "(or pick best)"),
+    (r"pass last or an iteration number", "pick a checkpoint of the list"),
+    (r"give an iteration number \(([^)]*)\), last or best", r"pick one of the list (iterations \1) or best"),
+    (r"or leave it out for the dtype the policy computed in", "or 'as the policy computed'"),
+    (r"--private makes sense only with --push-to-hub REPO", "'Private' makes sense only with 'Upload to repo' filled"),
+    (r"unset it or drop --push-to-hub", "unset it or empty 'Upload to repo'"),
+    (r"--push-to-hub", "'Upload to repo'"),
+    (r"--private", "'Private'"),
+    (r"--checkpoint", "'Checkpoint'"),
+    (r"--overwrite", "'Overwrite'"),
+    (r"--out\b", "'Output directory'"),
+    (r"--base", "'Merge into'"),
+    (r"--dtype", "'Save in'"),
+    (r"--gguf", "'GGUF types'"),
+]
+
+
+def app_words(message: str) -> str:
+    """``message`` (export's, written for the CLI) with each flag replaced by the field that sets it here."""
+    for pattern, field in FIELD_WORDS:
+        message = re.sub(pattern, field, message)
+    return message
 
 
 def _size(path: Path) -> str:
@@ -48,6 +108,8 @@ def result_markdown(result: dict) -> str:
     lines = [f"**Exported** `{out}` from `{Path(result['checkpoint']).name}` (base {result['base']}, {result['dtype']}): "
              f"max |Δ log p| {gap['max_abs']:.1e}, mean {gap['mean_abs']:.1e} nats/token on {gap['tokens']} held "
              f"tokens — {verdict}.", "", "| file | size |", "|---|---|"]
+    if result.get("rounding"):
+        lines[0] += f" Note: {app_words(result['rounding'])}."
     lines += [f"| `{rel}` | {_size(out / rel)} |" for rel in result["files"] if (out / rel).is_file()]
     lines += [f"- {g['tensors']}" for g in result["gguf"]]
     if result.get("hub_url"):
@@ -56,22 +118,38 @@ def result_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def on_export(run_dir, checkpoint, out, base, types, overwrite, hub_repo, private, progress=None):
-    """Checks, exports and reports; every mistake is the one line the CLI gives."""
+def on_export(run_dir, checkpoint, out, base, types, overwrite, hub_repo, private, progress=None, dtype="auto"):
+    """Checks, exports and reports; every mistake is the CLI's one line, in this tab's field names."""
     from homerlhf.stages.export import plan_policy_export, run_policy_export
 
     if not run_dir:
         raise UserError("give a run directory (or start/attach one in the Train tab)")
     if not out:
-        raise UserError("give an output directory")
-    plan = plan_policy_export(run_dir, out, checkpoint=checkpoint or "last", base=base, gguf=list(types or []),
-                              push_to_hub=(hub_repo or "").strip() or None, private=bool(private),
-                              overwrite=bool(overwrite))
-    report = (lambda fraction, what: progress(fraction, desc=what)) if progress is not None else None
-    return result_markdown(run_policy_export(plan, report))
+        raise UserError("give an 'Output directory'")
+    try:
+        plan = plan_policy_export(run_dir, out, checkpoint=checkpoint or "last", base=base, gguf=list(types or []),
+                                  push_to_hub=(hub_repo or "").strip() or None, private=bool(private),
+                                  overwrite=bool(overwrite), dtype=dtype or "auto")
+        report = (lambda fraction, what: progress(fraction, desc=what)) if progress is not None else None
+        return result_markdown(run_policy_export(plan, report))
+    except UserError as exc:
+        raise UserError(app_words(str(exc))) from None
 
 
-def build(run_dir_shared) -> None:
+def fill(run: str, current, out: str, dtype: str) -> tuple:
+    """The checkpoint list, output dir and dtype choices of ``run``: (checkpoint, out, dtype) updates. The
+    checkpoint picked stays picked while the run has it; an output dir typed stays."""
+    import gradio as gr
+
+    choices = checkpoint_choices(run)
+    values = [value for _, value in choices]
+    value = current if current in values else default_checkpoint(choices)
+    return (gr.update(choices=choices, value=value), out or default_out(run),
+            gr.update(choices=dtype_choices(run), value=dtype or "auto"))
+
+
+def build(run_dir_shared, tab=None) -> None:
+    """Lay out the tab; ``tab``: its ``gr.Tab``, whose opening fills the checkpoint list."""
     import gradio as gr
 
     from homerlhf.workers.gguf.policy import POLICY_GGUF_TYPES
@@ -87,6 +165,8 @@ def build(run_dir_shared) -> None:
     with gr.Row():
         out = gr.Textbox(label="Output directory", scale=3, elem_id="export-out")
         base = gr.Radio(["nf4", "original"], value="nf4", label="Merge into", elem_id="export-base")
+        dtype = gr.Radio(dtype_choices(""), value="auto", label="Save in", elem_id="export-dtype",
+                         info="the merged model's dtype; rounding off the policy's costs a measured gap")
         overwrite = gr.Checkbox(False, label="Overwrite", elem_id="export-overwrite")
     types = gr.CheckboxGroup(list(POLICY_GGUF_TYPES), value=DEFAULT_TYPES, label="GGUF types", elem_id="export-gguf")
     with gr.Accordion("Hugging Face Hub (uses HF_TOKEN or `hf auth login`)", open=False):
@@ -96,21 +176,23 @@ def build(run_dir_shared) -> None:
     export_btn = gr.Button("Export", variant="primary", elem_id="export-start")
     result = gr.Markdown(elem_id="export-result")
 
-    def sync(run):
-        choices = checkpoint_choices(run)
-        return run, gr.update(choices=choices, value=choices[0][1] if choices else None), default_out(run)
+    def sync(run, current_dtype):  # a run attached in the Train tab: its list (newest usable), its own output dir
+        return run, *fill(run, None, "", current_dtype)
 
-    run_dir_shared.change(sync, run_dir_shared, [run_dir, checkpoint, out])
+    run_dir_shared.change(sync, [run_dir_shared, dtype], [run_dir, checkpoint, out, dtype])
+    refresh.click(fill, [run_dir, checkpoint, out, dtype], [checkpoint, out, dtype])
+    run_dir.submit(fill, [run_dir, checkpoint, out, dtype], [checkpoint, out, dtype])
+    if tab is not None:  # the list as it is when the tab opens: checkpoints written since the attach show
 
-    def on_refresh(run, current_out):
-        choices = checkpoint_choices(run)
-        return gr.update(choices=choices, value=choices[0][1] if choices else None), current_out or default_out(run)
+        def on_open(run, shared, current, current_out, current_dtype):
+            run = run or shared
+            return run, *fill(run, current, current_out, current_dtype)
 
-    refresh.click(on_refresh, [run_dir, out], [checkpoint, out])
-    run_dir.submit(on_refresh, [run_dir, out], [checkpoint, out])
+        tab.select(on_open, [run_dir, run_dir_shared, checkpoint, out, dtype], [run_dir, checkpoint, out, dtype])
 
     @guarded(1, error_index=0)
-    def export(run, ckpt, out_dir, base_choice, gguf, replace, repo, is_private, progress=gr.Progress(track_tqdm=True)):
-        return on_export(run, ckpt, out_dir, base_choice, gguf, replace, repo, is_private, progress)
+    def export(run, ckpt, out_dir, base_choice, gguf, replace, repo, is_private, save_in,
+               progress=gr.Progress(track_tqdm=True)):
+        return on_export(run, ckpt, out_dir, base_choice, gguf, replace, repo, is_private, progress, save_in)
 
-    export_btn.click(export, [run_dir, checkpoint, out, base, types, overwrite, hub_repo, private], result)
+    export_btn.click(export, [run_dir, checkpoint, out, base, types, overwrite, hub_repo, private, dtype], result)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from homerlhf.app.monitor_notes import memory_title, panel_label, panel_note
+
 # Panels of the monitor figure, the ones that matter first: a title and regexes of metric keys drawn
 # in it. Patterns rather than fixed names, so a renamed or added metric (score_mean, score/mean,
 # reward/mean ...) still lands in the right panel instead of silently vanishing.
@@ -23,7 +25,8 @@ PANELS: list[tuple[str, list[str]]] = [
     # One line per reward of a weighted reward (reward.components): reward_<name>; their *_none
     # fractions (samples a function gave no reward) stay out, on another scale.
     ("Reward components", [r"^reward_(?!mean$)(?!.*_none$)[a-z0-9_]+$"]),
-    ("KL to the reference (nats)", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$"]),
+    # kl_mean, and the k3 estimates (never below 0) where a run logs them: its first rollout's, GRPO's loss term.
+    ("KL to the reference (nats)", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$", r"^kl_ref_(start|loss)$"]),
     ("Policy and value loss", [r"^(loss/)?(policy|pg|actor)[/_.]?loss", r"^(loss/)?(value|vf|critic)[/_.]?loss"]),
     ("Entropy (nats per token)", [r"entropy"]),
     ("KL penalty coefficient", [r"kl_coef"]),
@@ -52,6 +55,7 @@ LABELS = {
     "is_capped_fraction": "capped fraction", "kl_behaviour_old": "KL engine -> trainer",
     "policy_version_lag_mean": "updates behind, mean", "policy_version_lag_max": "updates behind, max",
     "group_zero_spread_fraction": "groups without signal", "group_reward_std": "reward std in a group",
+    "kl_ref_start": "k3 per token, first rollout", "kl_ref_loss": "k3 per token, in the loss",
     **{f"{kind}_mem_{phase}_gib": f"{phase} {word}" for kind, word in (("peak", "measured"), ("predicted", "planned"))
        for phase in ("generation", "scoring", "update")},
 }
@@ -171,9 +175,11 @@ def metrics_figure(rows: Sequence[dict]):
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    kind = next((r.get("peak_mem_kind") for r in reversed(rows) if r.get("peak_mem_kind")), None)
     rows = [flatten(r) for r in rows]
     groups = [(title, keys) for title, keys in panel_keys(numeric_keys(rows))
               if title not in OPTIONAL_PANELS or _says_something(keys, rows)]
+    groups = [(memory_title(title, kind), keys) for title, keys in groups]
     n_cols = 4
     n_rows = math.ceil(len(groups) / n_cols)
     fig = Figure(figsize=(14, 3.4 * n_rows), layout="constrained")
@@ -224,7 +230,7 @@ def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> No
             continue
         # Dashes and markers differ, so two metrics that agree (score and reward at KL 0) both show.
         ax.plot(xs, ys, linestyle=STYLES[i % len(STYLES)], marker=MARKERS[i % len(MARKERS)], markersize=4,
-                linewidth=1.4, label=label_of(key), color=f"C{i}", alpha=0.85, gid=key)
+                linewidth=1.4, label=panel_label(title, key, label_of(key)), color=f"C{i}", alpha=0.85, gid=key)
         xs_all += xs
         ys_all += ys
     if not xs_all:
@@ -237,7 +243,10 @@ def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> No
     if high - low < 1e-9:  # one point, or a flat line: a readable range around it
         pad = max(abs(low) * 0.1, 1e-3)
         ax.set_ylim(low - pad, high + pad)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(keys)), frameon=False)
+    note = panel_note(title, ys_all)
+    legend = ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(keys)),
+                       frameon=False, title=note or None, title_fontsize=7)
+    legend.set_gid("legend")
 
 
 def _format_duration(seconds: float) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from homerlhf.app import runs
 from homerlhf.app.common import guarded, md_text, parse_overrides, set_override
+from homerlhf.app.plan_apply import NO_FIT, apply_choice, on_apply, suggestion_overrides  # noqa: F401 - the tab's API
 from homerlhf.errors import UserError
 
 
@@ -175,11 +176,6 @@ def table_value(headers: list[str], rows: list[list]):
 TOTAL_STYLE = "font-weight: bold; background-color: #fff3cd"
 
 
-def suggestion_overrides(plan) -> list[str]:
-    """The planner's suggestion as ``section.key=value`` items ([] when it fits or none fits)."""
-    return list(plan.suggestion.set_args) if plan.suggestion is not None else []
-
-
 # Words, not emoji: where only DejaVu fonts are installed an emoji is an empty box.
 VERDICT_MARKS = {"fits": "OK: ", "tight": "TIGHT: ", "over": "NO: ", None: ""}
 
@@ -189,7 +185,7 @@ def verdict_markdown(plan) -> str:
     lines = [f"**{mark}{plan.verdict(gpu_hint=GPU_HINT)}**"]
     if plan.fits is False:
         if plan.suggestion is None:
-            lines.append("No setting in the search fits with 10% of the card free: use a smaller model or a larger card.")
+            lines.append(NO_FIT[0].upper() + NO_FIT[1:] + ".")
         else:
             sug = plan.suggestion
             restores = "restores the margin" if plan.status == "tight" else "fits"
@@ -238,7 +234,7 @@ class PlanPanel:
     command: Any
     yaml_path: Any
     save_btn: Any
-    suggestion: Any  # gr.State: the last plan's suggestion as section.key=value items
+    suggestion: Any  # gr.State: what Apply applies for the last plan (apply_choice), {} before one
     time: Any = None  # Markdown: seconds per phase and the placement recommendation
     calibration: Any = None  # Textbox: a `homerlhf check` report's path (empty: the H200's scaled figures)
 
@@ -278,7 +274,7 @@ def _layout(settings: Settings) -> PlanPanel:
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
-                     suggestion=gr.State([]), time=time, calibration=calibration)
+                     suggestion=gr.State({}), time=time, calibration=calibration)
 
 
 def on_algorithm(algorithm: str, overrides: str) -> str:
@@ -327,16 +323,6 @@ def on_preset(preset, model, preset_model, shown, overrides, typed, applied):
     return card_markdown(preset), model, new_default, "\n".join(kept), " ".join(said), typed, preset
 
 
-def on_apply(items, overrides, preset):
-    """The suggestion's items written into the overrides text: (message, overrides, applied)."""
-    if not items:
-        raise UserError("no suggestion to apply: the plan fits, or run Plan first")
-    for item in items:
-        key, _, value = item.partition("=")
-        overrides = set_override(overrides, key, value)
-    return f"Applied: {' '.join(f'`{i}`' for i in items)}", overrides, {"preset": preset, "items": list(items)}
-
-
 def on_save(preset, model, overrides, preset_model, path):
     out = save_yaml(resolved_config(preset, model, overrides, preset_model), path)
     return f"Saved `{out}`. Train with it: `homerlhf train --preset {preset} --config {out}`"
@@ -350,12 +336,12 @@ def plan_outputs(preset, model, overrides, preset_model, gpu_gib, calibration: s
     plan = compute_plan(cfg, gpu_gib, calibration)
     headers, rows = plan_table(plan)
     return ("", verdict_markdown(plan), plan_figure(plan), gr.update(value=table_value(headers, rows), headers=headers),
-            command_text(preset, model, overrides, preset_model), suggestion_overrides(plan),
+            command_text(preset, model, overrides, preset_model), apply_choice(plan),
             time_markdown(plan, cfg.reward.model))
 
 
 # A plan that fails leaves no verdict, chart, table or time of the settings before it on screen.
-STALE_ON_ERROR = {1: "", 2: None, 3: None, 5: [], 6: ""}
+STALE_ON_ERROR = {1: "", 2: None, 3: None, 5: {}, 6: ""}
 
 
 def build(settings: Settings):

@@ -30,7 +30,8 @@ TIES_FILE = "preferences_ties.jsonl"
 CHOICES = ("left", "right", "tie")
 
 
-def _append(path: Path, record: dict) -> None:
+def append_record(path: Path, record: dict) -> None:
+    """One JSON line appended and synced (also the ratings file's writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, ensure_ascii=False) + "\n"
     # One write of one line in append mode: concurrent clicks never interleave half lines.
@@ -59,18 +60,18 @@ def record_preference(
     run_dir = Path(run_dir)
     if choice == "tie" or left == right:
         path = run_dir / TIES_FILE
-        _append(path, {"prompt": prompt, "response_a": left, "response_b": right,
-                       "a_source": left_source, "b_source": right_source,
-                       "a_score": left_score, "b_score": right_score, **meta})
+        append_record(path, {"prompt": prompt, "response_a": left, "response_b": right,
+                              "a_source": left_source, "b_source": right_source,
+                              "a_score": left_score, "b_score": right_score, **meta})
         return path
     if choice == "left":
         chosen, rejected = (left, left_source, left_score), (right, right_source, right_score)
     else:
         chosen, rejected = (right, right_source, right_score), (left, left_source, left_score)
     path = run_dir / PAIRS_FILE
-    _append(path, {"prompt": prompt, "chosen": chosen[0], "rejected": rejected[0],
-                   "chosen_source": chosen[1], "rejected_source": rejected[1],
-                   "chosen_score": chosen[2], "rejected_score": rejected[2], **meta})
+    append_record(path, {"prompt": prompt, "chosen": chosen[0], "rejected": rejected[0],
+                          "chosen_source": chosen[1], "rejected_source": rejected[1],
+                          "chosen_score": chosen[2], "rejected_score": rejected[2], **meta})
     return path
 
 

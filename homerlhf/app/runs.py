@@ -315,8 +315,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def checkpoint_states(run_dir: str | Path, files: Sequence[str] = ()) -> list[tuple[Path, str]]:
-    """The run's checkpoints newest first, each with what makes ``files`` of it (prefixes; all by
-    default) differ from what its manifest recorded, '' when nothing does. Hashed once per file."""
+    """The run's checkpoints newest first, each with why ``files`` (prefixes; () all) differ from its manifest, or ''."""
     from homerlhf.ppo.manifest import checkpoint_problem
 
     return [(p, checkpoint_problem(p, files) or "") for p in list_checkpoints(run_dir)]
@@ -325,6 +324,11 @@ def checkpoint_states(run_dir: str | Path, files: Sequence[str] = ()) -> list[tu
 def checkpoint_label(label: str, problem: str) -> str:
     """A checkpoint's entry in a list: as it is, or marked with why it cannot be used."""
     return f"{label} (not usable: {problem})" if problem else label
+
+
+def checkpoint_entries(run_dir: str | Path, files: Sequence[str] = ()) -> list[tuple[str, Path]]:
+    """(label, dir) of the run's checkpoints newest first, as every tab names them (``iter_000003``, marked)."""
+    return [(checkpoint_label(p.name, why), p) for p, why in checkpoint_states(run_dir, files)] if run_dir else []
 
 
 def _launcher_main(args: list[str]) -> int:

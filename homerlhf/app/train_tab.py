@@ -3,108 +3,19 @@ directory, and watch it live (plots, progress with ETA, latest samples, worker s
 
 from __future__ import annotations
 
-import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from homerlhf.app import monitor, runs
+from homerlhf.app import feedback_runs, monitor, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
+from homerlhf.app.train_status import (  # noqa: F401 (worker_table and the rest: the tab's, re-exported)
+    default_run_dir, holds_run, is_default_run_dir, status_markdown, total_iterations, worker_table,
+)
 from homerlhf.errors import UserError
 
 POLL_S = 2.0
-
-
-_DEFAULT_NAME = re.compile(r"^app-\d{8}-\d{6}(-\d+)?$")
-
-
-def default_run_dir(root: str = "runs") -> str:
-    """A fresh ``ROOT/app-<now>`` (``-2``, ``-3`` ... when two Starts fall in the same second)."""
-    base = Path(root) / time.strftime("app-%Y%m%d-%H%M%S")
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return str(path)
-
-
-def is_default_run_dir(run_dir: str, root: str) -> bool:
-    """A name :func:`default_run_dir` made (not one the user typed): a Start replaces it by a fresh one
-    once it holds a run."""
-    path = Path(run_dir)
-    return path.parent == Path(root) and bool(_DEFAULT_NAME.match(path.name))
-
-
-def holds_run(path: Path) -> bool:
-    return any((path / name).exists() for name in ("config.yaml", runs.METRICS_FILE, runs.CHECKPOINTS_DIR))
-
-
-def total_iterations(run_dir: Path, argv: list[str]) -> Optional[int]:
-    """``ppo.iterations`` of the run: from its resolved config, else from the command's overrides."""
-    cfg = runs.run_config(run_dir)
-    if cfg is not None:
-        return cfg.ppo.iterations
-    try:
-        from homerlhf.config import load_config
-
-        preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "cpu-tiny"
-        sets = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
-        return load_config(preset, None, sets).ppo.iterations
-    except (UserError, ValueError, IndexError):
-        return None
-
-
-def worker_table(run_dir: Path, status: runs.RunStatus) -> list[list]:
-    cfg = runs.run_config(run_dir)
-    rows = []
-    for role, url in runs.worker_urls(run_dir).items():
-        backend = getattr(cfg, role).backend if cfg is not None and role in ("ref", "reward") else "?"
-        if not url:
-            rows.append([role, backend, "(in the trainer process)", "-", None])
-        elif not status.running:
-            rows.append([role, backend, url, "run not running", None])
-        elif url.startswith("("):  # no address announced yet: the worker is still loading
-            rows.append([role, backend, "-", "starting", None])
-        else:
-            up, latency, detail = monitor.check_worker(url, token=_worker_token(cfg, run_dir, role))
-            rows.append([role, backend, url, "up" if up else f"down ({detail})",
-                         None if latency is None else round(latency, 1)])
-    return rows
-
-
-def _worker_token(cfg, run_dir, role: str) -> Optional[str]:
-    """The run's own worker's token (a 0600 file beside its log), else the configured one, if any."""
-    from homerlhf.workers.tokens import client_token, read_token_file
-
-    try:
-        own = Path(run_dir) / "workers" / f"{role}.log.token"
-        if own.exists():
-            return read_token_file(own)
-        rc = getattr(cfg, role, None) if cfg is not None else None
-        return client_token(role, rc.token, rc.token_file) if rc is not None else None
-    except UserError:  # unreadable, or redacted with nothing to restore it: the check shows the 401
-        return None
-
-
-def status_markdown(status: runs.RunStatus) -> str:
-    text = f"**Run:** `{status.run_dir}` — {md_text(status.message())}"
-    tracking = tracking_markdown(Path(status.run_dir))
-    if tracking:
-        text += f"\n\n{tracking}"
-    if status.state == "crashed":
-        text += "\n\nThe log below shows why. Fix the setting it names and start again."
-    return text
-
-
-def tracking_markdown(run_dir: Path) -> str:
-    """Where the run is tracked (``logging.report_to``): each tracker, its local dir or URL, how to look."""
-    from homerlhf.tracking.session import run_tracking_line
-
-    cfg = runs.run_config(run_dir)
-    line = run_tracking_line(run_dir, cfg.logging if cfg is not None else None)
-    return f"**Tracking:** {line.removeprefix('tracking: ')}" if line else ""
 
 
 NO_RUN = "No run attached: start one or attach to a run directory."
@@ -119,15 +30,18 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
     path = Path(run_dir)
     status = runs.run_status(path)
     rows = monitor.read_jsonl(path / runs.METRICS_FILE)
-    total = total_iterations(path, status.argv)
+    preference = feedback_runs.is_preference_run(path, status.argv)  # a DPO / KTO run: optimizer steps
+    total = feedback_runs.total_steps(path, rows) if preference else total_iterations(path, status.argv)
     prog = monitor.progress(rows, total, started_at=status.started_at,
                             now=status.ended_at if status.ended_at and not status.running else None)
     if status.state in ("stopped", "crashed", "finished"):
         prog.eta_s = None  # no time is left to estimate (a run started elsewhere may still be going)
     changed = len(rows) != last_n
-    figure = monitor.figure_svg(monitor.metrics_figure(rows)) if changed else None
+    draw = feedback_runs.preference_figure if preference else monitor.metrics_figure
+    figure = monitor.figure_svg(draw(rows)) if changed else None
     samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
-    return (status_markdown(status), f"**Progress:** {prog.line()}", figure, samples,
+    line = prog.line().replace("iteration", "step", 1) if preference else prog.line()
+    return (status_markdown(status), f"**Progress:** {line}", figure, samples,
             worker_table(path, status), status.log_tail[-3000:], len(rows), status.state)
 
 
@@ -236,9 +150,8 @@ def refresh(run_dir, last_n, last_state="", starts=0, request=None):
     return (*out, message)
 
 
-# Starts pressed per page (Gradio session): a poll sent before the last Start, or still reading when it
-# came, must not draw the run before it over the cleared monitor (cancelling the timer's pending event
-# does not stop one already running or already sent).
+# Starts and Attaches pressed per page (Gradio session): a poll sent before the last one, or still reading
+# when it came, draws nothing (cancelling the timer's pending event does not stop one already sent).
 _STARTS: dict[str, int] = {}
 
 
@@ -246,12 +159,22 @@ def _starts_pressed(request) -> int:
     return _STARTS.get(getattr(request, "session_hash", None) or "", 0)
 
 
+def new_watch(request=None) -> int:
+    """A Start or an Attach: this page's count goes up, so polls sent before it draw nothing (refresh)."""
+    key = getattr(request, "session_hash", None) or ""
+    _STARTS[key] = _STARTS.get(key, 0) + 1
+    return _STARTS[key]
+
+
 def pause_monitor(request=None):
     """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one.
     Returns ``monitor_outputs`` and this page's count of Starts."""
-    key = getattr(request, "session_hash", None) or ""
-    _STARTS[key] = _STARTS.get(key, 0) + 1
-    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "", _STARTS[key])
+    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "", new_watch(request))
+
+
+def redraw(run_dir, last_n, last_state="", starts=0, request=None):
+    """After an Attach: the attached run drawn whatever rows count a poll left behind."""
+    return refresh(run_dir, -1, last_state, starts, request)
 
 
 def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
@@ -261,14 +184,15 @@ def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_ro
     from homerlhf.config import check_device, load_config
     from homerlhf.stages.preflight import check_run
 
-    items = run_overrides(model, overrides, preset_model)
-    cfg = load_config(preset, None, items)
-    check_device(cfg)  # reported here, not as a crashed run
-    check_run(cfg)  # models the backends cannot serve, a model that is nowhere: likewise
     text = (run_dir or "").strip()
     path = Path(text) if text else Path(default_run_dir(runs_root))
     if not overwrite and runs.is_run_dir(path) and is_default_run_dir(str(path), runs_root):
         path = Path(default_run_dir(runs_root))
+    feedback_runs.refuse_if_running([runs_root, path.parent])  # one run at a time, named
+    items = run_overrides(model, overrides, preset_model)
+    cfg = load_config(preset, None, items)
+    check_device(cfg)  # reported here, not as a crashed run
+    check_run(cfg)  # models the backends cannot serve, a model that is nowhere: likewise
     if holds_run(path) and not overwrite:
         raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
     status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
@@ -320,6 +244,18 @@ def on_page_load(runs_root: str) -> tuple:
     return (listed, running, running, running, *monitor_out)
 
 
+def follow_shared(shared, attached, starts=0, request=None) -> tuple:
+    """The run the other tabs share moved (Evaluate started a feedback run): the monitor attaches to it and
+    draws it. Returns (attached, run dir box, *monitor outputs); nothing at all when it is the attached one."""
+    import gradio as gr
+
+    if not shared or shared == attached:
+        return (gr.update(),) * 11
+    out = list(refresh(shared, -1, runs.run_status(shared).state, starts, request))
+    out[-1] = f"Attached to `{shared}`."
+    return (shared, shared, *out)
+
+
 def on_stop(run_dir) -> str:
     """Ask the attached run to save a checkpoint and exit."""
     if not run_dir:
@@ -352,9 +288,10 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
 
     panel.refresh_btn.click(lambda run_dir: runs_list(run_dir, runs_root), panel.run_dir, panel.runs_dd)
-    panel.attach_btn.click(guarded(6, error_index=0)(on_attach), panel.runs_dd,
-                           [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
-                           ).then(refresh, monitor_inputs, panel.monitor_outputs)
+    panel.attach_btn.click(new_watch, None, panel.starts, queue=False, cancels=[tick]).then(
+        guarded(6, error_index=0)(on_attach), panel.runs_dd,
+        [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
+    ).then(redraw, monitor_inputs, panel.monitor_outputs)
 
 
 def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs") -> list[tuple]:
@@ -369,11 +306,13 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
     for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
         comp.change(show_command, cmd_inputs, panel.command)
-    for handler in (refresh, pause_monitor):  # Gradio hands its request to a parameter annotated so
+    for handler in (refresh, pause_monitor, follow_shared, new_watch, redraw):  # Gradio hands its request to a parameter annotated so
         handler.__annotations__["request"] = gr.Request
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
+    run_dir_shared.change(follow_shared, [run_dir_shared, panel.attached, panel.starts],
+                          [panel.attached, panel.run_dir, *panel.monitor_outputs], show_progress="hidden")
     def reattach():
         return on_page_load(runs_root)
 

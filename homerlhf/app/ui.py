@@ -29,7 +29,7 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
     import gradio as gr
 
     import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, as the CLI does
-    from homerlhf.app import data_tab, eval_tab, export_tab, plan_tab, train_tab
+    from homerlhf.app import data_tab, eval_tab, export_tab, page_load, plan_tab, train_tab
     from homerlhf.config import preset_names
 
     if default_preset not in preset_names():
@@ -48,12 +48,11 @@ def build_app(default_preset: str = "cpu-tiny", runs_root: str = "runs"):
                 train_loads = train_tab.build(settings.preset, settings.model, settings.overrides,
                                                 settings.preset_model, run_dir_shared, runs_root=runs_root)
             with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
-                eval_tab.build(run_dir_shared)
-            with gr.Tab("Export", id="export", elem_id="tab-export"):
-                export_tab.build(run_dir_shared)
-        blocks.load(*on_load)
-        for event in train_loads:
-            blocks.load(*event)
+                eval_tab.build(run_dir_shared, settings, runs_root)
+            with gr.Tab("Export", id="export", elem_id="tab-export") as export_ui:
+                export_tab.build(run_dir_shared, export_ui)
+        # A load restores a running run's settings before the plan is drawn, and attaches a run (page_load).
+        page_load.wire(blocks, settings, on_load, train_loads, runs_root)
     return blocks
 
 

@@ -16,6 +16,9 @@ figures in :data:`H200_S`); at another preset the same cases with that preset's 
   model (none within it: the quickest that fits): Qwen2.5-7B at the 4090 preset;
 - ``grpo-1.5b``, ``grpo-1.5b-upcast``, ``rloo-1.5b``, ``reward-adapter-1.5b``, ``resume-1.5b``,
   ``cli-1.5b``: Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens, at the preset;
+- ``ppo-critic-1.5b``: PPO with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
+  random weights on the same tokenizer), and ``ppo-offload-1.5b``: PPO with every 2nd layer checkpointed
+  and their inputs in host memory (``training.activation_offload``), the same prompts;
 - ``ppo-fp16-1.5b``: the fp16 path (its GradScaler) at the ``t4-colab`` preset where the card holds its
   15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``.
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 SMALL_MODEL = "Qwen/Qwen2.5-1.5B"
+CRITIC_MODEL = "Qwen/Qwen2.5-0.5B"  # ppo-critic's critic.model: a smaller model of the policy's tokenizer
 MAIN_MODELS = ("Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-0.5B")
 MAIN_BUDGET_S = 240  # the PPO case's estimate on the card, at most (the 7B's 2 iterations: 95 s on an H200)
 LOAD_S = 5  # loading the PPO case's model (a 7B on an H200), in its estimate
@@ -43,7 +47,7 @@ FP16_PRESET = "t4-colab"
 # Seconds on an H200 at the 4090 preset (t4-colab for the fp16 case), the model's build aside: see
 # scripts/gpu_session.sh. A case of another model or preset is scaled from its 4090 one by the planner.
 H200_S = {"ppo": 95, "grpo": 14, "grpo-upcast": 14, "rloo": 14, "ppo-fp16": 24, "reward-adapter": 20, "resume": 22,
-          "cli": 30}
+          "cli": 30, "ppo-critic": 16, "ppo-offload": 16}
 START_S = 10  # this process's start on the GPU machine (imports), estimated
 BUILD_S_PER_B = 4.0  # building and saving a random checkpoint, per billion parameters (a 7B in ~30 s on an H200)
 
@@ -85,6 +89,11 @@ def small_cases(preset: str, gib: float) -> list[Case]:
                                                                  "reward.function=null"), 1, H200_S["reward-adapter"]),
         Case("resume-1.5b", preset, SMALL_MODEL, SMALL + ("rollout.max_new_tokens=32",), 1, H200_S["resume"],
              kind="resume"),
+        # The levers of issue 43 on a card: a critic of its own, and activation offload (every 2nd layer).
+        Case("ppo-critic-1.5b", preset, SMALL_MODEL, SMALL + ("critic.model={critic_model}",), 1, H200_S["ppo-critic"]),
+        Case("ppo-offload-1.5b", preset, SMALL_MODEL, SMALL + ("training.checkpoint_every_n_layers=2",
+                                                             "training.activation_offload=true"), 1,
+             H200_S["ppo-offload"]),
         Case("cli-1.5b", preset, SMALL_MODEL, ("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=32",
                                                "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "data.prompts=builtin:demo"),
              1, H200_S["cli"], kind="cli", keep=("rollout.max_prompt_len=64",)),
@@ -141,7 +150,8 @@ def device_spec(device: Optional[str], preset_card: str):
 # -- sizing: what the planner fits, and how long it takes ----------------------------------------------
 COMMON = ("ref.backend=adapter_off", "reward.backend=function", "reward.function={reward_fn}:reward",
           "logging.tensorboard=false", "logging.progress=false")
-PLANNING_FILES = {"reward_fn": "rewards.py", "reward_adapter": "reward-adapter"}  # names only: nothing is read
+# Names only, nothing is read (the critic's: the planner's table shape of the model the check builds).
+PLANNING_FILES = {"reward_fn": "rewards.py", "reward_adapter": "reward-adapter", "critic_model": CRITIC_MODEL}
 
 
 def case_config(preset: str, model: str, overrides, files: Optional[dict] = None):
@@ -277,5 +287,6 @@ def estimated_seconds(todo: list[Case], h200: bool = False) -> int:
     build once, each case."""
     from homerlhf.memory.shapes import builtin_shape
 
-    builds = sum(BUILD_S_PER_B * builtin_shape(m).total_params / 1e9 for m in {c.model for c in todo})
+    models = {c.model for c in todo} | {CRITIC_MODEL for c in todo if "{critic_model}" in " ".join(c.overrides)}
+    builds = sum(BUILD_S_PER_B * builtin_shape(m).total_params / 1e9 for m in models)
     return round(START_S + builds + sum((c.estimate_h200_s or c.estimate_s) if h200 else c.estimate_s for c in todo))

@@ -27,6 +27,17 @@ def kernel_words(entry: dict) -> str:
     return f"attention {backends or 'default'}, TF32 {'on' if settings.get('tf32') else 'off'}"
 
 
+def checkpointing_words(entry: dict) -> str:
+    """Which layers recomputed in backward and were offloaded, per model: e.g. "recomputed policy 14/28,
+    offloaded 14; critic 24/24"."""
+    models = entry.get("activation_checkpointing")
+    if not models:
+        return ""
+    words = [f"{name} {len(m['recomputed'])}/{m['layers']}" + (f", offloaded {len(m['offloaded'])}" if m["offloaded"] else "")
+             for name, m in models.items()]
+    return "recomputed " + "; ".join(words)
+
+
 def gap_words(entry: dict) -> str:
     gap = entry.get("sampled_vs_scored")
     if not gap or gap.get("max_abs") is None:
@@ -53,7 +64,7 @@ def line(entry: dict) -> str:
         decoder += f", {entry['captured_replays']} replays"
     parts.append(f"{entry['tokens_per_s'].get('tokens_per_s_generation', 0):.0f} tokens/s generated"
                  + (f" ({decoder})" if decoder else ""))
-    parts += [kernel_words(entry), gap_words(entry)]
+    parts += [kernel_words(entry), checkpointing_words(entry), gap_words(entry)]
     steps = entry["optimizer_steps"]
     parts.append(f"optimizer steps {steps['taken']} taken, {steps['skipped']} skipped"
                  + (f" (loss scale {steps['loss_scale']:g})" if steps.get("loss_scale") is not None else ""))

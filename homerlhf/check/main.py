@@ -17,7 +17,9 @@ card), ``wall_s``, and per case: ``case``, ``kind``, ``preset``, ``model``, ``ca
 iteration measured; ``steady_state``), ``plan_assumptions``, ``measured_gib`` (the last iteration's
 allocated peak per phase), ``comparison``, ``max_reserved_gib``, ``rows`` (every iteration's metrics),
 ``seconds``, ``tokens_per_s``, ``optimizer_steps``, ``decoder``, ``graphs_captured``,
-``captured_replays``, ``kernel_settings``, ``sampled_vs_scored``, ``wall_s``; a failed case: ``error``
+``captured_replays``, ``kernel_settings``, ``activation_checkpointing`` (per model, ``policy`` and with a
+critic of its own ``critic``: its ``layers``, the indices ``recomputed`` in backward and ``offloaded``, the
+``path`` that set them), ``sampled_vs_scored``, ``wall_s``; a failed case: ``error``
 and ``traceback``.
 """
 

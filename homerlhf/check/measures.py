@@ -119,3 +119,15 @@ def kernel_settings(policy=None, cfg=None, device: str = "cpu") -> Optional[dict
         upcast = bool(cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized)
         settings = cuda_kernels.policy_kernels(compute, upcast, device, cuda_kernels.device_capability(device))
     return settings.as_dict() if settings is not None else None
+
+
+def checkpointing_of(policy) -> dict:
+    """Which decoder layers recomputed in backward and which of them had their inputs offloaded
+    (:func:`homerlhf.models.activations.checkpointing_report`), per model: ``policy`` (the shared base)
+    and, with ``critic.model``, ``critic`` (its own base)."""
+    from homerlhf.models.activations import checkpointing_report
+
+    models = {"policy": policy.model.get_base_model()}
+    if policy.critic_model is not None:
+        models["critic"] = policy.critic_model.backbone
+    return {name: checkpointing_report(model) for name, model in models.items()}

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from homerlhf.check.case_plan import case_plans, compared_steps, comparison, described, iteration_assumptions, planned_decoder
-from homerlhf.check.cases import COMMON, Case
+from homerlhf.check.cases import COMMON, CRITIC_MODEL, Case
 from homerlhf.check.cli_case import cli_case
-from homerlhf.check.measures import current_flags, kernel_settings, recording_trainer, restore_flags
+from homerlhf.check.measures import checkpointing_of, current_flags, kernel_settings, recording_trainer, restore_flags
 from homerlhf.check.runs import (build_random_checkpoint, build_reward_adapter, cap_memory, checkpoint_dir, differences,
                                  measured_iterations, optimizer_steps, random_prompts, release_memory, snapshot)
 
@@ -49,7 +49,8 @@ class Run:
     files: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.files = {"reward_fn": str(self.tmp / "rewards.py"), "reward_adapter": str(self.tmp / "reward-adapter")}
+        self.files = {"reward_fn": str(self.tmp / "rewards.py"), "reward_adapter": str(self.tmp / "reward-adapter"),
+                      "critic_model": str(self.model_dir(CRITIC_MODEL, build=False))}
 
     @property
     def device(self) -> str:
@@ -108,7 +109,8 @@ def train_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
     trainer = new_trainer(cfg, model_dir, None)
     try:
         return {**measured_iterations(trainer, run.iterations(case)),
-                "kernel_settings": kernel_settings(trainer.policy, cfg, run.device)}
+                "kernel_settings": kernel_settings(trainer.policy, cfg, run.device),
+                "activation_checkpointing": checkpointing_of(trainer.policy)}
     finally:
         close(trainer)
 
@@ -133,6 +135,7 @@ def resume_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
                                  f"{', '.join(differ[:4])}")
         result = measured_iterations(trainer, 1)
         result["kernel_settings"] = kernel_settings(trainer.policy, cfg, run.device)
+        result["activation_checkpointing"] = checkpointing_of(trainer.policy)
     finally:
         close(trainer)
     result.update(resumed_from=Path(ckpt).name, state_equal=True, state_entries=len(saved),
@@ -162,6 +165,8 @@ def run_case(case: Case, run: Run) -> dict:
     adapter = Path(run.files["reward_adapter"])
     if "{reward_adapter}" in " ".join(case.overrides) and not adapter.is_dir():
         build_reward_adapter(model_dir, adapter, run.device)
+    if "{critic_model}" in " ".join(case.overrides):
+        run.model_dir(CRITIC_MODEL)  # the critic's own base: random weights, the same (tiny) tokenizer
     cap, shape = float(cfg.card.gpu_gib), resolve_shape(str(model_dir))
     entry = case_entry(case, run, cfg, cap, shape, overrides)
     if not run.smoke:

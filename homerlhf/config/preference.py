@@ -42,6 +42,8 @@ class DPOTrainConfig(PreferenceStageConfig):
 
     loss_type: Literal["sigmoid", "hinge", "ipo", "robust"] = Field(
         "sigmoid", description="TRL's DPO loss: sigmoid (the DPO paper), hinge, ipo or robust.")
+    sft_weight: float = Field(0.0, ge=0, description="Weight of TRL's sft loss (the chosen answers' mean token NLL) "
+                              "added to the DPO loss (RPO); keeps the preferred answers likely. 0: DPO alone.")
 
 
 class KTOTrainConfig(PreferenceStageConfig):

@@ -3,11 +3,15 @@
 Its forward and backward run on its own base, one after the actor's (the actor's graph is freed by
 then: :func:`homerlhf.ppo.update.backward_separate_adapters`), so each is a moment of its own, counted
 on the critic's shape (:func:`homerlhf.memory.shapes.critic_shape`) with the formulas the policy's
-moments use (:mod:`homerlhf.memory.phases`). Its weights, LoRA, value head, optimizer states and
-gradients are persistent components (:mod:`homerlhf.memory.components`).
+moments use (:mod:`homerlhf.memory.phases`); its activation checkpointing is the run's, as the policy's
+(every n-th of its own layers, their inputs in host memory under ``training.activation_offload``). Its
+weights, LoRA, value head, optimizer states and gradients are persistent components
+(:mod:`homerlhf.memory.components`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from homerlhf.memory.components import (
     Component,
@@ -18,10 +22,13 @@ from homerlhf.memory.components import (
     lengths,
     lora_on_mlp,
 )
+from homerlhf.memory.recompute import update_saved
 from homerlhf.memory.shapes import critic_shape
 
 SCORING = "critic forward (own base)"
 UPDATE = "critic layer backward (own base)"
+# update_saved's moments of the policy, as the critic's own.
+MOMENTS = {"layer backward": UPDATE, "recomputed layer backward": "critic recomputed layer backward (own base)"}
 
 
 def _dequantized(cfg, shape, c: int) -> list[Component]:
@@ -52,8 +59,11 @@ def critic_scoring_moments(cfg, assumptions) -> dict[str, list[Component]]:
 
 
 def critic_update_moments(cfg, assumptions, grads: Component) -> dict[str, list[Component]]:
-    """The critic's backward through one of its layers (checkpointed: its layer inputs saved, one layer
-    recomputed), beside every gradient (``grads``); {} without ``critic.model``."""
+    """The critic's backward on its own base, beside every gradient (``grads``): what its forward kept and,
+    at a recomputed layer, that layer's activations, with the run's checkpointing as the policy's
+    (``training.checkpoint_every_n_layers`` on the critic's own layer count, ``activation_offload``:
+    :func:`homerlhf.memory.recompute.update_saved`, its components named ``critic ...``); {} without
+    ``critic.model``."""
     own = critic_shape(cfg)
     if own is None:
         return {}
@@ -63,18 +73,21 @@ def critic_update_moments(cfg, assumptions, grads: Component) -> dict[str, list[
     _, n, t = lengths(cfg)
     tokens = m * t
     per_layer = layer_saved_bytes_per_token(own, a, t, cfg.critic.lora.r, cfg.critic.lora.target_modules)
-    h, i, layers = own.hidden_size, own.intermediate_size, own.num_layers
-    if cfg.training.gradient_checkpointing:
-        saved = [Component("critic checkpointed layer inputs", "activations", tokens * h * a * (layers + 1),
-                           note=f"{m} x {t} tokens x {layers + 1} x h on {own.name}", dtype=act),
-                 Component("critic recomputed layer", "activations", int(tokens * per_layer), note="one layer")]
-    else:
-        saved = [Component("critic saved activations", "activations", int(tokens * per_layer * layers + tokens * h * a),
-                           note=f"{m} x {t} tokens x {layers} layers on {own.name}, no checkpointing")]
-    count = 1 if cfg.training.gradient_checkpointing else layers
-    scores = [Component("critic attention scores", "activations", 2 * count * m * own.num_heads * t * t * a,
+    mixed = act if a == 4 else f"{act}; norm inputs and LoRA inputs fp32"
+    _, layer_moments = update_saved(cfg, own, m, t, per_layer, a, act, mixed)
+    kept = own.num_layers - cfg.training.checkpointed_layers(own.num_layers)
+    # Eager attention: each layer not checkpointed keeps its scores, a recomputed one makes them again.
+    scores = [Component("critic attention scores", "activations",
+                        (kept + (kept < own.num_layers)) * 2 * m * own.num_heads * t * t * a,
                         dtype=act)] if assumptions.attention == "eager" else []
-    return {UPDATE: [grads, *saved, Component("critic backward transients", "activations",
-                                              tokens * (2 * i + 2 * h) * a, dtype=act),
-                     Component("value loss tensors", "buffers", m * n * 4 * 12, dtype="fp32"),
-                     *scores, *_dequantized(cfg, own, c)]}
+    common = [Component("critic backward transients", "activations", tokens * (2 * own.intermediate_size
+                                                                              + 2 * own.hidden_size) * a, dtype=act),
+              Component("value loss tensors", "buffers", m * n * 4 * 12, dtype="fp32"), *scores,
+              *_dequantized(cfg, own, c)]
+    return {MOMENTS[name]: [grads, *(_critic_named(x, own.name) for x in alive), *common]
+            for name, alive in layer_moments.items()}
+
+
+def _critic_named(component: Component, model: str) -> Component:
+    """One of :func:`~homerlhf.memory.recompute.update_saved`'s components as the critic's own."""
+    return replace(component, name=f"critic {component.name}", note=f"{component.note} on {model}".strip())

@@ -60,6 +60,10 @@ class Recommendation:
 
     def line(self, app: bool = False) -> str:
         """The recommendation in words; ``app``: as overrides to add (the app's), not ``--set`` flags."""
+        if not self.current.fits and not any(c.fits for c in self.candidates):
+            return (f"no placement fits {budget_words(self.budget_gib)}: the current one "
+                    f"({self.current.time.placement.label()}) would take {human_seconds(self.current.time.total_s)} "
+                    "per iteration once the memory plan fits (see its verdict)")
         if not self.set_args():
             return (f"the current placement ({self.current.time.placement.label()}) is the fastest that fits: "
                     f"{human_seconds(self.current.time.total_s)} per iteration")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from homerlhf.memory.components import Component, dtype_bytes, lengths
-from homerlhf.memory.shapes import ModelShape
+from homerlhf.memory.shapes import ModelShape, critic_shape
 
 # PCIe 4.0 x16, one direction: 16 GT/s x 16 lanes x 128/130 / 8 (a card not in homerlhf.memory.cards).
 PCIE4_X16_GBS = 31.5
@@ -83,13 +83,26 @@ def update_saved(cfg, shape: ModelShape, m: int, t: int, per_layer: float, a: in
 
 def offload_host_components(cfg, shape: ModelShape) -> list[Component]:
     """Pinned host memory the offloaded inputs of one micro-batch's forward take (the blocks are cached
-    and reused by the next forward, the critic's too); nothing without offload on a CUDA card."""
+    and reused by the next forward); nothing without offload on a CUDA card. A critic of its own
+    (``critic.model``) offloads its checkpointed inputs after the actor's backward freed the actor's
+    blocks: torch's host allocator reuses a freed block of the same power of two only, so its blocks
+    add to the actor's where their size differs, and only those beyond the actor's count where it does not."""
     if not offloads(cfg):
         return []
     k = cfg.training.checkpointed_layers(shape.num_layers)
     block = offloaded_bytes(cfg, shape) // k
-    return [Component("offloaded layer inputs (pinned)", "activations", k * pinned_block(block), in_allocator=False,
-                      note=f"{k} layers x {block:,} B, each block rounded up to a power of two")]
+    comps = [Component("offloaded layer inputs (pinned)", "activations", k * pinned_block(block), in_allocator=False,
+                       note=f"{k} layers x {block:,} B, each block rounded up to a power of two")]
+    own = critic_shape(cfg)
+    if own is not None:
+        k_own = cfg.training.checkpointed_layers(own.num_layers)
+        own_block = offloaded_bytes(cfg, own) // k_own
+        extra = k_own if pinned_block(own_block) != pinned_block(block) else max(0, k_own - k)
+        if extra:
+            comps.append(Component("critic offloaded layer inputs (pinned)", "activations",
+                                   extra * pinned_block(own_block), in_allocator=False,
+                                   note=f"{extra} of its {k_own} checkpointed layers x {own_block:,} B on {own.name}"))
+    return comps
 
 
 def pcie_gbs(cfg) -> float:

@@ -65,15 +65,34 @@ def enable_checkpointing(model, every_n: int = 1, offload: bool = False, *, nati
     if native:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS),
                                               every_n_layers=every_n, offload=offload)
-        return "transformers"
-    with warnings.catch_warnings():  # transformers 5.24 calls it a deprecated alias; 5.17 has nothing else
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    else:
+        with warnings.catch_warnings():  # transformers 5.24 calls it a deprecated alias; 5.17 has nothing else
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+        for index, layer in enumerate(decoder_layers(model)):
+            layer.gradient_checkpointing = index % every_n == 0
+            if offload and layer.gradient_checkpointing:
+                layer._gradient_checkpointing_func = _offloaded(layer._gradient_checkpointing_func, device_type)
+    path = "transformers" if native else "save_on_cpu"
+    model._homerlhf_checkpointing = {"every_n": every_n, "offload": offload, "path": path}  # for reports
+    return path
+
+
+def checkpointing_report(model) -> dict:
+    """What ``model``'s decoder layers do in backward, for reports (``homerlhf check``): ``layers``, the
+    indices ``recomputed`` (read from the layers themselves) and ``offloaded`` (those whose inputs go to
+    host memory: this module's wrapping read from the layer, transformers' from the setting
+    :func:`enable_checkpointing` gave it), and ``path`` (None: never enabled here)."""
+    setting = getattr(model, "_homerlhf_checkpointing", None) or {}
+    native_offload = setting.get("path") == "transformers" and setting.get("offload", False)
+    recomputed, offloaded = [], []
     for index, layer in enumerate(decoder_layers(model)):
-        layer.gradient_checkpointing = index % every_n == 0
-        if offload and layer.gradient_checkpointing:
-            layer._gradient_checkpointing_func = _offloaded(layer._gradient_checkpointing_func, device_type)
-    return "save_on_cpu"
+        if getattr(layer, "gradient_checkpointing", False) is True:
+            recomputed.append(index)
+            if native_offload or getattr(getattr(layer, "_gradient_checkpointing_func", None), "offloads", False):
+                offloaded.append(index)
+    return {"layers": len(decoder_layers(model)), "recomputed": recomputed, "offloaded": offloaded,
+            "path": setting.get("path")}
 
 
 def _offloaded(checkpoint_func, device_type: str):
@@ -84,4 +103,5 @@ def _offloaded(checkpoint_func, device_type: str):
         with save_on_cpu(pin_memory=device_type != "cpu", device_type=device_type):
             return checkpoint_func(function, *args, **kwargs)
 
+    run.offloads = True  # read by checkpointing_report
     return run

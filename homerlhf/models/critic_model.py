@@ -6,7 +6,8 @@ With ``critic.model`` it has a base of its own, usually much smaller than the ac
 ``critic.model.path``): any causal LM with the **policy's tokenizer**, or a reward model (a sequence
 classifier, or a reward run dir holding one in ``model/``), whose score head then initialises the value
 head. Only its decoder is loaded (``AutoModel``: no LM head, which a critic never uses), in 4-bit or at
-the compute dtype as ``quant`` says, frozen, with its own LoRA (``critic.lora``, adapter ``critic``) and
+the compute dtype as ``quant`` says, frozen, checkpointed as the policy's base
+(``training.checkpoint_every_n_layers`` of its own layers, ``training.activation_offload``), with its own LoRA (``critic.lora``, adapter ``critic``) and
 an fp32 value head on its final hidden state. It reads the actor's token ids, so its tokenizer must be
 the actor's: vocabulary, special tokens and chat template are compared from the tokenizer files alone,
 before any weight of either model is read (:func:`check_same_tokenizer`); embedding sizes are not
@@ -165,8 +166,9 @@ class CriticModel:
         from homerlhf.models.precision import adapters_to_fp32, prepare_frozen_base
 
         base = load_backbone(source, cfg)
+        # The run's checkpointing, as the policy's base: every n-th of its own layers, their inputs offloaded.
         base = prepare_frozen_base(base, load_in_4bit=cfg.quant.load_in_4bit, upcast=cfg.quant.upcast_non_quantized,
-                                   checkpointing=cfg.training.gradient_checkpointing)
+                                   checkpointing=cfg.training)
         model = get_peft_model(base, peft_lora_config(cfg.critic.lora, task_type=None), adapter_name=CRITIC)
         adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
         head = ValueHead(base.config.get_text_config().hidden_size, cfg.critic.value_head_init_std)

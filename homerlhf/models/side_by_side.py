@@ -142,6 +142,16 @@ class EvalModels:
                 answer.score = float(score)
         return answers[0], answers[1]
 
+    def answer_actor(self, text: str, sampling: Sampling) -> Answer:
+        """One more answer of the actor alone (a draft to pick from), scored like the others."""
+        prompt = self.prompt_ids(text)
+        with self.lock:
+            ids = self._generate(prompt, sampling, adapter_on=True)
+        answer = Answer(answer_text(self.tokenizer, ids, self.stop_ids), prompt, ids)
+        if self.reward is not None:
+            answer.score = float(self.reward.score([prompt], [ids])[0])
+        return answer
+
     def _generate_many(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int],
                        adapter_on: bool) -> list[list[int]]:
         """Response ids per prompt, each up to and including its first stop token, from one batched

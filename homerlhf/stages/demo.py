@@ -60,9 +60,10 @@ ACCURACY = "checker accuracy (polite + on-topic)"
 WELL_FORMED = "well formed (whole task sentences)"
 
 
-def demo_config(out: Path, seed: int = 0) -> RunConfig:
-    overrides = [*RECIPE, f"output_dir={out}", f"seed={seed}", f"logging.samples_per_iteration={PROBE_SAMPLES}"]
-    return load_config("cpu-tiny", overrides=overrides)
+def demo_config(out: Path, seed: int = 0, overrides: tuple[str, ...] = ()) -> RunConfig:
+    """The cpu-tiny preset with the demo's recipe (then ``overrides``: e.g. benchmarks/critic_size.py's PPO)."""
+    listed = [*RECIPE, f"output_dir={out}", f"seed={seed}", f"logging.samples_per_iteration={PROBE_SAMPLES}", *overrides]
+    return load_config("cpu-tiny", overrides=listed)
 
 
 def _log(msg: str) -> None:
@@ -250,15 +251,16 @@ def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, fl
 
 
 def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool = False,
-             seed: int = 0) -> dict[str, Any]:
-    """Run the demo into ``out``; returns the PPO metrics, before/after rows and artifact paths."""
+             seed: int = 0, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the demo into ``out`` (``overrides`` over its recipe); returns the PPO metrics, before/after rows
+    and artifact paths."""
     from homerlhf.models.registry import resolve_model
     from homerlhf.ppo.metrics import read_metrics
     from homerlhf.stages.ppo import prepare_run_dir, run_ppo
 
     out = Path(out)
     prepare_run_dir(out, overwrite)  # refuse an earlier run before spending minutes on models
-    cfg = demo_config(out, seed)  # --fast: the same recipe (above)
+    cfg = demo_config(out, seed, overrides)  # --fast: the same recipe (above)
     times: dict[str, float] = {}
 
     import torch

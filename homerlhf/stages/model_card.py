@@ -47,6 +47,26 @@ def _metrics_row(run_dir: Path, iteration: int) -> dict[str, Any]:
     return rows[-1] if rows else {}
 
 
+def _method(plan: PolicyExport, cfg) -> str:
+    """The checkpoint's training method: its DPO / KTO ``start.json``'s, else the run's RL algorithm."""
+    start = plan.checkpoint / "start.json"
+    return json.loads(start.read_text())["method"] if start.is_file() else cfg.algorithm
+
+
+def _run_lines(plan: PolicyExport, cfg) -> list[str]:
+    """What trained the checkpoint: a PPO / GRPO / RLOO run's prompts and iterations, or a DPO / KTO run's
+    data and optimizer steps (its checkpoint's ``start.json``: homerlhf.stages.preference)."""
+    start = plan.checkpoint / "start.json"
+    if not start.is_file():
+        return [f"- prompts: `{cfg.data.prompts}`",
+                f"- algorithm: {cfg.algorithm}, {plan.iteration} of {cfg.ppo.iterations} iterations "
+                f"(checkpoint `{plan.checkpoint.name}`), rollout batch {cfg.rollout.batch_size}"]
+    info = json.loads(start.read_text())
+    return [f"- data: {', '.join(f'`{d}`' for d in info['data'])}",
+            f"- algorithm: {info['method']} (TRL), {plan.iteration} optimizer steps (checkpoint `{plan.checkpoint.name}`) "
+            f"from `{info['start']['name']}`"]
+
+
 def _reward_source(cfg) -> str:
     reward = cfg.reward
     own = (f"the function `{reward.function}`" if reward.backend == "function"
@@ -67,18 +87,18 @@ def model_card(plan: PolicyExport, result: dict[str, Any]) -> str:
     base_name = cfg.model.name_or_path
     lines = _front_matter(_hub_id(base_name), bool(result.get("gguf")))
     lines += [f"# {plan.name}", "",
-              f"A policy trained with [homerlhf](https://github.com/homerlhf/homerlhf) ({cfg.algorithm.upper()}, "
+              f"A policy trained with [homerlhf](https://github.com/homerlhf/homerlhf) ({_method(plan, cfg).upper()}, "
               "a LoRA actor on a 4-bit NF4 base), merged into a standalone model.", "",
               "## Training", "",
               f"- base model: `{base_name}`",
-              f"- prompts: `{cfg.data.prompts}`",
-              f"- algorithm: {cfg.algorithm}, {plan.iteration} of {cfg.ppo.iterations} iterations "
-              f"(checkpoint `{plan.checkpoint.name}`), rollout batch {cfg.rollout.batch_size}",
+              *_run_lines(plan, cfg),
               f"- reward: {_reward_source(cfg)}"]
     for key, what in (("score_mean", "reward (mean score of the iteration's rollouts)"),
                       ("kl_mean", "KL to the reference (nats per response)")):
         if isinstance(row.get(key), (int, float)):
-            lines.append(f"- {what} at iteration {plan.iteration}: {row[key]:.4f}")
+            lines.append(f"- {what} at iteration {plan.iteration}: {row[key]:.4f}" + (
+                f" ({cfg.ppo.kl_estimator}: an unbiased estimate, so one batch's mean can fall below 0; the KL itself "
+                "cannot)" if key == "kl_mean" and row[key] < 0 else ""))
     lines += held_out_lines(plan.run_dir)
     lines += ["", "## This export", "", *_export_lines(plan, result)]
     for g in result.get("gguf", []):

@@ -73,7 +73,9 @@ def _config(method: str, cfg, out: Path):
             "max_length": section.max_len, "beta": section.beta, "disable_dropout": True,
             "remove_unused_columns": True, "logging_steps": 1}  # every step: the live loss and margins
     if method == "dpo":
-        return DPOConfig(**args, loss_type=[section.loss_type])
+        sft = ["sft"] if section.sft_weight > 0 else []  # TRL's own sft term, weighted beside the DPO loss
+        return DPOConfig(**args, loss_type=[section.loss_type, *sft],
+                         loss_weights=[1.0] + [section.sft_weight] * len(sft))
     return KTOConfig(**args, desirable_weight=section.desirable_weight, undesirable_weight=section.undesirable_weight)
 
 

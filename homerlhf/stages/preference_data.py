@@ -4,7 +4,9 @@ DPO trains on preference pairs (:func:`homerlhf.data.load.load_preferences`: eve
 data layer reads, the app's ``preferences.jsonl`` among them). KTO trains on rated answers
 (:func:`homerlhf.data.ratings.load_rated`: a ratings file, or pairs as one good and one bad answer
 each). Several sources are joined. The held-out rows are ``--eval-data``, else a
-``data.eval_fraction`` split (seeded) of the sources' units: pairs, or rated answers.
+``data.eval_fraction`` split (seeded) of the sources' units (pairs, or rated answers) by prompt, as the
+reward stage splits its pairs (:func:`homerlhf.data.heldout.split_by_prompt`): every unit of one prompt
+on the same side, so the held-out figures measure prompts the run never trained on.
 
 Token ids are the ones PPO samples and scores (:class:`homerlhf.data.replies.ReplyEncoder`): the
 prompt rendered with its generation prompt, the answer as the model writes it, the end-of-turn token,
@@ -21,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from homerlhf.data.heldout import prompt_key, split_by_prompt
 from homerlhf.data.load import LoadReport, load_preferences
 from homerlhf.data.ratings import load_rated
 from homerlhf.data.replies import ReplyEncoder
@@ -76,12 +79,19 @@ def fit_answers(encoder: ReplyEncoder, prompt, answers, max_len: int, overlong: 
     return fitted, tails
 
 
+def _unit_prompt(unit: dict):
+    return (unit["pair"] if "pair" in unit else unit["rated"])["prompt"]
+
+
 def _split(units: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, eval) by a seeded shuffle; the training units stay in that shuffled order."""
+    """(train, eval): whole prompts held out (:func:`homerlhf.data.heldout.split_by_prompt`, about
+    ``fraction`` of the units), the training units in the order of a seeded shuffle (the order
+    they train in; with ``fraction`` 0, every unit in that order)."""
+    _, held = split_by_prompt([prompt_key(_unit_prompt(u)) for u in units], fraction, seed)
     order = list(range(len(units)))
     random.Random(seed).shuffle(order)
-    n_eval = min(int(round(len(units) * fraction)), max(len(units) - 1, 0))
-    return [units[i] for i in order[n_eval:]], [units[i] for i in order[:n_eval]]
+    held_set = set(held)
+    return [units[i] for i in order if i not in held_set], [units[i] for i in held]
 
 
 def _load(method: str, sources: Sequence[str], data_cfg) -> tuple[list[dict], list[LoadReport]]:

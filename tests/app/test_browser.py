@@ -12,133 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 from pathlib import Path
 
-import pytest
+from browser_kit import (
+    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, svg_texts, value_of, wait_text, wait_value,
+)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "app"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def cheap_overrides(reward_dir: Path, model: str = "builtin:tiny-llama") -> str:
-    return "\n".join([
-        f"model.name_or_path={model}",
-        "ref.backend=adapter_off",
-        "reward.backend=hf",
-        f"reward.model={reward_dir}",
-        "ppo.iterations=1",
-        "actor.lr=1e-9",  # the policy does not move: the actor answers as the reference does
-        "rollout.batch_size=2",
-        "rollout.chunk_size=2",
-        "rollout.max_new_tokens=6",
-        "ppo.epochs=1",
-        "ppo.mini_batch_size=2",
-        "ppo.micro_batch_size=2",
-        "checkpoint.every=1",
-        "logging.samples_per_iteration=2",
-    ])
-
-
-@pytest.fixture(scope="module")
-def reward_dir(tmp_path_factory):
-    # Built before the app starts: the server thread imports transformers too, and its lazy module
-    # is not safe to import from two threads at once.
-    from homerlhf.tiny import build_sequence_classifier
-
-    return build_sequence_classifier(tmp_path_factory.mktemp("tiny-rm"), arch="llama", seed=2)
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory, reward_dir):
-    from homerlhf.app.ui import launch
-
-    runs_root = tmp_path_factory.mktemp("app-runs")
-    port = free_port()
-    blocks = launch(host="127.0.0.1", port=port, block=False, runs_root=str(runs_root))
-    yield f"http://127.0.0.1:{port}/", runs_root
-    blocks.close()
-    from homerlhf.app import runs
-
-    for run_dir in runs.list_runs(runs_root):  # a failed test must not leave a detached trainer behind
-        if runs.run_status(run_dir).running:
-            runs.stop_run(run_dir, force=True)
-
-
-@pytest.fixture(scope="module")
-def page(app_url):
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(30_000)
-        page.goto(app_url[0])
-        yield page
-        browser.close()
-
-
-def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).click()
-
-
-def fill(page, elem_id: str, text: str) -> None:
-    box = page.locator(f"#{elem_id} textarea, #{elem_id} input").first
-    box.fill(text)
-    # Leave the box as a user does (focus moves out, one blur event): a blur only dispatched leaves the
-    # focus there, and the next box to take it sends this box's blur a second time, with that box still
-    # empty, in the same instant as its own (the two requests can arrive in either order).
-    box.blur()
-
-
-def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 60) -> str:
-    """Poll an element's text until it matches ``pattern`` (regex); return the text."""
-    deadline = time.monotonic() + timeout_s
-    text = ""
-    while time.monotonic() < deadline:
-        text = page.locator(f"#{elem_id}").inner_text()
-        if re.search(pattern, text):
-            return text
-        time.sleep(0.25)
-    raise AssertionError(f"#{elem_id} never matched {pattern!r}; last text: {text!r}")
-
-
-def value_of(page, elem_id: str) -> str:
-    return page.locator(f"#{elem_id} textarea, #{elem_id} input").first.input_value()
-
-
-def wait_value(page, elem_id: str, expected: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while value_of(page, elem_id) != expected and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert value_of(page, elem_id) == expected
-
-
-def choose(page, elem_id: str, option: str) -> None:
-    page.locator(f"#{elem_id} input").first.click()
-    page.get_by_role("option", name=option, exact=True).click()
-
-
-def svg_texts(page, elem_id: str, selector: str = "text") -> list[str]:
-    return [t.strip() for t in page.locator(f"#{elem_id} svg {selector}").all_text_contents()]
+pytestmark = BROWSER_MARKS
 
 
 # How many lines a header's text takes on screen (a word broken over two lines gives 2).
@@ -354,7 +235,7 @@ def check_export(page, run_dir: Path):
     open_tab(page, "Export")
     fill(page, "export-run-dir", str(run_dir))
     page.locator("#export-refresh").click()
-    page.wait_for_function("() => document.querySelector('#export-checkpoint input')?.value === 'last'")
+    page.wait_for_function("() => document.querySelector('#export-checkpoint input')?.value === 'iter_000001'")
     out = run_dir.parent / "exports" / run_dir.name
     assert page.locator("#export-out textarea, #export-out input").first.input_value() == str(out)
     page.locator("#export-gguf").get_by_label("q4_k_m").uncheck()
@@ -370,7 +251,7 @@ def check_export(page, run_dir: Path):
     page.screenshot(path=str(ARTIFACTS / "5-export.png"), full_page=True)
 
     page.locator("#export-start").click()  # again, without Overwrite: the one-line refusal, nothing replaced
-    wait_text(page, "export-result", r"already exists and is not empty; pass --overwrite")
+    wait_text(page, "export-result", r"already exists and is not empty; tick 'Overwrite' to replace it")
     assert (out / "export.json").is_file()
 
 

@@ -37,7 +37,8 @@ def test_identical_answers_say_so_and_record_no_pair(tmp_path):
     assert info.startswith("**Error:** the two answers are identical") and still_pending == {"__type__": "update"}
     assert preferences.count(tmp_path) == (0, 0)
     info, cleared, *buttons = eval_tab.judge("tie")(pending)
-    assert "Recorded **tie**" in info and cleared is None and not any(b["interactive"] for b in buttons)
+    # Judged once: Left, Tie and Right off; Resample (and the feedback row) stay for this exchange.
+    assert "Recorded **tie**" in info and cleared["judged"] and [b["interactive"] for b in buttons] == [False, False, False, True]
     # No pair yet: no command that would train on a file that does not exist.
     assert "No preference pair yet" in info and "homerlhf reward" not in info
     assert preferences.count(tmp_path) == (0, 1)
@@ -50,7 +51,7 @@ def test_two_different_answers_make_a_pair_and_the_reply_names_the_training_comm
     left, tie, right, resample = eval_tab.button_states(pending)
     assert left["interactive"] and right["interactive"] and tie["interactive"] and resample["interactive"]
     info, cleared, *_ = eval_tab.judge("left")(pending)
-    assert cleared is None and preferences.count(tmp_path) == (1, 0)
+    assert cleared["pairs"] == [["Tea is a drink.", "Go away."]] and preferences.count(tmp_path) == (1, 0)
     assert f"Train a reward model on them: `homerlhf reward --data {tmp_path / preferences.PAIRS_FILE}`" in info
     record = json.loads((tmp_path / preferences.PAIRS_FILE).read_text())
     assert (record["chosen"], record["rejected"], record["chosen_source"]) == ("Tea is a drink.", "Go away.", "actor")
@@ -95,3 +96,27 @@ def test_a_changed_checkpoint_is_marked_not_selected_and_refused_before_it_loads
     assert outputs[4] == error_box(f"checkpoint {second}: actor/adapter_model.safetensors does not match its "
                                    "MANIFEST.json sha256 (changed after it was written); pick iter_000001 instead")
     assert loads == []
+
+
+def test_a_feedback_run_lists_the_checkpoint_it_started_from_after_its_own(tmp_path):
+    import json
+
+    from homerlhf.app import feedback_runs
+
+    start = _checkpoint(tmp_path / "app-1", 1)
+    run = tmp_path / "dpo-1"
+    (run / feedback_runs.FOLDER).mkdir(parents=True)
+    (run / feedback_runs.FOLDER / feedback_runs.INFO_FILE).write_text(json.dumps({"start_checkpoint": str(start)}))
+    choices = eval_tab.checkpoint_choices(str(run))
+    assert choices == [("iter_000001 of app-1 (where this run started)", str(start))]
+    assert eval_tab.default_checkpoint(choices) == str(start)  # nothing of its own yet: the start answers
+    own = _checkpoint(run, 4)
+    update, known = eval_tab.follow_checkpoints(str(run), str(start), [str(start)])
+    assert update["choices"] == [("iter_000004", str(own)), ("iter_000001 of app-1 (where this run started)", str(start))]
+    assert update["value"] == str(own) and known == [str(own), str(start)]  # the new policy, the old beside it
+
+
+def test_another_run_followed_clears_the_exchange():
+    left, right, left_score, right_score, info, pending, *buttons = eval_tab.cleared("note")
+    assert (left["value"], right["value"], left_score, right_score, info, pending) == ([], [], "", "", "note", None)
+    assert left["label"] == eval_tab.LEFT_LABEL and not any(b["interactive"] for b in buttons)

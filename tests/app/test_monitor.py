@@ -26,7 +26,8 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
 
     panels = dict(monitor.panel_keys(METRIC_DESCRIPTIONS))
     assert panels["Score and reward"] == ["score_mean", "reward_mean"]
-    assert panels["KL to the reference (nats)"] == ["kl_mean"]
+    # kl_mean, and beside it the k3 estimates (never below 0) the trainer logs: the first rollout's, GRPO's loss term.
+    assert panels["KL to the reference (nats)"] == ["kl_mean", "kl_ref_start", "kl_ref_loss"]
     assert panels["KL penalty coefficient"] == ["kl_coef"]  # its own panel: never on the KL's axes
     assert panels["Policy and value loss"] == ["policy_loss", "value_loss"]
     assert panels["Entropy (nats per token)"] == ["entropy"]
@@ -181,3 +182,33 @@ def test_group_panel_only_for_runs_that_log_groups():
     titles = lambda fig: {ax.get_title() for ax in fig.axes if ax.axison}  # noqa: E731
     assert "Groups (GRPO / RLOO)" not in titles(monitor.metrics_figure(ppo))
     assert "Groups (GRPO / RLOO)" in titles(monitor.metrics_figure(grpo))
+
+
+def _texts(rows) -> list[str]:
+    """The text of the monitor's SVG (titles, legends, notes), as a browser shows it."""
+    import html
+
+    svg = monitor.figure_svg(monitor.metrics_figure(rows))
+    return [html.unescape(re.sub(r"\s+", " ", t)).strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+
+
+def test_a_cpu_runs_memory_panel_says_what_each_line_measures():
+    """A CPU run's peak is the process's RSS, the plan counts tensors: the panel names both for what they are
+    (the 12x gap of a tiny model is not the planner's error); a CUDA run's lines stay measured and planned."""
+    memory = {"peak_mem_generation_gib": 0.61, "predicted_mem_generation_gib": 0.05}
+    cpu = _texts([{"iteration": 1, **memory, "peak_mem_kind": "cpu_rss"}])
+    assert "CPU memory (GiB): process RSS and the plan's tensors" in cpu
+    assert {"generation: process RSS", "generation: plan, tensors only"} <= set(cpu)
+    assert "RSS counts the whole process (Python, torch, data); the plan counts tensors only" in cpu
+    assert not [t for t in cpu if "measured" in t or "planned" in t]
+    cuda = _texts([{"iteration": 1, **memory, "peak_mem_kind": "cuda_max_allocated"}])
+    assert {"Memory (GiB): measured and planned", "generation measured", "generation planned"} <= set(cuda)
+    assert not [t for t in cuda if "RSS" in t]
+
+
+def test_a_kl_below_zero_is_explained_where_it_is_drawn():
+    below = _texts([{"iteration": 1, "kl_mean": 0.0, "kl_ref_start": 0.0004}, {"iteration": 2, "kl_mean": -0.018}])
+    assert {"KL per response", "k3 per token, first rollout"} <= set(below)
+    assert "k1 is unbiased: one batch's mean can be < 0; the KL itself is >= 0" in below
+    above = _texts([{"iteration": 1, "kl_mean": 0.0}, {"iteration": 2, "kl_mean": 0.018}])
+    assert not [t for t in above if t.startswith("k1 is unbiased")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from homerlhf.app import plan_tab
@@ -132,3 +134,44 @@ def test_a_check_report_calibrates_the_tabs_plan(tmp_path):
     assert plan_tab.compute_plan(cfg, None, "   ").timing.current.time.source == plain.timing.current.time.source
     with pytest.raises(UserError, match=r"^--calibration .*missing\.json: no such file"):
         plan_tab.compute_plan(cfg, None, str(tmp_path / "missing.json"))
+
+
+def test_a_plan_that_fits_nowhere_says_so_and_apply_says_why():
+    """Qwen2.5-14B on the 3060: the verdict says it does not fit, the time section no longer calls the current
+    placement "the fastest that fits", and Apply gives the reason that holds (not "the plan fits")."""
+    from homerlhf.app.plan_apply import NO_FIT, on_apply
+
+    plan = plan_tab.compute_plan(plan_tab.resolved_config("3060-12g", "Qwen/Qwen2.5-14B", "", None), None)
+    assert plan.fits is False and plan.suggestion is None
+    assert "does NOT fit RTX 3060 12GB (12 GiB)" in plan_tab.verdict_markdown(plan)
+    text = plan_tab.time_markdown(plan)
+    assert "fastest that fits" not in text
+    assert "no placement fits the 90% budget (10.8 of 12 GiB): the current one (ref " in text
+    choice = plan_tab.apply_choice(plan)
+    assert choice == {"items": [], "why": f"no suggestion to apply: {NO_FIT}"}
+    with pytest.raises(UserError, match="^no suggestion to apply: no setting in the search fits with 10% of the card"):
+        on_apply(choice, "", "3060-12g")
+    with pytest.raises(UserError, match=r"^no suggestion to apply: run Plan first"):
+        on_apply({}, "", "3060-12g")  # before a plan, or after one that failed
+
+
+def test_apply_takes_the_placement_the_time_section_recommends():
+    """A plan that fits with a faster placement: Apply adds exactly the overrides the "recommended: add ..."
+    line names, and the plan of the result has nothing left to recommend."""
+    from homerlhf.app.plan_apply import NOTHING_TO_APPLY, on_apply
+
+    named = "ref.backend=llamacpp\nreward.backend=llamacpp\nrollout.generation_chunk=null"
+    plan = plan_tab.compute_plan(plan_tab.resolved_config("4090", "Qwen/Qwen2.5-7B", named, None), None)
+    shown = re.search(r"recommended: add (.*?) to the overrides", plan_tab.time_markdown(plan))
+    assert plan.fits is True and shown, plan_tab.time_markdown(plan)
+    named_there = re.findall(r"`([^`]+)`", shown.group(1))
+    choice = plan_tab.apply_choice(plan)
+    assert choice["items"] == named_there and choice["what"] == "the recommended placement"
+    message, overrides, applied = on_apply(choice, named, "4090")
+    assert message.startswith("Applied: `") and message.endswith("(the recommended placement)")
+    assert set(named_there) <= set(overrides.splitlines()) and applied == {"preset": "4090", "items": named_there}
+    again = plan_tab.compute_plan(plan_tab.resolved_config("4090", "Qwen/Qwen2.5-7B", overrides, None), None)
+    assert "is the fastest that fits" in plan_tab.time_markdown(again)
+    assert plan_tab.apply_choice(again) == {"items": [], "why": NOTHING_TO_APPLY}
+    with pytest.raises(UserError, match=f"^{NOTHING_TO_APPLY}$"):
+        on_apply(plan_tab.apply_choice(again), overrides, "4090")

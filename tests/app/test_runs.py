@@ -83,10 +83,15 @@ def test_detached_run_stops_gracefully_and_is_seen_after_restart(tmp_path, fake_
 
 def test_force_stop_kills_a_run_that_ignores_sigint(tmp_path):
     script = tmp_path / "stubborn.py"
-    script.write_text("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n")
+    ready = tmp_path / "ignoring-sigint"  # written once the handler is in place: a SIGINT before it would kill it
+    script.write_text("import pathlib, signal, sys, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                      "pathlib.Path(sys.argv[1]).touch()\ntime.sleep(60)\n")
     run_dir = tmp_path / "stubborn"
-    runs.start_run(run_dir, [], program=[sys.executable, str(script)])
-    time.sleep(0.5)
+    runs.start_run(run_dir, [], program=[sys.executable, str(script), str(ready)])
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists()
     runs.stop_run(run_dir)
     assert runs.wait_for(run_dir, timeout=1.5).running
     assert "killed" in runs.stop_run(run_dir, force=True)

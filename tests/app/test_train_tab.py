@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from homerlhf.app import runs, train_tab
+from homerlhf.app import runs, train_status, train_tab
 from homerlhf.config import load_config, to_yaml
 
 
@@ -100,7 +100,7 @@ def test_a_stopped_run_shows_no_eta(tmp_path):
 
 
 def test_each_start_gets_a_fresh_default_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_tab.time, "strftime", lambda fmt: "app-20261201-120000")
+    monkeypatch.setattr(train_status.time, "strftime", lambda fmt: "app-20261201-120000")
     first = train_tab.default_run_dir(str(tmp_path))
     assert first == str(tmp_path / "app-20261201-120000")
     assert train_tab.is_default_run_dir(first, str(tmp_path))
@@ -123,3 +123,31 @@ def test_a_poll_from_before_the_last_start_draws_nothing(tmp_path):
     fresh = train_tab.refresh(str(tmp_path), -1, "running", starts, page)
     assert fresh[2].startswith("<svg")
     assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].startswith("<svg")
+
+
+def test_an_attach_draws_the_run_whatever_a_poll_from_before_it_left(tmp_path):
+    """A poll sent before an Attach (the timer's, for the run attached before) draws nothing over it, and
+    the Attach's own draw does not depend on the rows count such a poll left in the page's state (seen
+    in the browser under load: the attached run's plot never came)."""
+    from types import SimpleNamespace
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "kl_mean": -0.018}) + "\n")
+    page = SimpleNamespace(session_hash="page-attach")
+    before = train_tab._starts_pressed(page)
+    after = train_tab.new_watch(page)
+    assert after == before + 1
+    stale = train_tab.refresh(str(tmp_path), -1, "finished", before, page)
+    assert all(out == {"__type__": "update"} for out in stale[:6])
+    assert train_tab.refresh(str(tmp_path), 1, "finished", after, page)[2] == {"__type__": "update"}  # "drawn"
+    drawn = train_tab.redraw(str(tmp_path), 1, "finished", after, page)  # 1: what the stale poll left
+    assert drawn[2].startswith("<svg") and drawn[6] == 1
+
+
+def test_the_monitor_follows_the_run_the_other_tabs_moved_to(tmp_path):
+    """A feedback run started in Evaluate moves the shared run dir: the monitor attaches to it (redraws)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.69}) + "\n")
+    attached, box, status, *_, n_rows, state, message = train_tab.follow_shared(str(tmp_path), "")
+    assert (attached, box, n_rows, state, message) == (str(tmp_path), str(tmp_path), 1, "unknown",
+                                                       f"Attached to `{tmp_path}`.")
+    assert str(tmp_path) in status
+    assert train_tab.follow_shared(str(tmp_path), str(tmp_path)) == ({"__type__": "update"},) * 11  # already attached

@@ -112,3 +112,37 @@ def test_plan_shows_both_placements_of_the_critic_side_by_side(capsys):
     # 0.5B's decoder (24 layers of 14,909,440 weights) over 7B's matmuls (28 x 233,046,016 + 152,064 x 3,584).
     share = 24 * 14_909_440 / (28 * 233_046_016 + 152_064 * 3_584)
     assert mine["update_s"] / on_base["update_s"] == pytest.approx((1 + share) / 2, rel=1e-3)
+
+
+def test_its_backward_follows_the_runs_checkpointing_and_offload(own, tiny_llama_dir):
+    """``training.checkpoint_every_n_layers`` and ``activation_offload`` act on the critic's own base as on
+    the policy's (it was counted with every layer checkpointed whatever they said): of its 2 layers every
+    2nd is layer 0 alone; offloaded (on a CUDA card) its input waits in pinned host memory, a block of its
+    own size beside the policy's. cpu-tiny's fp32 upcast: a = 4; micro-batch 2 x 10 tokens; a critic layer
+    saves 5,384 B a token (above)."""
+    from homerlhf.memory.components import Assumptions, Component
+    from homerlhf.memory.critic_phases import critic_update_moments
+    from homerlhf.memory.recompute import offload_host_components
+    from homerlhf.memory.shapes import resolve_shape
+
+    grads = Component("grads", "gradients", 0)
+
+    def moments(*extra):
+        cfg = own("training.gradient_checkpointing=true", "training.checkpoint_every_n_layers=2", *extra)
+        return {k: {c.name: c.bytes for c in v} for k, v in critic_update_moments(cfg, Assumptions(), grads).items()}
+
+    kept = moments()
+    assert set(kept) == {"critic layer backward (own base)", "critic recomputed layer backward (own base)"}
+    # Layer 0's input and the last hidden state (20 tokens x 64 x 4 B each), layer 1's activations kept.
+    assert kept["critic layer backward (own base)"]["critic checkpointed layer inputs"] == 2 * 20 * 64 * 4 == 10_240
+    assert kept["critic layer backward (own base)"]["critic saved activations"] == 20 * 5_384 == 107_680
+    assert kept["critic recomputed layer backward (own base)"]["critic recomputed layer"] == 107_680
+    off = moments("card.device=cuda", "training.activation_offload=true")["critic recomputed layer backward (own base)"]
+    assert off["critic last hidden state"] == off["critic layer input back from host"] == 20 * 64 * 4 == 5_120
+    assert "critic checkpointed layer inputs" not in off
+    cfg = own("card.device=cuda", "training.gradient_checkpointing=true", "training.checkpoint_every_n_layers=2",
+              "training.activation_offload=true")
+    host = {c.name: c.bytes for c in offload_host_components(cfg, resolve_shape(str(tiny_llama_dir)))}
+    # The policy's 2 of 4 layers, blocks of 20 x 128 x 4 = 10,240 B rounded to 16,384; the critic's one of
+    # 5,120 B rounded to 8,192, a size the policy's blocks are not.
+    assert host == {"offloaded layer inputs (pinned)": 2 * 16_384, "critic offloaded layer inputs (pinned)": 8_192}

@@ -101,3 +101,12 @@ def test_auto_keeps_the_workers_on_llamacpp_when_the_gpu_cannot_hold_the_reward(
     fits = {c.time.placement.reward: c.fits for c in small.candidates if c.time.placement.ref == "adapter_off"}
     assert fits == {"llamacpp": True, "adapter": False, "hf": False}
     assert resolve_placement(cfg, small).reward.backend == "llamacpp"
+
+
+def test_when_no_placement_fits_the_line_says_so(small_cfg, rates):
+    """Not "the current placement is the fastest that fits" under a verdict that says it does not fit."""
+    cfg = small_cfg()
+    rec = recommend(cfg, shape_for(cfg), rates, cores=2, logical=2, gpu_gib=0.001)  # peaks about 0.004 GiB
+    assert not any(c.fits for c in rec.candidates) and rec.set_args() == []
+    assert rec.line() == ("no placement fits the 90% budget (0.0 of 0.001 GiB): the current one (ref llamacpp, reward "
+                          "llamacpp, rollout hf) would take 18.0 s per iteration once the memory plan fits (see its verdict)")

@@ -14,7 +14,7 @@ from homerlhf.config import load_config
 from homerlhf.memory.recompute import offloaded_bytes
 from homerlhf.memory.shapes import resolve_shape
 from homerlhf.models import activations
-from homerlhf.models.activations import checkpointed_flags, enable_checkpointing, native_supported
+from homerlhf.models.activations import checkpointed_flags, checkpointing_report, enable_checkpointing, native_supported
 
 M, PROMPT, NEW = 2, 10, 6  # a micro-batch of 2 sequences of 10 + 6 tokens
 PATHS = ["transformers", "save_on_cpu"]
@@ -173,6 +173,13 @@ def test_the_policy_applies_the_configured_layers_and_offload(tiny_llama_dir):
     cfg = config(True, "training.checkpoint_every_n_layers=2", "training.activation_offload=true")
     offloading = PolicyModel.from_config(cfg, str(tiny_llama_dir)).model.get_base_model()
     assert checkpointed_flags(offloading) == [True, False] * 2
+    assert checkpointing_report(offloading) == {"layers": 4, "recomputed": [0, 2], "offloaded": [0, 2],
+                                                "path": "save_on_cpu"}  # what `homerlhf check` records
     assert enable_checkpointing(offloading, 2, True) == "save_on_cpu"
     assert enable_checkpointing(offloading, 4, False) == ("transformers" if native_supported(offloading) else "save_on_cpu")
     assert checkpointed_flags(offloading) == [True, False, False, False]
+    assert checkpointing_report(offloading)["recomputed"] == [0] and checkpointing_report(offloading)["offloaded"] == []
+    if native_supported(offloading):  # transformers' own offload, as a GPU run takes it (no forward here: nothing pinned)
+        enable_checkpointing(offloading, 2, True, native=True)
+        assert checkpointing_report(offloading) == {"layers": 4, "recomputed": [0, 2], "offloaded": [0, 2],
+                                                    "path": "transformers"}

@@ -96,3 +96,35 @@ def test_a_smaller_critic_trains_its_own_lora_and_head_and_nothing_of_the_actor(
     lora_b = [p for p in params if p.ndim == 2 and p.shape[1] == 8]
     assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
     assert all(p.grad is None for p in policy.actor_parameters())
+
+
+def test_a_critic_of_its_own_checkpoints_and_offloads_as_the_run_says(tiny_llama_dir, small_critic_dir, monkeypatch):
+    """``training.checkpoint_every_n_layers`` and ``activation_offload`` act on the critic's own base as on
+    the policy's (it checkpointed every layer, nothing offloaded, whatever they said): every 2nd of its 2
+    layers is layer 0 alone, its input offloaded; one critic forward moves m x t x h x 4 bytes through the
+    offload's pack hook, what the planner's offloaded_bytes says for the critic's shape."""
+    from homerlhf.memory.recompute import offloaded_bytes
+    from homerlhf.memory.shapes import critic_shape
+    from homerlhf.models import activations
+    from homerlhf.models.activations import checkpointing_report
+
+    packed: list[int] = []
+
+    class Counting(torch.autograd.graph.save_on_cpu):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda"):
+            super().__init__(pin_memory=False, device_type=device_type)
+            pack = self.pack_hook
+            self.pack_hook = lambda tensor: (packed.append(tensor.nbytes), pack(tensor))[1]
+
+    monkeypatch.setattr(activations, "save_on_cpu", Counting)
+    cfg = _cfg(f"critic.model={small_critic_dir}", "critic.value_head_init_std=0.1", "training.gradient_checkpointing=true",
+               "training.checkpoint_every_n_layers=2", "training.activation_offload=true", "rollout.max_prompt_len=6",
+               "rollout.max_new_tokens=3", "ppo.micro_batch_size=2")
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    report = checkpointing_report(policy.critic_model.backbone)
+    assert report == {"layers": 2, "recomputed": [0], "offloaded": [0], "path": "save_on_cpu"}
+    assert checkpointing_report(policy.model.get_base_model())["recomputed"] == [0, 2]  # the policy's 4 layers
+    policy.train()
+    policy.critic_values(IDS, torch.ones_like(IDS), 3).sum().backward()  # 2 x (6 + 3) tokens, the critic alone
+    assert sum(packed) == offloaded_bytes(cfg, critic_shape(cfg)) == 1 * 2 * 9 * 64 * 4
+    assert all(p.grad is not None for p in policy.critic_parameters())

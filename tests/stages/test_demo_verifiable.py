@@ -51,11 +51,13 @@ def test_the_recipe_per_algorithm():
         demo.verifiable_demo_config("/tmp/x", "dpo")
 
 
-# Measured on a quiet 2-core machine, seed 0, 24 iterations (held-out accuracy before -> after; docs/ppo_details.md,
-# detail 19): GRPO 0.204 -> 0.515, RLOO 0.204 -> 0.522, PPO 0.204 -> 0.591. The bar is about half the
-# smallest gain seen.
-LEARNING_OVERRIDES = ("ppo.iterations=24", "checkpoint.every=24")
-LEARNING_MARGIN = 0.15
+# 12 iterations, seed 0, measured on a 2-core AMD EPYC (Zen 4) with the SFT model built and trained under each
+# setting (held-out accuracy gain; docs/ppo_details.md, detail 19): default kernels, 1 thread GRPO +0.215, RLOO
+# +0.210, PPO +0.318 (2 threads PPO +0.235); AVX2 kernels, 1 thread GRPO +0.217, RLOO +0.205, PPO +0.209. The bar
+# is about half the smallest gain seen (the summary's own "improved" line is +0.05); 24 iterations gained
+# +0.31 to +0.39 for twice the time.
+LEARNING_OVERRIDES = ("ppo.iterations=12", "checkpoint.every=12")
+LEARNING_MARGIN = 0.10
 
 
 @pytest.mark.slow

@@ -386,3 +386,25 @@ def test_a_changed_or_cut_actor_adapter_is_refused_before_any_weight_loads(train
     [line] = refused()
     assert line.endswith("no earlier checkpoint's actor is intact: restore the file from a backup, or train again")
     assert loaded == [] and not out.exists()
+
+
+def test_the_card_explains_a_kl_below_zero(trained_run, tmp_path):
+    """A k1 KL estimate below 0 (the walk of issue 44 saw -0.018 on the card) says why it can be."""
+    import shutil
+
+    from homerlhf.stages.export import plan_policy_export
+    from homerlhf.stages.model_card import model_card
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    result = {"gap": {"max_abs": 1e-7, "mean_abs": 1e-8, "tokens": 10, "sequences": 2}, "dtype": "float32",
+              "compute_dtype": "float32", "stop_tokens": ["<|end|>"], "commands": ["ollama create policy"], "gguf": []}
+    for kl, note in ((-0.018, True), (0.018, False)):
+        rows[-1]["kl_mean"] = kl
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        card = model_card(plan_policy_export(run, tmp_path / "out", checkpoint="2"), result)
+        line = next(line for line in card.splitlines() if line.startswith("- KL to the reference"))
+        assert line.startswith(f"- KL to the reference (nats per response) at iteration 2: {kl:.4f}")
+        assert line.endswith(" (k1: an unbiased estimate, so one batch's mean can fall below 0; the KL itself "
+                             "cannot)") is note

@@ -238,3 +238,34 @@ def test_kto_from_an_sft_run_raises_good_answers_and_lowers_bad_ones(sft_run, da
     assert summary["start"]["kind"] == "sft run" and (summary["n_good"], summary["n_bad"]) == (8, 8)
     assert held["eval_rated"] == 8 and held["good_logp_change"] > 0 > held["bad_logp_change"], held
     assert held["margin_after"] > held["margin_before"], held
+
+
+def test_a_dpo_checkpoint_exports_as_the_trained_policy(dpo_from_sft, tmp_path):
+    """`homerlhf export policy` (and so the app's Export) takes a DPO run's checkpoint as it takes a PPO run's:
+    the merged model is the trained policy up to float32 rounding (tests/stages/test_export.py's 1e-5), and the
+    model card names the method, its data and steps, not the preset's PPO iterations."""
+    from homerlhf.stages.export import export_policy
+
+    out, _ = dpo_from_sft
+    result = export_policy(out, tmp_path / "export")
+    assert result["checkpoint"].endswith("iter_000004") and result["dtype"] == "float32"
+    assert 0 <= result["gap"]["max_abs"] < 1e-5 and result["gap"]["tokens"] > 10
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "(DPO, a LoRA actor on a 4-bit NF4 base)" in card
+    assert "- algorithm: dpo (TRL), 4 optimizer steps (checkpoint `iter_000004`) from `" in card
+    assert "iterations" not in card
+
+
+def test_dpo_sft_weight_adds_trls_sft_loss_on_the_chosen_answers(dpo_from_sft, sft_run, data_files, tmp_path):
+    """``dpo.sft_weight`` (RPO: TRL's ``sft`` loss, the chosen answers' mean token NLL, beside the DPO loss):
+    from the same start, data, seed and steps as the run without it, the held-out chosen answers end likelier."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + ["dpo.max_steps=4", "checkpoint.every=2", "dpo.sft_weight=5"])
+    summary = run_preference("dpo", cfg, tmp_path / "rpo", data=[data_files["train"]], eval_data=data_files["held"],
+                             base=str(sft_run))
+    plain = json.loads((dpo_from_sft[0] / "preference_run.json").read_text())["held_out"]
+    held = summary["held_out"]
+    assert held["margin_before"] == pytest.approx(plain["margin_before"], abs=1e-6)  # the same start
+    assert held["chosen_logp_change"] > plain["chosen_logp_change"] + 1.0, (held, plain)

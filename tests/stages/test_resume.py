@@ -1,9 +1,11 @@
 """Runs that survive, end to end through the real CLI in subprocesses:
 
-- N iterations straight vs k iterations, ``kill -9``, ``--resume`` to N: the same adapter and
-  value-head weights (max abs diff <= 1e-6) and the same metrics rows (wall-time fields aside);
-- a kill in the middle of a checkpoint write: the resume continues from the previous one and the
-  run completes, again equal to the straight run;
+- a ``kill -9`` in the middle of a checkpoint write, then ``--resume`` to N: the resume continues
+  from the previous checkpoint and the run completes equal to the N iterations run straight (the same
+  adapter and value-head weights, max abs diff <= 1e-6, and the same metrics rows, wall-time fields
+  aside). A kill between writes is the case below with llama.cpp workers (and the data-parallel
+  launcher's in tests/stages/test_data_parallel.py): one straight-vs-killed pair on the in-process
+  backends is enough;
 - the same kill and resume with the default backends (llama.cpp reference and reward workers), in
   sync mode and in the asynchronous mode (``rollout.async`` with the llamacpp engine: the batch
   sampled ahead is in flight at the kill, the resume takes the checkpoint's), each sample's policy
@@ -109,16 +111,6 @@ def straight_run(models, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
-def test_kill9_then_resume_equals_straight_run(models, straight_run, tmp_path):
-    out = tmp_path / "run"
-    _kill_at_first_checkpoint(_cli(_args(models, out)), out)
-
-    code, err = _finish(_cli(["train", "--resume", str(out)]))
-    assert code == 0, err
-    _assert_same_run(straight_run, out)
-
-
 def _kill_at_first_checkpoint(proc: subprocess.Popen, out: Path) -> None:
     deadline = time.monotonic() + 300
     while latest_complete_checkpoint(out) is None:  # iter_000002: k = 2
@@ -179,6 +171,15 @@ def _workers_of(pid: int) -> list[psutil.Process]:
     return found
 
 
+def _assert_workers_gone(pid: int, within: float = 60.0) -> None:
+    """The run's workers end after their owner: waited for (they exit on their own watch of the owner,
+    which can lag the owner's exit on a busy machine), never a fixed sleep."""
+    deadline = time.monotonic() + within
+    while _workers_of(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(pid) == []
+
+
 @pytest.mark.slow
 def test_sigint_stops_cleanly_with_real_workers(models, tmp_path):
     out = tmp_path / "run"
@@ -196,8 +197,7 @@ def test_sigint_stops_cleanly_with_real_workers(models, tmp_path):
     assert ckpt is not None
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((ckpt / "trainer_state.json").read_text())["iteration"] == len(rows) < 200
-    time.sleep(0.5)
-    assert _workers_of(proc.pid) == []
+    _assert_workers_gone(proc.pid)
 
 
 @pytest.mark.slow
@@ -218,8 +218,7 @@ def test_second_sigint_aborts_at_once_and_leaves_no_worker(models, tmp_path):
     code, err = _finish(proc, timeout=120)
     assert code == 130, err
     assert "aborting now" in err
-    time.sleep(0.5)
-    assert _workers_of(proc.pid) == []
+    _assert_workers_gone(proc.pid)
 
 
 def _flip_byte(path: Path) -> None:

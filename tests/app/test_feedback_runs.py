@@ -1,0 +1,98 @@
+"""*Train on my feedback* without a browser: too little feedback says how much more, one run at a time
+(a running one is named, for a feedback run and for PPO's Start), the command a feedback run runs, its
+progress in optimizer steps, its monitor panels and what it did to the feedback."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from homerlhf.app import feedback, feedback_runs, runs, train_tab
+from homerlhf.config import load_config
+from homerlhf.errors import UserError
+
+
+def _fb(pairs: int, ratings: int) -> feedback.Feedback:
+    return feedback.Feedback([{"prompt": "p", "chosen": "a", "rejected": "b"}] * pairs,
+                             [{"prompt": "p", "completion": "a", "label": True}] * ratings)
+
+
+def test_too_little_feedback_says_how_much_more():
+    cfg = load_config("cpu-tiny")  # dpo.min_rows = kto.min_rows = 4
+    assert feedback_runs.too_small(_fb(1, 1), "auto", cfg) == (
+        "Not enough feedback for this policy yet: DPO needs at least 4 preference pairs (dpo.min_rows): 1 collected, "
+        "3 more: Left/Right better, or Best of these; KTO needs at least 4 rated answers, a pair counting as two "
+        "(kto.min_rows): 3 collected, 1 more: Thumbs up/down, or pairs.")
+    assert feedback_runs.too_small(_fb(1, 2), "auto", cfg) is None  # 2 + 2 rated answers: KTO
+    assert feedback_runs.pick_method(_fb(1, 2), "auto", cfg) == "kto"
+    assert feedback_runs.too_small(_fb(1, 2), "dpo", cfg).endswith("1 collected, 3 more: Left/Right better, or Best of these.")
+    assert feedback_runs.pick_method(_fb(4, 0), "auto", cfg) == "dpo"
+    assert feedback_runs.too_small(_fb(0, 3), "kto", cfg).endswith("3 collected, 1 more: Thumbs up/down, or pairs.")
+
+
+def test_a_too_small_collection_starts_nothing(tmp_path):
+    ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
+    ckpt.mkdir(parents=True)
+    with pytest.raises(UserError, match=r"DPO needs at least 4 preference pairs \(dpo.min_rows\): 0 collected, 4 more"):
+        feedback_runs.start_feedback_run(str(ckpt), "dpo", "cpu-tiny", [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no run dir was made
+    with pytest.raises(UserError, match="pick a checkpoint first"):
+        feedback_runs.start_feedback_run("", "auto", "cpu-tiny", [])
+
+
+def test_the_feedback_run_command_adds_the_small_data_defaults_unless_set(tmp_path):
+    argv = feedback_runs.feedback_argv("dpo", "cpu-tiny", ["dpo.lr=1e-2", "dpo.grad_accum=2"], "C", tmp_path / "d.jsonl",
+                                       tmp_path / "out")
+    assert argv == ["dpo", "--preset", "cpu-tiny", "--set", "dpo.lr=1e-2", "--set", "dpo.grad_accum=2",
+                    "--set", "dpo.warmup_ratio=0", "--model", "C", "--data", str(tmp_path / "d.jsonl"),
+                    "--eval-data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out")]
+
+
+def test_a_second_start_while_a_run_runs_is_refused_naming_it(tmp_path):
+    root = tmp_path / "runs"
+    busy = root / "app-busy"
+    runs.start_run(busy, ["-c", "import time; time.sleep(60)"], program=[sys.executable])
+    try:
+        assert runs.run_status(busy).running
+        expected = rf"a run is already running: {busy} \(pid \d+\); stop it in the Train tab"
+        with pytest.raises(UserError, match=expected):
+            feedback_runs.refuse_if_running([root])
+        with pytest.raises(UserError, match=expected):  # PPO's Start too, before anything starts
+            train_tab.on_start("cpu-tiny", "builtin:tiny-llama", "ref.backend=adapter_off\nreward.backend=function\n"
+                               "reward.function=builtin:reverse", "builtin:demo-sft", "", False, str(root))
+        assert sorted(p.name for p in root.iterdir()) == ["app-busy"]
+    finally:
+        runs.stop_run(busy, force=True)
+        runs.wait_for(busy, 10)
+    assert feedback_runs.running_run([root]) is None
+
+
+def test_progress_in_steps_the_panels_and_the_result_of_a_feedback_run(tmp_path):
+    run = tmp_path / "dpo-1"
+    (run / feedback_runs.FOLDER).mkdir(parents=True)
+    start = tmp_path / "ppo" / "checkpoints" / "iter_000001"
+    start.mkdir(parents=True)
+    info = {"method": "dpo", "start_checkpoint": str(start), "epochs": 3.0, "max_steps": None}
+    (run / feedback_runs.FOLDER / feedback_runs.INFO_FILE).write_text(json.dumps(info))
+    rows = [{"step": s, "epoch": s / 2, "loss": 0.69 - 0.1 * s, "rewards/margins": 0.2 * s,
+             "rewards/accuracies": 0.5 + 0.25 * s, "rewards/chosen": 0.1 * s, "rewards/rejected": -0.1 * s} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert feedback_runs.total_steps(run, rows) == 6  # 2 steps an epoch (epoch 0.5 at step 1), 3 epochs
+    assert feedback_runs.start_checkpoint(run) == start
+    status, progress, figure, *_ = train_tab.poll(str(run))
+    assert progress.startswith("**Progress:** step 2/6 · 33%")
+    for title in ("Loss", "Reward margin (chosen - rejected)", "Reward accuracy (chosen above rejected)",
+                  "2 step(s) logged", "optimizer step"):
+        assert f">{title}<" in figure, title
+    assert feedback_runs.result_markdown(run) == ""  # not finished
+    summary = {"stage": "dpo", "steps": 6, "n_train": 4, "checkpoint": str(run / "checkpoints" / "iter_000006"),
+               "held_out": {"eval_pairs": 4, "margin_before": -0.25, "margin_after": 3.5, "chosen_logp_change": 1.25,
+                            "rejected_logp_change": -2.5, "accuracy_before": 0.5, "accuracy_after": 1.0}}
+    (run / feedback_runs.RESULT_FILE).write_text(json.dumps(summary))
+    assert feedback_runs.result_markdown(run) == (
+        "**DPO run finished**: 6 steps on 4 rows; its checkpoint `iter_000006` is listed beside `iter_000001` it "
+        "started from. On your feedback (the rows it trained on), log-probabilities under the new policy minus under "
+        "`iter_000001`: chosen answers **+1.250** nats; rejected answers -2.500; margin chosen - rejected -0.250 -> "
+        "+3.500.")

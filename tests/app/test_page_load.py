@@ -1,0 +1,56 @@
+"""What a page load brings back (homerlhf.app.page_load), on runs the launcher really started: a running
+run's Plan settings read back from its launch record, and the newest run attached when none runs (the
+browser: tests/app/test_browser_dead_ends.py)."""
+
+from __future__ import annotations
+
+import sys
+
+from homerlhf.app import page_load, runs, train_tab
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]  # a launched process that stays up until stopped
+
+
+def test_a_running_runs_settings_come_back_and_a_finished_run_is_attached(tmp_path):
+    root = tmp_path / "runs"
+    first, second = root / "app-20261202-100000", root / "app-20261202-100500"
+    runs.start_run(first, [], program=[sys.executable, "-c", "pass"])
+    assert not runs.wait_for(first, 20).running
+    items = ["model.name_or_path=builtin:tiny-llama", "reward.backend=function", "reward.function=builtin:reverse",
+             "reward.components=[{backend: function, function: 'builtin:reverse-positions', weight: 0.5}, "
+             "{backend: llamacpp, model: 'builtin:demo-rm', weight: 0.2}]", "algorithm=grpo", "ppo.group_size=4"]
+    runs.start_run(second, runs.train_argv("cpu-tiny", second, None, items), program=SLEEPER)
+    try:
+        assert page_load.running_run(str(root)) == str(second)
+        preset, model, overrides, preset_model, shown, algorithm, function, components, typed = \
+            page_load.restore_settings(str(root))
+        assert (preset, model, shown, algorithm) == ("cpu-tiny", "builtin:tiny-llama", "cpu-tiny", "grpo")
+        assert overrides.splitlines() == items and preset_model == "builtin:demo-sft"
+        assert (function, components) == ("builtin:reverse", "0.5 builtin:reverse-positions\n0.2 rm:builtin:demo-rm")
+        assert typed == {"cpu-tiny": "builtin:tiny-llama"}
+        # What Start runs, drawn from the restored boxes, is the command the run was launched with.
+        command = train_tab.show_command(preset, model, overrides, preset_model, str(second), False)
+        assert command == runs.format_command(runs.run_status(second).argv, multiline=True)
+        # The re-attach line says where the settings went.
+        loaded = page_load.attach_on_load(train_tab.on_page_load(str(root)), str(root))
+        assert loaded[1] == str(second) and loaded[-1] == (f"Re-attached to the running run `{second}`. Its preset, "
+                                                           "model and overrides are back in the Plan tab.")
+    finally:
+        runs.stop_run(second, force=True)
+    assert not runs.wait_for(second, 20).running
+    # Nothing runs: the Plan boxes are left as they are, and the newest run (by its directory's time) is attached.
+    assert all(not isinstance(v, str) for v in page_load.restore_settings(str(root)))
+    newest = str(second)  # started last: its directory is the newest
+    reattached = train_tab.on_page_load(str(root))
+    assert reattached[1] == ""  # the Train tab alone attaches nothing after a run
+    loaded = page_load.attach_on_load(reattached, str(root))
+    assert loaded[1] == loaded[2] == newest and loaded[3] == reattached[3] != newest  # Start: a fresh directory
+    assert loaded[-1].startswith(f"Attached to the latest run `{newest}` (")
+
+
+def test_a_run_started_from_a_shell_has_no_settings_to_restore(tmp_path):
+    shell = tmp_path / "shell-run"
+    shell.mkdir()
+    (shell / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    assert page_load.launched_items(str(shell)) is None and page_load.settings_of(str(shell)) is None
+    assert page_load.reward_boxes(["reward.backend=hf", "reward.components=[oops"]) == ("", "")
