@@ -11,13 +11,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+from xdist_plan import FileOrGroupScheduling, order, pin_this_worker
+
+pin_this_worker()  # before anything imports torch (tests/xdist_plan.py)
+
+
+def pytest_collection_modifyitems(config, items):
+    order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return FileOrGroupScheduling(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Builtin models and GGUF exports go to a per-session cache, never the user's."""
     if "HOMERLHF_CACHE" not in os.environ:
-        os.environ["HOMERLHF_CACHE"] = str(tmp_path_factory.mktemp("homerlhf-cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # one cache for the workers (tests/xdist_plan.py)
+            shared = tmp_path_factory.getbasetemp().parent / "homerlhf-cache"
+            shared.mkdir(exist_ok=True)
+            os.environ["HOMERLHF_CACHE"] = str(shared)
+        else:
+            os.environ["HOMERLHF_CACHE"] = str(tmp_path_factory.mktemp("homerlhf-cache"))
     yield
 
 

@@ -26,10 +26,16 @@ class ThreadShares:
 
 
 def physical_cores() -> int:
-    """Physical cores of this machine (psutil), else the logical count, at least 1."""
+    """Physical cores this process may run on: the machine's (psutil, else the logical count), at most
+    the CPUs of its affinity mask (``taskset``, a container's cpuset, a test process pinned to its
+    share), at least 1. A process confined to one CPU that split two cores' threads would run twice
+    as many busy threads as it has CPUs."""
     import psutil
 
-    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return max(1, cores)
 
 
 def split_threads(cores: int, local_workers: int, trainer_on_cpu: bool) -> ThreadShares:

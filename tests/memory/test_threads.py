@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from homerlhf.config import load_config
@@ -44,7 +48,22 @@ def test_run_shares_follow_the_config(preset_named):
     assert run_thread_shares(gpu, cores=16) == ThreadShares(8, 0)
 
 
-def test_physical_cores_is_psutils_count():
+def test_physical_cores_is_psutils_count_within_the_affinity_mask(monkeypatch):
     import psutil
 
-    assert threads.physical_cores() == max(1, psutil.cpu_count(logical=False) or 1)
+    cores = max(1, psutil.cpu_count(logical=False) or 1)
+    assert threads.physical_cores() == min(cores, len(os.sched_getaffinity(0)))
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2 if not logical else 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert threads.physical_cores() == 1  # one CPU allowed: one, not the machine's two
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert threads.physical_cores() == 2  # the mask allows more CPUs than the machine has cores
+
+
+def test_a_process_pinned_to_one_cpu_splits_one_core():
+    """As under ``taskset -c 0`` or a container's cpuset: the real mask, set in a process of its own."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from homerlhf.memory.threads import physical_cores, split_threads; "
+            "print(physical_cores(), split_threads(physical_cores(), 2, True))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "1 ThreadShares(worker=1, trainer=1)"

@@ -95,6 +95,9 @@ def test_worker_that_cannot_start_reports_its_stderr(tmp_path):
 OWNER = textwrap.dedent(
     """
     import os, select, signal, sys
+    # Ctrl-C's KeyboardInterrupt, as in a shell: a parent that ignores SIGINT (a pytest-xdist
+    # worker does) hands the ignoring on to its children.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from homerlhf.workers.backends import connect
     from homerlhf.workers.process import WorkerProcess
     backend = connect("ref", process=WorkerProcess("ref", sys.argv[1], ctx=64, threads=1, log_path=sys.argv[2]))
