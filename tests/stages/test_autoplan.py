@@ -41,7 +41,9 @@ def test_the_choice_is_printed_and_resolved(monkeypatch):
     assert resolve_auto(named, rates=RATES, say=said.append) is named  # nothing auto: as it is
 
 
-def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone():
+def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone(monkeypatch):
+    monkeypatch.setattr("homerlhf.memory.threads.physical_cores", lambda: 2)  # the rates' threads, on any machine
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
     saved = load_config("cpu-tiny", None, SMALL + ["ref.backend=llamacpp", "reward.backend=hf", "reward.model=x",
                                                    "rollout.generation_chunk=4"])
     cfg = resolve_auto(_auto("rollout.generation_chunk=auto"), saved=saved, rates=RATES, say=pytest.fail)
