@@ -66,8 +66,12 @@ def kl_so_far(run_dir: str) -> str:
     rows = [r for r in read_jsonl(Path(run_dir) / runs.METRICS_FILE) if isinstance(r.get("kl_mean"), (int, float))]
     if not rows:
         return ""
+    from homerlhf.app.monitor_notes import NEGATIVE_KL
+
     kl = round(rows[-1]["kl_mean"], 4) + 0.0  # + 0.0: -0.0 reads as 0.0000
-    return f"KL to the reference so far: {kl:.4f} nats per response at iteration {rows[-1].get('iteration', len(rows))}"
+    note = f" ({NEGATIVE_KL})" if kl < 0 else ""
+    return (f"KL to the reference so far: {kl:.4f} nats per response at iteration "
+            f"{rows[-1].get('iteration', len(rows))}{note}")
 
 
 def identical_markdown(run_dir: str, seed: int) -> str:

@@ -120,3 +120,18 @@ def test_another_run_followed_clears_the_exchange():
     left, right, left_score, right_score, info, pending, *buttons = eval_tab.cleared("note")
     assert (left["value"], right["value"], left_score, right_score, info, pending) == ([], [], "", "", "note", None)
     assert left["label"] == eval_tab.LEFT_LABEL and not any(b["interactive"] for b in buttons)
+
+
+def test_kl_so_far_says_why_a_k1_mean_can_be_negative(tmp_path):
+    """The monitor's note for a negative k1 mean, where Evaluate quotes the last KL (issue 44, item 4)."""
+    import json
+
+    from homerlhf.app.eval_tab import kl_so_far
+    from homerlhf.app.monitor_notes import NEGATIVE_KL
+
+    metrics = tmp_path / "metrics.jsonl"
+    assert kl_so_far(str(tmp_path)) == ""
+    metrics.write_text(json.dumps({"iteration": 1, "kl_mean": 0.0}) + "\n" + json.dumps({"iteration": 2, "kl_mean": -0.018}) + "\n")
+    assert kl_so_far(str(tmp_path)) == f"KL to the reference so far: -0.0180 nats per response at iteration 2 ({NEGATIVE_KL})"
+    metrics.write_text(json.dumps({"iteration": 3, "kl_mean": 0.25}) + "\n")
+    assert kl_so_far(str(tmp_path)) == "KL to the reference so far: 0.2500 nats per response at iteration 3"
