@@ -44,7 +44,7 @@ def prompts(n: int) -> list[str]:
 
 
 def our_config(model_dir: Path, args, engine: str):
-    """The cpu-tiny preset with the workload above and ``engine`` (the llama.cpp engine on 1 thread: docs/time.md)."""
+    """The cpu-tiny preset with the workload above and ``engine`` (the preset's engine threads: 1)."""
     from homerlhf.config import load_config
 
     batch = args.prompts * args.group
@@ -55,7 +55,7 @@ def our_config(model_dir: Path, args, engine: str):
         f"rollout.batch_size={batch}", f"rollout.chunk_size={batch}", f"rollout.max_new_tokens={args.new_tokens}",
         f"ppo.mini_batch_size={batch}", f"ppo.micro_batch_size={batch}", "ppo.epochs=1", "ppo.kl_coef=0.04",
         "ppo.adaptive_kl=false", "actor.lora.r=16", "actor.lora.alpha=32", "actor.lr=1e-5",
-        "logging.progress=false", f"rollout.engine={engine}", "rollout.engine_threads=1",
+        "logging.progress=false", f"rollout.engine={engine}",
     ])
 
 

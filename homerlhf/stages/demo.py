@@ -39,9 +39,6 @@ RECIPE = [
     "ppo.iterations=16",
     "checkpoint.every=16",
     "rollout.generation_chunk=32",
-    # The demo's figures and issue 41's margin were measured with HF generate; the cpu-tiny preset's
-    # engine auto (issue 46) waits for their re-measurement on the llama.cpp engine (seeds 0-4, both kernels).
-    "rollout.engine=hf",
 ]
 # --fast changes nothing here: the recipe is already 16 short iterations (about 16 s), and fewer fall
 # short of the verdict's +0.25 (measured, seed 0-1, both CPU settings: 8 iterations +0.21 to +0.24,

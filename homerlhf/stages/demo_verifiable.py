@@ -46,7 +46,6 @@ RECIPE = [
     "critic.lr=2e-3",
     "ppo.iterations=80",
     "checkpoint.every=80",
-    "rollout.engine=hf",  # measured with HF generate (the cpu-tiny preset's engine auto is not re-measured here)
 ]
 GROUP_SIZE = 8  # samples per prompt for grpo / rloo: 16 strings x 8 answers per iteration
 FAST_OVERRIDES = ["ppo.iterations=40", "checkpoint.every=40"]
