@@ -2,7 +2,7 @@
 ``rollout.engine: auto`` takes, and the ratio to TRL, in one run (a benchmark, not a test).
 
     python benchmarks/peer_grpo.py [--runs 3] [--steps 4] [--prompts 8] [--group 4] [--new-tokens 32]
-                                   [--threads 2] [--algorithm ppo|grpo] [--engines hf,llamacpp]
+                                   [--threads 2] [--algorithm ppo|grpo] [--engines hf,llamacpp] [--set KEY=VALUE]
 
 Both sides train the same tiny Llama (built from code, seed 0) loaded in NF4 with the same LoRA
 (r 16, all linear layers, fp32 compute), sample ``--prompts`` x ``--group`` completions per step at
@@ -14,7 +14,8 @@ PPO with its critic, ``--prompts`` x ``--group`` prompts a step, one epoch, the 
 ``grpo`` (groups of ``--group``, the KL in the loss); reference ``adapter_off`` (TRL's reference too);
 ``rollout.engine`` each of ``--engines``, and which of them ``auto`` takes on this machine
 (``homerlhf.stages.autoplan:resolve_auto``, by ``homerlhf bench``'s cached figures or the defaults,
-printed). Each side runs in its own process, one after another, ``--runs`` times (interleaved, so a
+printed); ``--set KEY=VALUE`` adds an override of ours (then the figures are no longer the defaults').
+Each side runs in its own process, one after another, ``--runs`` times (interleaved, so a
 change in the machine's load touches every side alike); in each run the first step pays one-off
 costs and is left out of the mean; the median over runs is reported, with the CPU and its load.
 """
@@ -55,7 +56,7 @@ def our_config(model_dir: Path, args, engine: str):
         f"rollout.batch_size={batch}", f"rollout.chunk_size={batch}", f"rollout.max_new_tokens={args.new_tokens}",
         f"ppo.mini_batch_size={batch}", f"ppo.micro_batch_size={batch}", "ppo.epochs=1", "ppo.kl_coef=0.04",
         "ppo.adaptive_kl=false", "actor.lora.r=16", "actor.lora.alpha=32", "actor.lr=1e-5",
-        "logging.progress=false", f"rollout.engine={engine}",
+        "logging.progress=false", f"rollout.engine={engine}", *args.set,
     ])
 
 
@@ -158,7 +159,7 @@ def run_side(side: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, __file__, "--side", side, "--tmp", tmp, "--steps", str(args.steps),
                "--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
-               "--threads", str(args.threads), "--algorithm", args.algorithm]
+               "--threads", str(args.threads), "--algorithm", args.algorithm, *(f"--set={item}" for item in args.set)]
         out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
@@ -183,7 +184,8 @@ def report(results: dict[str, list[dict]], chosen: str, args) -> None:
     """Per side: seconds per step of each run, the median, our generation seconds, peak RSS, vs TRL."""
     print(f"{args.prompts} prompts x {args.group} completions x {args.new_tokens} new tokens, {args.threads} threads; "
           f"ours: {args.algorithm}{' with its critic' if args.algorithm == 'ppo' else ''}; "
-          f"steps 2..{args.steps} averaged per run, median of {args.runs} runs")
+          f"steps 2..{args.steps} averaged per run, median of {args.runs} runs"
+          + (f"; ours with --set {' '.join(args.set)}" if args.set else ""))
     median = {side: statistics.median(later_mean(r["times"]) for r in runs) for side, runs in results.items()}
     print(f"{'side':>14} {'s/step per run':>22} {'median':>7} {'gen s':>6} {'RSS GiB':>8} {'vs TRL':>7}")
     for side, runs in results.items():
@@ -193,7 +195,8 @@ def report(results: dict[str, list[dict]], chosen: str, args) -> None:
         rss = max(r["peak_rss_gib"] for r in runs)
         print(f"{side:>14} {per_run:>22} {median[side]:7.2f} {gen} {rss:8.2f} {median[side] / median['trl']:6.2f}x")
     default = f"ours-{chosen}"
-    print(f"defaults on both sides: rollout.engine auto takes {chosen} here: "
+    sides = f"ours with --set {' '.join(args.set)}" if args.set else "defaults on both sides"
+    print(f"{sides}: rollout.engine auto takes {chosen} here: "
           f"{median[default]:.2f} s per step against TRL's {median['trl']:.2f} s, "
           f"{median[default] / median['trl']:.2f}x (<= 0.7x is issue 46's goal)")
 
@@ -208,6 +211,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo")
     parser.add_argument("--engines", default="hf,llamacpp", help="our rollout engines to time, comma-separated")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for our side (e.g. critic.shared_adapter=true), after the workload's")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()

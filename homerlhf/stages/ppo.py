@@ -126,8 +126,11 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
     from homerlhf.stages.autoplan import resolve_for_run
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
-    cfg = resolve_for_run(cfg, resume, reward_given=reward is not None)  # auto placement and generation chunk
-    check_run(cfg)  # before any weight is read or run dir is written
+    check_run(cfg)  # what the config names, before any weight is read, run dir written or shape planned on
+    placed = resolve_for_run(cfg, resume, reward_given=reward is not None)  # auto placement and generation chunk
+    if placed is not cfg:
+        check_run(placed)  # and what auto chose (a llama.cpp export of the policy for the engine or reference)
+    cfg = placed
     check_trainable_sharded(cfg)
     ranks = current_ranks()
     check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)

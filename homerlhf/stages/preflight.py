@@ -110,10 +110,12 @@ def check_reference_vocabulary(cfg: "RunConfig", tokenizer, model_path: str) -> 
 
 
 def _check_policy(cfg: "RunConfig") -> Optional[dict]:
-    from homerlhf.models.registry import check_available
+    from homerlhf.models.registry import check_available, resolve_model
     from homerlhf.models.support import check_loadable
 
     name = cfg.model.name_or_path
+    if not name.startswith(BUILTIN):
+        resolve_model(name)  # a local path that does not exist: said now, not as an unknown model by the planner
     config = model_config(name, cfg.model.revision)
     if config is not None:
         check_loadable(config, name, "causal-lm", cfg.model.trust_remote_code)

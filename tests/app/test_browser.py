@@ -195,7 +195,7 @@ def second_start_crashes_whole(page, runs_root, run_dir, reward_dir, empty_model
     second = Path(value_of(page, "train-run-dir"))
     assert second != run_dir and second.parent == runs_root and "already holds a run" not in message
     status = wait_text(page, "train-status", r"crashed", timeout_s=120)
-    whole = "(give a local HF model dir, a cached hub id, or builtin:<name>)"
+    whole = f"error: {empty_model} has no config.json; point --model at a HF model dir"  # the planner's, whole
     assert whole in status, status
     page.locator(".toast-body").filter(has_text="The run crashed").first.wait_for(timeout=10_000)
     assert whole in page.locator(".toast-body").filter(has_text="The run crashed").first.inner_text()

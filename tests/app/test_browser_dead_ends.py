@@ -46,16 +46,18 @@ def start_reload_and_see_its_settings(page, runs_root: Path, reward_dir: Path) -
 def apply_takes_the_recommended_placement(page) -> None:
     """(a) Where the time section recommends overrides, Apply adds them (it said "the plan fits")."""
     open_tab(page, "Plan")
-    fill(page, "plan-overrides", "")
+    fill(page, "plan-overrides", "rollout.engine=hf")
     page.locator("#plan-run").click()
-    # The preset's own placement (the plan of the restored overrides, in process, is gone from the page).
-    time_text = wait_text(page, "plan-time", r"^Time per iteration \(ref llamacpp, reward llamacpp")
+    # The preset's placement with HF generate named (the plan of the restored overrides is gone from the page).
+    time_text = wait_text(page, "plan-time", r"^Time per iteration \(ref llamacpp, reward llamacpp, rollout hf\)")
     recommended = re.search(r"recommended: add (.*?) to the overrides", time_text)
-    assert recommended, time_text  # cpu-tiny's llama.cpp workers: the in-process placement is faster here
+    assert recommended, time_text  # by the default rates the llama.cpp engine samples faster here (issue 46)
     items = recommended.group(1).split()
+    assert "rollout.engine=llamacpp" in items
     page.locator("#plan-apply").click()
     wait_text(page, "plan-message", r"^Applied: " + re.escape(" ".join(items)) + r" \(the recommended placement\)")
-    assert set(items) <= set(value_of(page, "plan-overrides").splitlines())
+    applied = value_of(page, "plan-overrides").splitlines()
+    assert set(items) <= set(applied) and "rollout.engine=hf" not in applied  # the named engine replaced
     wait_text(page, "plan-time", r"is the fastest that fits")
 
 
