@@ -71,9 +71,9 @@ def choose_engine(model_dir: Path, args) -> dict:
 
 def run_ours(model_dir: Path, args) -> dict:
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+    from homerlhf.ppo.backends import CallableReward
     from homerlhf.ppo.trainer import PPOTrainer, seed_everything
-    from homerlhf.stages.scorers import build_engine
+    from homerlhf.stages.scorers import build_engine, build_reference
 
     cfg = our_config(model_dir, args, args.side.removeprefix("ours-"))
     seed_everything(0)
@@ -85,7 +85,9 @@ def run_ours(model_dir: Path, args) -> dict:
     reward = CallableReward(lambda p, r: reward_text(tok.decode(r, skip_special_tokens=True)))
     engine = build_engine(cfg, policy, str(model_dir), Path(args.tmp) / "run")
     try:
-        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, ids, engine=engine)
+        # The reference as a run builds it (adapter-off, in micro-batches of ppo.micro_batch_size).
+        reference = build_reference(cfg, policy, str(model_dir), Path(args.tmp) / "run")
+        trainer = PPOTrainer(cfg, policy, reference, reward, ids, engine=engine)
         times, generation = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()

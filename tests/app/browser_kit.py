@@ -75,6 +75,15 @@ def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 60) -> str:
     raise AssertionError(f"#{elem_id} never matched {pattern!r}; last text: {text!r}")
 
 
+def wait_page_loaded(page) -> None:
+    """Wait for the page's load events to end (their last step writes the Train tab's Start command, with its
+    ``--out``), then show the first tab, as the page opened. A box typed into before they end can be
+    overwritten by a load step that read the page before the typing (seen under a CI's load)."""
+    open_tab(page, "Train")
+    wait_text(page, "train-command", r"--out \S")
+    open_tab(page, "Data")
+
+
 def value_of(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id} textarea, #{elem_id} input").first.input_value()
 

@@ -4,7 +4,7 @@ Module-scoped: each browser test module gets its own app and page."""
 from __future__ import annotations
 
 import pytest
-from browser_kit import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port
+from browser_kit import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, wait_page_loaded
 
 
 @pytest.fixture(scope="module")
@@ -42,5 +42,6 @@ def page(app_url):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(30_000)
         page.goto(app_url[0])
+        wait_page_loaded(page)
         yield page
         browser.close()
