@@ -16,9 +16,9 @@ figures in :data:`H200_S`); at another preset the same cases with that preset's 
   model (none within it: the quickest that fits): Qwen2.5-7B at the 4090 preset;
 - ``grpo-1.5b``, ``grpo-1.5b-upcast``, ``rloo-1.5b``, ``reward-adapter-1.5b``, ``resume-1.5b``,
   ``cli-1.5b``: Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens, at the preset;
-- ``ppo-critic-1.5b``: PPO with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
-  random weights on the same tokenizer), and ``ppo-offload-1.5b``: PPO with every 2nd layer checkpointed
-  and their inputs in host memory (``training.activation_offload``), the same prompts;
+  ``reward-adapter-1.5b`` with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
+  random weights on the same tokenizer), ``resume-1.5b`` with every 2nd layer checkpointed and their
+  inputs in host memory (``training.activation_offload``);
 - ``ppo-fp16-1.5b``: the fp16 path (its GradScaler) at the ``t4-colab`` preset where the card holds its
   15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``.
 
@@ -46,8 +46,8 @@ REFERENCE = "4090"  # the preset of our own GPU session's cases, and of a card n
 FP16_PRESET = "t4-colab"
 # Seconds on an H200 at the 4090 preset (t4-colab for the fp16 case), the model's build aside: see
 # scripts/gpu_session.sh. A case of another model or preset is scaled from its 4090 one by the planner.
-H200_S = {"ppo": 95, "grpo": 14, "grpo-upcast": 14, "rloo": 14, "ppo-fp16": 24, "reward-adapter": 20, "resume": 22,
-          "cli": 30, "ppo-critic": 16, "ppo-offload": 16}
+H200_S = {"ppo": 95, "grpo": 14, "grpo-upcast": 14, "rloo": 14, "ppo-fp16": 24, "reward-adapter": 22, "resume": 24,
+          "cli": 30}
 START_S = 10  # this process's start on the GPU machine (imports), estimated
 BUILD_S_PER_B = 4.0  # building and saving a random checkpoint, per billion parameters (a 7B in ~30 s on an H200)
 
@@ -85,15 +85,14 @@ def small_cases(preset: str, gib: float) -> list[Case]:
         Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1, H200_S["rloo"]),
         # Two optimizer steps an iteration (mini-batches of 4 of 8 rows; the smoke's of 2 of 4): the scaler steps.
         fp16,
+        # PPO with the reward an adapter on the shared base and the critic a base of its own (critic.model).
         Case("reward-adapter-1.5b", preset, SMALL_MODEL, SMALL + ("reward.backend=adapter", "reward.model={reward_adapter}",
-                                                                 "reward.function=null"), 1, H200_S["reward-adapter"]),
-        Case("resume-1.5b", preset, SMALL_MODEL, SMALL + ("rollout.max_new_tokens=32",), 1, H200_S["resume"],
+                                                                 "reward.function=null", "critic.model={critic_model}"),
+             1, H200_S["reward-adapter"]),
+        # Resumed exactly with every 2nd layer checkpointed and its inputs in host memory (activation offload).
+        Case("resume-1.5b", preset, SMALL_MODEL, SMALL + ("rollout.max_new_tokens=32", "training.checkpoint_every_n_layers=2",
+                                                         "training.activation_offload=true"), 1, H200_S["resume"],
              kind="resume"),
-        # The levers of issue 43 on a card: a critic of its own, and activation offload (every 2nd layer).
-        Case("ppo-critic-1.5b", preset, SMALL_MODEL, SMALL + ("critic.model={critic_model}",), 1, H200_S["ppo-critic"]),
-        Case("ppo-offload-1.5b", preset, SMALL_MODEL, SMALL + ("training.checkpoint_every_n_layers=2",
-                                                             "training.activation_offload=true"), 1,
-             H200_S["ppo-offload"]),
         Case("cli-1.5b", preset, SMALL_MODEL, ("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=32",
                                                "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "data.prompts=builtin:demo"),
              1, H200_S["cli"], kind="cli", keep=("rollout.max_prompt_len=64",)),

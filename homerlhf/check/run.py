@@ -143,6 +143,17 @@ def resume_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
     return result
 
 
+def resolved_as_train(cfg, shape, say=print):
+    """``cfg`` with its ``auto`` settings resolved as ``homerlhf train`` resolves them on a CUDA card
+    (:func:`homerlhf.stages.autoplan.resolve_auto`), so the policy runs the settings its plan assumes.
+    A CPU-smoke config (``card.device=cpu``) is decided as on the card, then trained on the CPU."""
+    from homerlhf.stages.autoplan import resolve_auto
+
+    card = cfg.card
+    on_card = cfg.model_copy(update={"card": card.model_copy(update={"device": "cuda"})})
+    return resolve_auto(on_card, shape=shape, say=say).model_copy(update={"card": card})
+
+
 def case_entry(case: Case, run: Run, cfg, cap: float, shape, overrides: list[str]) -> dict:
     """What the report says of ``case`` before it runs: its preset, model, settings and estimates."""
     from homerlhf.memory.planner import plan
@@ -167,8 +178,11 @@ def run_case(case: Case, run: Run) -> dict:
         build_reward_adapter(model_dir, adapter, run.device)
     if "{critic_model}" in " ".join(case.overrides):
         run.model_dir(CRITIC_MODEL)  # the critic's own base: random weights, the same (tiny) tokenizer
-    cap, shape = float(cfg.card.gpu_gib), resolve_shape(str(model_dir))
+    shape, decided = resolve_shape(str(model_dir)), []
+    cfg = resolved_as_train(cfg, shape, decided.append)  # after the builds: the plan reads every model's shape
+    cap = float(cfg.card.gpu_gib)
     entry = case_entry(case, run, cfg, cap, shape, overrides)
+    entry["decided"] = decided
     if not run.smoke:
         cap_memory(cap)
         import torch
