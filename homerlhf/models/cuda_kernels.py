@@ -21,7 +21,7 @@ and a script that runs several can put the previous flags back (:func:`current_f
   flags are left as they are: ``torch.backends.cuda.enable_flash_sdp`` also steers the CPU's SDPA (flash for
   CPU vs math; checked with torch 2.13's profiler), and the CPU's kernels are not chosen here.
 
-Predicted from the PyTorch and TRL reports above; not run on a GPU.
+Run on an NVIDIA H200 (2026-12-04, ``homerlhf check``: docs/gpu-runs/); no consumer card has run them.
 """
 
 from __future__ import annotations
@@ -44,12 +44,10 @@ _HALF = (torch.bfloat16, torch.float16)
 
 # What the planner's GPU time rates (homerlhf.memory.timing, docs/time.md) were measured with.
 MEASURED_KERNELS = (
-    "NVIDIA H200 (sm90), 2026-11-30, torch 2.11 + CUDA 13: the fp32 upcast of the base (fp32 residual stream, "
-    "KV cache and attention inputs) with NF4 matmuls in bf16, under torch's default flags: TF32 off for "
-    "matmuls (nothing set it then), SDPA backends not chosen. Which SDPA backend ran was not recorded; "
-    "flash and cuDNN attention take only fp16/bf16 inputs, so fp32 attention ran on memory-efficient or "
-    "math (inferred, not recorded). Not the kernels a policy chooses now (bf16 attention on flash / "
-    "memory-efficient / math, no cuDNN; TF32 on under bf16 compute): not measured on a GPU."
+    "NVIDIA H200 (sm90), torch 2.11 + CUDA 13. 2026-12-04: the kernels a policy sets (bf16 compute: TF32 on, "
+    "SDPA on flash / memory-efficient / math, no cuDNN), HF generate and the captured static loop. "
+    "2026-11-30: the fp32 upcast of the base (quant.upcast_non_quantized) under torch's default flags (TF32 off, "
+    "SDPA backends not chosen, which one ran not recorded): the upcast's rates."
 )
 
 

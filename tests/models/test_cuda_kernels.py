@@ -147,4 +147,4 @@ def test_a_policy_builds_after_something_set_tf32_through_the_new_api(tiny_llama
 
 def test_the_measured_kernels_say_what_is_not_known():
     text = cuda_kernels.MEASURED_KERNELS
-    assert "H200" in text and "2026-11-30" in text and "not recorded" in text
+    assert "H200" in text and "2026-12-04" in text and "2026-11-30" in text and "not recorded" in text
