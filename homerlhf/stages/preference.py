@@ -203,7 +203,7 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
             trainer._total_train_tokens = _logged_tokens(out / LOG)
         with Timer() as timer:
             result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
-    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id)
+    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),
