@@ -4,8 +4,9 @@ TRL's ``DPOTrainer`` (pairs) and ``KTOTrainer`` (answers rated good or bad) trai
 the same NF4 base the other stages load (:func:`homerlhf.stages.common.load_model`); the losses,
 their metrics and the reference forwards are TRL's. The reference is the policy the run starts from
 without a second copy of the base: the base with adapters off for a new LoRA on a model or SFT run,
-or TRL's ``ref`` adapter (a copy of the starting LoRA weights) when it continues a PPO / GRPO / RLOO /
-DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`). What ours is: the data's token ids
+or TRL's ``ref`` adapter (a copy of the starting LoRA weights, in the policy's dtype: :func:`_restore`)
+when it continues a PPO / GRPO / RLOO / DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`).
+What ours is: the data's token ids
 (the ones PPO samples, :mod:`homerlhf.stages.preference_data`), checkpoints, resume and the held-out
 figures (:mod:`homerlhf.stages.preference_eval`).
 
@@ -97,14 +98,22 @@ def _model(cfg, start: Start, base_path: str, method: str):
 
 
 def _restore(model, exact: dict) -> None:
-    """TRL rounds a 4-bit model's trainable weights to bf16; the adapter it continues gets its exact
-    values back (in the dtype it now trains in), so the policy starts equal to its reference."""
+    """The adapter TRL continues gets its exact values back, in the dtype it now trains in (TRL rounds a
+    4-bit model's trainable weights to bf16; :func:`match_trainable_dtype` then sets the stage's), and
+    TRL's ``ref`` adapter (its fp32 copy of them, taken before the rounding) becomes that same adapter:
+    those values, that dtype. So the policy starts equal to its reference; under bf16 training both are
+    the starting adapter in bf16, where the fp32 copy would run its LoRA in fp32 beside the policy's bf16
+    one (peft computes a LoRA in its weights' dtype): the first rewards and margins off 0."""
     import torch
 
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in exact:
-                param.data = exact[name].to(param.dtype)
+        for name, value in exact.items():
+            param = params[name]
+            param.data = value.to(param.dtype)
+            ref = params.get(name.replace(".default.", ".ref."))
+            if ref is not None:
+                ref.data = param.data.clone()
 
 
 class _Recorder:

@@ -277,3 +277,21 @@ def test_dpo_sft_weight_adds_trls_sft_loss_on_the_chosen_answers(dpo_from_sft, s
     assert held["margin_before"] == pytest.approx(plain["margin_before"], abs=1e-6)  # the same start
     assert held["chosen_logp_change"] > plain["chosen_logp_change"] + 1.0, (held, plain)
 
+
+def test_under_bf16_compute_a_continued_adapter_starts_equal_to_its_reference(sft_run, data_files, tmp_path):
+    """A GPU preset's dtypes, on the CPU (bf16 compute: the trainable weights train in bf16): a DPO run of one
+    step from the SFT model, then a DPO run continuing its adapter (under the first run's settings). TRL
+    copies that adapter into its fp32 ``ref`` adapter, then rounds the trainable one to bf16; the reference is
+    made the adapter the policy starts from, in its dtype, so the second run's first rewards (beta x the
+    policy's answer log-prob minus the reference's, from the forward before the first update) are 0, not the
+    rounding's offset."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + ["dpo.max_steps=1", "quant.compute_dtype=bf16"])
+    run_preference("dpo", cfg, tmp_path / "first", data=[data_files["train"]], base=str(sft_run))
+    summary = run_preference("dpo", cfg, tmp_path / "second", data=[data_files["train"]], base=str(tmp_path / "first"))
+    assert summary["start"]["kind"] == "dpo run"
+    first = next(json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()
+                 if '"loss"' in line)
+    assert first["step"] == 1 and abs(first["rewards/chosen"]) < 1e-6 and abs(first["rewards/rejected"]) < 1e-6, first
