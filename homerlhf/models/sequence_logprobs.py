@@ -24,7 +24,7 @@ from homerlhf.models.logprobs import LogitTransform, output_logit_transform
 def lm_parts(model) -> tuple[nn.Module, nn.Module, Optional[LogitTransform]]:
     """``(decoder, LM head, logit transform)`` of a causal LM or of a peft model on one (LoRA injected in
     place, so the active adapter is the one that runs)."""
-    inner = model.get_base_model() if hasattr(model, "peft_config") else model
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return getattr(inner, inner.base_model_prefix), inner.get_output_embeddings(), output_logit_transform(inner.config)
 
 

@@ -85,9 +85,11 @@ def _model(cfg, start: Start, base_path: str, method: str):
     new LoRA from ``actor.lora``). Returns ``(model, peft_config or None, the adapter's exact weights)``."""
     from transformers import AutoModelForCausalLM
 
+    from homerlhf.models.base_loading import check_logits_path
     from homerlhf.stages.common import load_model, lora_config
 
     model = load_model(AutoModelForCausalLM, base_path, cfg, getattr(cfg, method).method)
+    check_logits_path(model, base_path)  # the held-out pass computes its logits from the last hidden state
     if start.adapter is None:
         return model, lora_config(getattr(cfg, method), cfg.actor.lora, "CAUSAL_LM"), {}
     from peft import PeftModel
