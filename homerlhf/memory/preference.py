@@ -105,8 +105,9 @@ def _held_out_plan(cfg: RunConfig, shape: ModelShape, method: str) -> PhasePlan:
 
 
 def preference_plan(cfg: RunConfig, shape: ModelShape, method: str, gpu_gib: Optional[float] = None) -> Plan:
-    """The plan of a ``method`` run: the reference forward, the train step and the held-out pass; a suggestion (smaller
-    rows per step with more accumulation, then gradient checkpointing) when it does not fit."""
+    """The plan of a ``method`` run: the reference forward, the train step and the held-out pass; a
+    suggestion (smaller rows per step with more accumulation, then gradient checkpointing) when it does
+    not fit."""
     plan = _plan(cfg, shape, method, gpu_gib)
     if plan.fits is False:
         plan.suggestion = _suggest(cfg, shape, method, gpu_gib)
