@@ -4,8 +4,9 @@ TRL's ``DPOTrainer`` (pairs) and ``KTOTrainer`` (answers rated good or bad) trai
 the same NF4 base the other stages load (:func:`homerlhf.stages.common.load_model`); the losses,
 their metrics and the reference forwards are TRL's. The reference is the policy the run starts from
 without a second copy of the base: the base with adapters off for a new LoRA on a model or SFT run,
-or TRL's ``ref`` adapter (a copy of the starting LoRA weights) when it continues a PPO / GRPO / RLOO /
-DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`). What ours is: the data's token ids
+or TRL's ``ref`` adapter (a copy of the starting LoRA weights, in the policy's dtype: :func:`_restore`)
+when it continues a PPO / GRPO / RLOO / DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`).
+What ours is: the data's token ids
 (the ones PPO samples, :mod:`homerlhf.stages.preference_data`), checkpoints, resume and the held-out
 figures (:mod:`homerlhf.stages.preference_eval`).
 
@@ -84,9 +85,11 @@ def _model(cfg, start: Start, base_path: str, method: str):
     new LoRA from ``actor.lora``). Returns ``(model, peft_config or None, the adapter's exact weights)``."""
     from transformers import AutoModelForCausalLM
 
+    from homerlhf.models.base_loading import check_logits_path
     from homerlhf.stages.common import load_model, lora_config
 
     model = load_model(AutoModelForCausalLM, base_path, cfg, getattr(cfg, method).method)
+    check_logits_path(model, base_path)  # the held-out pass computes its logits from the last hidden state
     if start.adapter is None:
         return model, lora_config(getattr(cfg, method), cfg.actor.lora, "CAUSAL_LM"), {}
     from peft import PeftModel
@@ -97,14 +100,22 @@ def _model(cfg, start: Start, base_path: str, method: str):
 
 
 def _restore(model, exact: dict) -> None:
-    """TRL rounds a 4-bit model's trainable weights to bf16; the adapter it continues gets its exact
-    values back (in the dtype it now trains in), so the policy starts equal to its reference."""
+    """The adapter TRL continues gets its exact values back, in the dtype it now trains in (TRL rounds a
+    4-bit model's trainable weights to bf16; :func:`match_trainable_dtype` then sets the stage's), and
+    TRL's ``ref`` adapter (its fp32 copy of them, taken before the rounding) becomes that same adapter:
+    those values, that dtype. So the policy starts equal to its reference; under bf16 training both are
+    the starting adapter in bf16, where the fp32 copy would run its LoRA in fp32 beside the policy's bf16
+    one (peft computes a LoRA in its weights' dtype): the first rewards and margins off 0."""
     import torch
 
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in exact:
-                param.data = exact[name].to(param.dtype)
+        for name, value in exact.items():
+            param = params[name]
+            param.data = value.to(param.dtype)
+            ref = params.get(name.replace(".default.", ".ref."))
+            if ref is not None:
+                ref.data = param.data.clone()
 
 
 class _Recorder:
@@ -203,7 +214,7 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
             trainer._total_train_tokens = _logged_tokens(out / LOG)
         with Timer() as timer:
             result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
-    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id)
+    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),

@@ -91,12 +91,19 @@ def grpo_run(tiny_llama_dir, tmp_path_factory):
     return root / "run"
 
 
+def _sequence_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """Per token ``log p(ids[t] | ids[:t])`` (t >= 1), fp64, from the model's own full logits (the slow way)."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(input_ids=x).logits[0, :-1].double()
+    return torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0]
+
+
 def _margins(model, tokenizer, pairs: list[dict]) -> list[float]:
     """log p(chosen) - log p(rejected) per pair, computed here: the whole sequence's per-token log-probs
-    (homerlhf.workers.gguf.merge.sequence_logprobs), summed over the answer's tokens."""
+    from the model's full logits, summed over the answer's tokens."""
     from homerlhf.data.load import normalise
     from homerlhf.data.replies import ReplyEncoder
-    from homerlhf.workers.gguf.merge import sequence_logprobs
 
     records, _ = normalise(pairs, "preference")
     encoder = ReplyEncoder(tokenizer)
@@ -104,8 +111,8 @@ def _margins(model, tokenizer, pairs: list[dict]) -> list[float]:
     for r in records:
         head = len(encoder.prompt_ids(r["prompt"]))
         sides = [encoder.sequence_ids(r["prompt"], r[side]) for side in ("chosen", "rejected")]
-        logps = sequence_logprobs(model, sides)  # per token, from position 1
-        out.append(float(sum(logps[0][head - 1:]) - sum(logps[1][head - 1:])))
+        logps = [_sequence_logprobs(model, ids) for ids in sides]  # per token, from position 1
+        out.append(float(logps[0][head - 1:].sum() - logps[1][head - 1:].sum()))
     return out
 
 
@@ -269,3 +276,22 @@ def test_dpo_sft_weight_adds_trls_sft_loss_on_the_chosen_answers(dpo_from_sft, s
     held = summary["held_out"]
     assert held["margin_before"] == pytest.approx(plain["margin_before"], abs=1e-6)  # the same start
     assert held["chosen_logp_change"] > plain["chosen_logp_change"] + 1.0, (held, plain)
+
+
+def test_under_bf16_compute_a_continued_adapter_starts_equal_to_its_reference(sft_run, data_files, tmp_path):
+    """A GPU preset's dtypes, on the CPU (bf16 compute: the trainable weights train in bf16): a DPO run of one
+    step from the SFT model, then a DPO run continuing its adapter (under the first run's settings). TRL
+    copies that adapter into its fp32 ``ref`` adapter, then rounds the trainable one to bf16; the reference is
+    made the adapter the policy starts from, in its dtype, so the second run's first rewards (beta x the
+    policy's answer log-prob minus the reference's, from the forward before the first update) are 0, not the
+    rounding's offset."""
+    from homerlhf.config import load_config
+    from homerlhf.stages.preference import run_preference
+
+    cfg = load_config("cpu-tiny", overrides=SETTINGS + ["dpo.max_steps=1", "quant.compute_dtype=bf16"])
+    run_preference("dpo", cfg, tmp_path / "first", data=[data_files["train"]], base=str(sft_run))
+    summary = run_preference("dpo", cfg, tmp_path / "second", data=[data_files["train"]], base=str(tmp_path / "first"))
+    assert summary["start"]["kind"] == "dpo run"
+    first = next(json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()
+                 if '"loss"' in line)
+    assert first["step"] == 1 and abs(first["rewards/chosen"]) < 1e-6 and abs(first["rewards/rejected"]) < 1e-6, first
