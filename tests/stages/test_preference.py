@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerances import fp32_bound
 
 FACTS = ["tea is made from leaves", "cats sleep a lot", "snow holds air", "maps show places from above",
          "bees make honey", "the moon has no air", "rivers run to the sea", "bread needs yeast",
@@ -262,14 +263,14 @@ def test_kto_from_an_sft_run_raises_good_answers_and_lowers_bad_ones(sft_run, da
 
 def test_a_dpo_checkpoint_exports_as_the_trained_policy(dpo_from_sft, tmp_path):
     """`homerlhf export policy` (and so the app's Export) takes a DPO run's checkpoint as it takes a PPO run's:
-    the merged model is the trained policy up to float32 rounding (tests/stages/test_export.py's 1e-5), and the
+    the merged model is the trained policy up to float32 rounding (tests/stages/test_export.py's bound), and the
     model card names the method, its data and steps, not the preset's PPO iterations."""
     from homerlhf.stages.export import export_policy
 
     out, _ = dpo_from_sft
     result = export_policy(out, tmp_path / "export")
     assert result["checkpoint"].endswith("iter_000004") and result["dtype"] == "float32"
-    assert 0 <= result["gap"]["max_abs"] < 1e-5 and result["gap"]["tokens"] > 10
+    assert 0 <= result["gap"]["max_abs"] < fp32_bound(20) and result["gap"]["tokens"] > 10  # |log p| <= 20
     card = (tmp_path / "export" / "README.md").read_text()
     assert "(DPO, a LoRA actor on a 4-bit NF4 base)" in card
     assert "- algorithm: dpo (TRL), 4 optimizer steps (checkpoint `iter_000004`) from `" in card
