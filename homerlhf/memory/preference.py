@@ -26,6 +26,8 @@ from homerlhf.memory.shapes import ModelShape
 METHODS = ("dpo", "kto")
 PHASE_NAMES = {"scoring": "reference forward", "update": "train step"}
 HELD_OUT = "held-out pass"
+TRAINING = "training"  # what a run meters as one phase: TRL's train(), its reference forwards and train steps
+METERED = {TRAINING: tuple(PHASE_NAMES.values()), HELD_OUT: (HELD_OUT,)}
 
 
 def preference_view(cfg: RunConfig, method: str) -> RunConfig:
@@ -40,7 +42,7 @@ def preference_view(cfg: RunConfig, method: str) -> RunConfig:
                    "kl_in": None, "dr_grpo": False, "loss_aggregation": None}
     data["rollout"] = {**data["rollout"], "batch_size": rows, "chunk_size": rows, "generation_chunk": None,
                        "max_prompt_len": section.max_len - answer, "max_new_tokens": answer, "async": False,
-                       "engine": "hf"}
+                       "engine": "hf", "decoder": "hf"}  # nothing decodes: no static decoder's side stream
     data["actor"] = {**data["actor"], "optimizer": "adamw"}
     data["ref"] = {**data["ref"], "backend": "adapter_off", "url": None}
     data["reward"] = {**data["reward"], "backend": "function", "function": "none.py:none", "model": None,
@@ -159,6 +161,14 @@ def _suggest(cfg: RunConfig, shape: ModelShape, method: str, gpu_gib: Optional[f
             if ckpt != cfg.training.gradient_checkpointing:
                 overrides["training.gradient_checkpointing"] = ckpt
             return Suggestion(overrides, plan.peak_gib, plan.headroom_gib)
+
+
+def metered_phases(plan: Plan) -> dict[str, PhasePlan]:
+    """The planned phase each phase a run meters (:data:`METERED`, the stage's ``peak_mem_gib``) peaks in:
+    ``training`` the larger of the reference forward and the train step, ``held-out pass`` itself."""
+    by_name = {p.name: p for p in plan.phases}
+    return {metered: max((by_name[n] for n in names), key=lambda p: p.allocated_bytes)
+            for metered, names in METERED.items()}
 
 
 def print_preference_plan(plan: Plan, console=None) -> None:

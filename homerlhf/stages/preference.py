@@ -18,11 +18,13 @@ later dpo / kto / train run read it the same way:
   started from, its data and method), ``trainer/`` (the HF Trainer's optimizer, scheduler, RNG and
   state: ``--resume`` continues exactly), ``MANIFEST.json`` (sizes and sha256, written last);
 - ``metrics.jsonl`` TRL's logged figures per logging step (loss, rewards/margins, rewards/accuracies, ...);
-- ``preference_run.json`` the summary: start, data reports, counts, held-out margins before/after, time.
+- ``preference_run.json`` the summary: start, data reports, counts, held-out margins before/after, time,
+  and the peak memory of training and of the held-out pass (``peak_mem_gib``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -182,43 +184,59 @@ def _hf_resume_dir(out: Path, ckpt: Path) -> str:
     return str(hf_dir)
 
 
-def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer, data: PreferenceData,
-           info: dict, resume_from: Optional[Path]) -> dict[str, Any]:
-    """Build TRL's trainer, train (from ``resume_from``), and measure the held-out rows."""
+def _build_trainer(method: str, cfg, start: Start, base_path: str, tokenizer, data: PreferenceData, out: Path,
+                   callbacks: list):
+    """TRL's trainer on the 4-bit base with the starting adapter (or a new LoRA), its callbacks added."""
+    import torch
     from datasets import Dataset
 
     from homerlhf.models.precision import release_finished_accelerate_state, trainer_precision_flags
-    from homerlhf.stages.common import Timer, match_trainable_dtype, on_cuda, stage_compute_dtype
+    from homerlhf.stages.common import match_trainable_dtype, on_cuda, stage_compute_dtype
+
+    section = getattr(cfg, method)
+    flags = trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg))
+    release_finished_accelerate_state(next((name for name, on in flags.items() if on), "no"))
+    torch.manual_seed(cfg.seed)  # a new LoRA's initial weights
+    model, peft_config, exact = _model(cfg, start, base_path, method)
+    trainer = _trainer_class(method)(model=model, args=_config(method, cfg, out),
+                                     train_dataset=Dataset.from_list(data.train), processing_class=tokenizer,
+                                     peft_config=peft_config)
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    match_trainable_dtype(trainer.model, cfg, section.method)  # before train() builds the optimizer
+    _restore(trainer.model, exact)
+    return trainer
+
+
+def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer, data: PreferenceData,
+           info: dict, resume_from: Optional[Path]) -> dict[str, Any]:
+    """Build TRL's trainer, train (from ``resume_from``), and measure the held-out rows; each of the two
+    phases metered (:class:`homerlhf.memory.peaks.PhaseMeter`: on CUDA the allocator's peak, else RSS)."""
+    from homerlhf.memory.peaks import PhaseMeter
+    from homerlhf.memory.preference import HELD_OUT, TRAINING
+    from homerlhf.stages.common import Timer, on_cuda
     from homerlhf.stages.preference_eval import held_out_figures
     from homerlhf.tracking import hf
     from homerlhf.tracking.settings import tracking_line
 
-    section = getattr(cfg, method)
     print(tracking_line(cfg.logging, out))
     recorder = _Recorder(out, cfg, info)
-    with hf.hf_trackers(cfg, out) as callbacks:
-        flags = trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg))
-        release_finished_accelerate_state(next((name for name, on in flags.items() if on), "no"))
-        import torch
-
-        torch.manual_seed(cfg.seed)  # a new LoRA's initial weights
-        model, peft_config, exact = _model(cfg, start, base_path, method)
-        trainer = _trainer_class(method)(model=model, args=_config(method, cfg, out),
-                                         train_dataset=Dataset.from_list(data.train), processing_class=tokenizer,
-                                         peft_config=peft_config)
-        for callback in [*callbacks, recorder.callback]:
-            trainer.add_callback(callback)
-        match_trainable_dtype(trainer.model, cfg, section.method)  # before train() builds the optimizer
-        _restore(trainer.model, exact)
-        if resume_from is not None:  # TRL's running token count is not in the HF checkpoint: from the log
-            trainer._total_train_tokens = _logged_tokens(out / LOG)
-        with Timer() as timer:
-            result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
-    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
+    with contextlib.closing(PhaseMeter("cuda" if on_cuda(cfg) else "cpu")) as meter:
+        with hf.hf_trackers(cfg, out) as callbacks:
+            trainer = _build_trainer(method, cfg, start, base_path, tokenizer, data, out,
+                                     [*callbacks, recorder.callback])
+            if resume_from is not None:  # TRL's running token count is not in the HF checkpoint: from the log
+                trainer._total_train_tokens = _logged_tokens(out / LOG)
+            with Timer() as timer, meter.phase(TRAINING):
+                result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
+        with Timer() as held_timer, meter.phase(HELD_OUT):
+            figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),
-            "seconds": timer.seconds, "held_out": figures}
+            "batch_size": trainer.state.train_batch_size, "seconds": timer.seconds,
+            "held_out_seconds": held_timer.seconds, "held_out": figures,
+            "peak_mem_gib": {k: round(v, 4) for k, v in meter.peaks().items()}, "peak_mem_kind": meter.kind}
 
 
 def _claim(out: Path, overwrite: bool) -> Path:
