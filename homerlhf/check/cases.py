@@ -247,12 +247,12 @@ def preference_config(preset: str, model: str, overrides):
 
 def preference_work_s(cfg, method: str, model: str, spec) -> float:
     """The planner's seconds of a preference case's forwards and backwards on the card ``spec`` (the H200's
-    rates, :func:`homerlhf.memory.timing.gpu_flops`, scaled by FLOPs to the model and to the card): each
+    rates, :func:`homerlhf.memory.gpu_rates.gpu_flops`, scaled by FLOPs to the model and to the card): each
     step's rows trained, their no-grad forwards (DPO: the reference's; KTO: the reference's and both models'
     over the KL rows), and the held-out pass (before and after; KTO also over the pairs' answers as rated)."""
     from homerlhf.memory.cards import MEASURED
     from homerlhf.memory.shapes import builtin_shape
-    from homerlhf.memory.timing import gpu_flops, matmul_params
+    from homerlhf.memory.gpu_rates import gpu_flops, matmul_params
 
     section = getattr(cfg, method)
     upcast = bool(cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized)

@@ -282,8 +282,6 @@ class PPOTrainer:
         row: dict[str, Any] = {f"peak_mem_{name}_gib": gib for name, gib in self.meter.peaks().items()}
         if self.shape is not None:
             cfg = self.cfg
-            if cfg.training.has_auto:  # unresolved (a trainer built outside `homerlhf train`): plan what the policy runs
-                cfg = cfg.model_copy(update={"training": cfg.training.as_read()})
             if self.update_state.micro_batch_size != cfg.ppo.micro_batch_size:  # after an OOM backoff
                 cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(
                     update={"micro_batch_size": self.update_state.micro_batch_size})})

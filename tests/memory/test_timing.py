@@ -79,7 +79,8 @@ def test_the_gpu_rates_give_back_the_h200_measurements():
     generation (also 28 layers)."""
     from homerlhf.config import load_config
     from homerlhf.memory.shapes import BUILTIN_SHAPES
-    from homerlhf.memory.timing import GPU_SOURCE, default_throughputs
+    from homerlhf.memory.gpu_rates import GPU_SOURCE
+    from homerlhf.memory.timing import default_throughputs
 
     def run(model, *extra):  # as scripts/validate_memory_gpu.py runs it; the reward an in-process function
         cfg = load_config("4090", None, ["rollout.batch_size=32", "rollout.chunk_size=16", "rollout.generation_chunk=null",
@@ -126,7 +127,8 @@ def test_a_consumer_card_gets_the_h200_rates_scaled_by_its_published_flops_and_b
     parameters a token. A decode step of 16 rows moves 4.5 B x 6.525 G + 2 B x 0.545 G = 30.45 GB."""
     from homerlhf.config import load_config
     from homerlhf.memory.shapes import BUILTIN_SHAPES
-    from homerlhf.memory.timing import decode_step_s, default_throughputs
+    from homerlhf.memory.gpu_rates import decode_step_s
+    from homerlhf.memory.timing import default_throughputs
 
     shape = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
     assert shape.linear_weight_params == 28 * 233_046_016
