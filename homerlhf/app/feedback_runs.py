@@ -4,10 +4,10 @@ checkpoint on the feedback collected for it, started as a detached run the way *
 
 The run goes beside the run it starts from (``RUNS/<method>-<time>``). Its ``feedback/`` folder holds
 ``feedback.json`` (what it started from, how much feedback) and the rows it trains on, copied when it
-starts (:func:`homerlhf.app.feedback.write_training_data`). Those rows are passed as ``--eval-data``
-too: the run's end-of-run figures (``preference_run.json``: each answer's log-prob under the trained
-policy and under the one it started from) are then on the user's own feedback, the rows it trained
-on, not held out (a handful of clicks leaves nothing to hold out).
+starts (:func:`homerlhf.app.feedback.write_training_data`), with the prompts held out of them when there
+are enough (``held_out.jsonl``, its ``--eval-data``). The run's end-of-run figures
+(``preference_run.json``: each answer's log-prob under the trained policy and under the one it started
+from, on the rows it trained on and on the held-out ones) are what :func:`result_markdown` says.
 
 One run at a time: a Start or a feedback run while any run the app can see is running is refused
 with a line naming that run (two runs do not fit one GPU; the second would train unseen).
@@ -53,10 +53,12 @@ def running_run(dirs: Iterable[str | Path]) -> Optional[runs.RunStatus]:
 
 def refuse_if_running(dirs: Iterable[str | Path]) -> None:
     """A one-line refusal naming the running run, if there is one."""
+    from homerlhf.app.common import NotStarted
+
     status = running_run(dirs)
     if status is not None:
-        raise UserError(f"a run is already running: {status.run_dir} (pid {status.pid}); stop it in the Train tab "
-                        "or wait for it to end before starting another (two runs do not fit one GPU)")
+        raise NotStarted(f"a run is already running: {status.run_dir} (pid {status.pid}); stop it in the Train tab "
+                         "or wait for it to end before starting another (two runs do not fit one GPU)")
 
 
 def too_small(fb: feedback.Feedback, method: str, cfg) -> Optional[str]:
@@ -92,14 +94,18 @@ def new_run_dir(parent: Path, method: str) -> Path:
     return path
 
 
-def feedback_argv(method: str, preset: str, overrides: list[str], checkpoint: str, data: Path, out: Path) -> list[str]:
-    """``homerlhf dpo|kto`` from ``checkpoint`` on ``data`` (also its evaluation rows), into ``out``."""
+def feedback_argv(method: str, preset: str, overrides: list[str], checkpoint: str, data: Path, out: Path,
+                  held: Optional[Path] = None) -> list[str]:
+    """``homerlhf dpo|kto`` from ``checkpoint`` on ``data`` into ``out``; ``held``: its held-out rows (None: no
+    split of ``data`` either, ``data.eval_fraction=0``: a handful of rows all train)."""
     keys = {item.split("=", 1)[0] for item in overrides}
     defaults = [f"{method}.{d}" for d in DEFAULTS if f"{method}.{d.split('=')[0]}" not in keys]
+    defaults += ["data.eval_fraction=0"] if held is None and "data.eval_fraction" not in keys else []
     argv = [method, "--preset", preset]
     for item in [*overrides, *defaults]:
         argv += ["--set", item]
-    return argv + ["--model", str(checkpoint), "--data", str(data), "--eval-data", str(data), "--out", str(out)]
+    argv += ["--model", str(checkpoint), "--data", str(data)]
+    return argv + (["--eval-data", str(held)] if held is not None else []) + ["--out", str(out)]
 
 
 @dataclass
@@ -128,9 +134,10 @@ def start_feedback_run(checkpoint: str, method: str, preset: str, overrides: lis
         raise UserError(short)
     method = pick_method(fb, method, cfg)
     out = new_run_dir(start_run.parent, method)
-    data = feedback.write_training_data(fb, method, out / FOLDER)
-    argv = feedback_argv(method, preset, overrides, checkpoint, data, out)
+    data, held = feedback.write_training_data(fb, method, out / FOLDER, getattr(cfg, method).min_rows)
+    argv = feedback_argv(method, preset, overrides, checkpoint, data, out, held)
     info = {"method": method, "start_checkpoint": str(checkpoint), "start_run": str(start_run),
+            "held_out": held is not None, "beta": getattr(cfg, method).beta,
             "pairs": len(fb.pairs), "ratings": len(fb.ratings), "good": fb.good, "bad": fb.bad,
             "epochs": getattr(cfg, method).epochs, "max_steps": getattr(cfg, method).max_steps, "argv": argv}
     (out / FOLDER / INFO_FILE).write_text(json.dumps(info, indent=1))
@@ -178,30 +185,6 @@ def total_steps(run_dir: str | Path, rows: list[dict]) -> Optional[int]:
         return None
     per_epoch = logged[0]["step"] / logged[0]["epoch"]
     return max(int(math.ceil(per_epoch * float(info["epochs"]) - 1e-6)), logged[-1]["step"])
-
-
-def result_markdown(run_dir: str | Path) -> str:
-    """What a finished feedback run did to the feedback it trained on ('' before it ends, or for another run)."""
-    info = info_of(run_dir)
-    try:
-        summary = json.loads((Path(run_dir) / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return ""
-    if info is None:  # a run started elsewhere trained on other data
-        return ""
-    held, start = summary.get("held_out", {}), Path(info["start_checkpoint"]).name
-    head = (f"**{summary['stage'].upper()} run finished**: {summary['steps']} steps on {summary['n_train']} rows; "
-            f"its checkpoint `{Path(summary['checkpoint']).name}` is listed beside `{start}` it started from. "
-            f"On your feedback (the rows it trained on), log-probabilities under the new policy minus under `{start}`:")
-    parts = []
-    if "chosen_logp_change" in held:
-        parts += [f"chosen answers **{held['chosen_logp_change']:+.3f}** nats",
-                  f"rejected answers {held['rejected_logp_change']:+.3f}",
-                  f"margin chosen - rejected {held['margin_before']:+.3f} -> {held['margin_after']:+.3f}"]
-    for name, word in (("good_logp_change", "answers rated up"), ("bad_logp_change", "answers rated down")):
-        if held.get(name) is not None:
-            parts.append(f"{word} {held[name]:+.3f}")
-    return head + " " + "; ".join(parts) + "." if parts else head + " (no figure)."
 
 
 # The monitor's panels for a DPO / KTO run: TRL's logged figures per optimizer step.

@@ -10,6 +10,7 @@ from typing import Any
 from homerlhf.app import feedback_runs, monitor, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
+from homerlhf.app.run_controls import on_resume, resume_argv, with_iterations  # noqa: F401 - the tab's API
 from homerlhf.app.train_status import (  # noqa: F401 (worker_table and the rest: the tab's, re-exported)
     default_run_dir, holds_run, is_default_run_dir, status_markdown, total_iterations, worker_table,
 )
@@ -55,6 +56,8 @@ class TrainPanel:
     start_btn: Any
     stop_btn: Any
     kill_btn: Any
+    resume_btn: Any
+    iterations: Any  # Number: ppo.iterations of the next Start, written into the Plan tab's overrides
     runs_dd: Any
     refresh_btn: Any
     attach_btn: Any
@@ -86,14 +89,18 @@ def _layout(runs_root: str) -> TrainPanel:
     import gradio as gr
 
     with gr.Row():
+        iterations = gr.Number(label="Iterations", precision=0, scale=1, elem_id="train-iterations",
+                               info="How long it trains: rounds of sample, score, update (ppo.iterations)")
         run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir",
                              info="A new runs/app-<time> for each Start unless you type one")
         overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
-    command = gr.Code(label="What Start runs (the Plan tab's settings)", language="shell", interactive=False, lines=2, elem_id="train-command")
+    command = gr.Code(label="What Start training runs: a new run of the Plan tab's settings", language="shell",
+                      interactive=False, lines=2, elem_id="train-command")
     with gr.Row():
         start_btn = gr.Button("Start training", variant="primary", elem_id="train-start")
         stop_btn = gr.Button("Stop (checkpoint first)", variant="stop", elem_id="train-stop")
-        kill_btn = gr.Button("Force stop", elem_id="train-kill")
+        kill_btn = gr.Button("Force stop (no checkpoint)", elem_id="train-kill")
+        resume_btn = gr.Button("Resume", elem_id="train-resume")
     with gr.Row():
         runs_dd = gr.Dropdown([], label="Existing runs", allow_custom_value=True, scale=3, elem_id="train-runs")
         refresh_btn = gr.Button("Refresh list", elem_id="train-refresh")
@@ -111,7 +118,8 @@ def _layout(runs_root: str) -> TrainPanel:
                            interactive=False, elem_id="train-workers")
     with gr.Accordion("Training log (tail)", open=False):
         log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
-    return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, runs_dd, refresh_btn, attach_btn,
+    return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, resume_btn, iterations,
+                      runs_dd, refresh_btn, attach_btn,
                       message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
                       attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S),
                       starts=gr.State(0))
@@ -207,9 +215,19 @@ def runs_list(run_dir: str, runs_root: str):
     return gr.update(choices=found, value=run_dir if run_dir in found else (found[0] if found else None))
 
 
-def on_attach(choice) -> tuple:
-    """Watch an existing run: (message, attached, shared run dir, rows drawn = -1 to redraw, run dir
-    box, state)."""
+def attach_choice(choice: str, typed: str, attached: str) -> str:
+    """What *Attach* attaches: the *Existing runs* pick, or (when that is still the attached run) a run
+    directory typed in the *Run directory* box instead."""
+    typed = (typed or "").strip()
+    if (not choice or choice == attached) and typed and typed != attached and runs.is_run_dir(Path(typed)):
+        return typed
+    return choice
+
+
+def on_attach(choice, typed: str = "", attached: str = "") -> tuple:
+    """Watch an existing run (:func:`attach_choice`): (message, attached, shared run dir, rows drawn = -1 to
+    redraw, run dir box, state)."""
+    choice = attach_choice(choice, typed, attached)
     if not (choice or "").strip():
         raise UserError("pick a run from the list (Refresh list) or type its directory")
     path = Path(choice.strip())
@@ -274,22 +292,30 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
     (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
 
-    @guarded(6, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
-    def start(preset, model, overrides, preset_model, run_dir, overwrite):
-        return on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root)
+    @guarded(7, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
+    def start(preset, model, overrides, preset_model, run_dir, overwrite, iterations):
+        overrides = with_iterations(iterations, preset, model, overrides, preset_model)  # the field as shown
+        return (*on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root), overrides)
 
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
+    overrides_box = cmd_inputs[2]
     panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
                           cancels=[tick]).then(
-        start, cmd_inputs, [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state]
+        start, [*cmd_inputs, panel.iterations],
+        [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state, overrides_box]
     ).then(refresh, monitor_inputs, panel.monitor_outputs).then(
         lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
+    panel.resume_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
+                           cancels=[tick]).then(
+        guarded(5, error_index=0, on_error={3: -1})(lambda run_dir: on_resume(run_dir, runs_root)), panel.attached,
+        [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.state]
+    ).then(refresh, monitor_inputs, panel.monitor_outputs)
     panel.stop_btn.click(guarded(1, error_index=0)(on_stop), panel.attached, panel.message)
     panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
 
     panel.refresh_btn.click(lambda run_dir: runs_list(run_dir, runs_root), panel.run_dir, panel.runs_dd)
     panel.attach_btn.click(new_watch, None, panel.starts, queue=False, cancels=[tick]).then(
-        guarded(6, error_index=0)(on_attach), panel.runs_dd,
+        guarded(6, error_index=0)(on_attach), [panel.runs_dd, panel.run_dir, panel.attached],
         [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
     ).then(redraw, monitor_inputs, panel.monitor_outputs)
 
@@ -302,10 +328,20 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
 
     gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
                 "never stops it. Stop asks it to save a checkpoint, then exit.")
+    from homerlhf.app.page_settings import iterations_of
+
     panel = _layout(runs_root)
     cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
     for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
         comp.change(show_command, cmd_inputs, panel.command)
+    settings_inputs = cmd_inputs[:4]
+    for comp in (preset, model, overrides):
+        comp.change(iterations_of, settings_inputs, panel.iterations, show_progress="hidden")
+    def typed(n, *values):  # the field into the overrides (unchanged when they give that length already)
+        return "", with_iterations(n, *values)
+
+    for event in (panel.iterations.submit, panel.iterations.blur):
+        event(guarded(2, error_index=0)(typed), [panel.iterations, *settings_inputs], [panel.message, overrides])
     for handler in (refresh, pause_monitor, follow_shared, new_watch, redraw):  # Gradio hands its request to a parameter annotated so
         handler.__annotations__["request"] = gr.Request
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
@@ -317,4 +353,4 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
         return on_page_load(runs_root)
 
     return [(reattach, None, [panel.runs_dd, panel.attached, run_dir_shared, panel.run_dir, *panel.monitor_outputs]),
-            (show_command, cmd_inputs, panel.command)]
+            (show_command, cmd_inputs, panel.command), (iterations_of, settings_inputs, panel.iterations)]

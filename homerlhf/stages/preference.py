@@ -178,7 +178,7 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
 
     from homerlhf.models.precision import release_finished_accelerate_state, trainer_precision_flags
     from homerlhf.stages.common import Timer, match_trainable_dtype, on_cuda, stage_compute_dtype
-    from homerlhf.stages.preference_eval import held_out_figures
+    from homerlhf.stages.preference_eval import held_out_figures, trained_figures
     from homerlhf.tracking import hf
     from homerlhf.tracking.settings import tracking_line
 
@@ -204,10 +204,11 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
         with Timer() as timer:
             result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
     figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id)
+    trained = trained_figures(trainer.model, data, tokenizer.pad_token_id)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),
-            "seconds": timer.seconds, "held_out": figures}
+            "seconds": timer.seconds, "held_out": figures, "trained_rows": trained}
 
 
 def _claim(out: Path, overwrite: bool) -> Path:

@@ -5,6 +5,8 @@ policy and under the reference (the policy it started from), on the same base in
   (the reference) and after (the trained policy), and the fraction of pairs whose margin is > 0;
 - rated answers: the mean of ``log p_after(y) - log p_before(y)`` over the good answers and over the
   bad ones (KTO should raise the first and lower the second).
+
+Both on the held-out rows and (:func:`trained_figures`) on the rows it trained on.
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ def rated_changes(model, rated: Sequence[dict], pad_id: int) -> dict[str, Any]:
         changes = [a - b for a, b, r in zip(after, before, rated) if r["label"] is label]
         result[f"{name}_logp_change"] = sum(changes) / len(changes) if changes else None
     return result
+
+
+TRAINED_ROWS = 256  # the training rows measured at the end (the first ones, in training order): a bounded pass
+
+
+def trained_figures(model, data, pad_id: int) -> dict[str, Any]:
+    """The same figures on (the first :data:`TRAINED_ROWS` of) the rows it trained on: pairs for DPO, rated
+    answers for KTO. What the run did to the data it saw, beside what it did to the held-out rows."""
+    rows = data.train[:TRAINED_ROWS]
+    return pair_margins(model, rows, pad_id) if data.method == "dpo" else rated_changes(model, rows, pad_id)
 
 
 def held_out_figures(model, data, pad_id: int) -> dict[str, Any]:

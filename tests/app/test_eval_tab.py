@@ -92,7 +92,8 @@ def test_a_changed_checkpoint_is_marked_not_selected_and_refused_before_it_loads
 
     loads = []
     monkeypatch.setattr(chat, "get_models", lambda *a: loads.append(a))
-    outputs = guarded(11, error_index=4)(eval_tab.on_send)(str(tmp_path), str(second), "Hi", [], [], 8, 1.0, 1.0, 0, 0)
+    outputs = guarded(11, error_index=4)(eval_tab.on_send)(str(tmp_path), str(second), eval_tab.BASE, "Hi", [], [], 8, 1.0,
+                                                             1.0, 0, 0)
     assert outputs[4] == error_box(f"checkpoint {second}: actor/adapter_model.safetensors does not match its "
                                    "MANIFEST.json sha256 (changed after it was written); pick iter_000001 instead")
     assert loads == []
@@ -114,6 +115,12 @@ def test_a_feedback_run_lists_the_checkpoint_it_started_from_after_its_own(tmp_p
     update, known = eval_tab.follow_checkpoints(str(run), str(start), [str(start)])
     assert update["choices"] == [("iter_000004", str(own)), ("iter_000001 of app-1 (where this run started)", str(start))]
     assert update["value"] == str(own) and known == [str(own), str(start)]  # the new policy, the old beside it
+    # The right side compares with where it started by default (either side can be the base or any checkpoint).
+    assert eval_tab.default_right(str(run)) == str(start)
+    assert eval_tab.right_choices(str(run)) == [(eval_tab.BASE_LABEL, eval_tab.BASE), *update["choices"]]
+    left, right, _ = eval_tab.follow_both(str(run), str(own), str(start), known)
+    assert (left, right) == ({"__type__": "update"},) * 2  # nothing new: nothing moves
+    assert eval_tab.default_right(str(tmp_path / "app-1")) == eval_tab.BASE  # a PPO run: the reference
 
 
 def test_another_run_followed_clears_the_exchange():

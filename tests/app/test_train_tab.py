@@ -95,7 +95,7 @@ def test_a_stopped_run_shows_no_eta(tmp_path):
                                                               "stop_requested": 1010.0}))
     (tmp_path / "app" / "exit.json").write_text(json.dumps({"returncode": 130, "ended_at": 1012.0}))
     status, progress, *_, state = train_tab.poll(str(tmp_path))
-    assert state == "stopped" and "stopped by the user" in status
+    assert state == "stopped" and "stopped by you; it wrote no checkpoint, so there is nothing to resume" in status
     assert progress == "**Progress:** iteration 1/4 · 25% · elapsed 0m12s"  # ETA 0m06s before the Stop
 
 
