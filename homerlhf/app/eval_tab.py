@@ -159,9 +159,9 @@ def _layout() -> EvalPanel:
     import gradio as gr
 
     with gr.Row():
-        run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="eval-run-dir")
+        run_dir = gr.Textbox(label="Run directory", scale=2, elem_id="eval-run-dir")
         checkpoint = gr.Dropdown([], label="Left: checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
-        right = gr.Dropdown([(BASE_LABEL, BASE)], value=BASE, label="Right: compare with", scale=3, elem_id="eval-right-side")
+        right = gr.Dropdown([(BASE_LABEL, BASE)], value=BASE, label="Right: compare with", scale=4, elem_id="eval-right-side")
         refresh_btn = gr.Button("Refresh checkpoints", elem_id="eval-refresh")
     sampling = _sampling_controls()
     gr.Markdown(SINGLE_TURN, elem_id="eval-single-turn")
@@ -250,7 +250,7 @@ def on_send(run_dir, ckpt, right, text, left_hist, right_hist, max_new, temperat
                "sampling": sampling.__dict__, "answers": answers, "rated": [], "pairs": []}
     info = "Which answer is better?" if left.text != right_answer.text else \
         identical_markdown(owner, sampling.seed, right_is_base=not other)
-    if "\ufffd" in left.text + right.text:
+    if "\ufffd" in left.text + right_answer.text:
         info += (f" (An answer holds bytes that form no character, shown as \ufffd: at temperature "
                  f"{sampling.temperature:g} the model joined byte tokens that make no UTF-8 text.)")
     return (_chat(text, left.text, "Left", ckpt), _chat(text, right_answer.text, "Right", other), score_markdown(left),

@@ -49,6 +49,11 @@ def compute_flag(run_dir: str) -> str:
     from homerlhf.stages.export_plan import FLAGS, compute_dtype_name
 
     cfg = runs.run_config(run_dir) if run_dir else None
+    newest = runs.list_checkpoints(run_dir) if run_dir and cfg is None else []
+    if newest and (newest[0] / "config.yaml").is_file():  # a DPO / KTO run keeps its config per checkpoint
+        from homerlhf.config import from_yaml_file
+
+        cfg = from_yaml_file(newest[0] / "config.yaml")
     if cfg is None:
         return ""
     try:
@@ -165,9 +170,9 @@ def build(run_dir_shared, tab=None) -> None:
         refresh = gr.Button("Refresh checkpoints", elem_id="export-refresh")
     with gr.Row():
         out = gr.Textbox(label="Output directory", scale=3, elem_id="export-out")
-        base = gr.Radio([("the weights it trained on (nf4): your trained model", "nf4"),
-                         ("the original weights: close to it, not the same", "original")], value="nf4",
-                        label="Merge into", elem_id="export-base")
+        base = gr.Radio([("what it trained on (nf4)", "nf4"), ("the original weights", "original")], value="nf4",
+                        label="Merge into", elem_id="export-base",
+                        info="nf4 is your trained model; the original is close to it, not the same")
         dtype = gr.Radio(dtype_choices(""), value="auto", label="Save in", elem_id="export-dtype",
                          info="the merged model's dtype; rounding off the policy's costs a measured gap")
         overwrite = gr.Checkbox(False, label="Overwrite", elem_id="export-overwrite")

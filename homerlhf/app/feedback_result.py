@@ -50,8 +50,12 @@ def figures_words(figures: dict, beta: float) -> str:
             parts.append(f"{word} {figures[name]:+.3f}")
     change = _change(figures)
     if change is not None:
-        parts.append(f"preference for your chosen answers 50% -> {100 * implied_preference(beta, change):.1f}%")
+        parts.append(f"preference for {_preferred(figures)} 50% -> {100 * implied_preference(beta, change):.1f}%")
     return "; ".join(parts)
+
+
+def _preferred(figures: dict) -> str:
+    return "your chosen answers" if "margin_after" in figures else "the answers you rated up over those rated down"
 
 
 def _loss_words(run_dir: Path) -> str:
@@ -61,12 +65,13 @@ def _loss_words(run_dir: Path) -> str:
 
 def too_little(summary: dict, info: dict, run_dir: Path, beta: float) -> str:
     """The line saying the run was too little to move the policy, and what to do ('' when it moved)."""
-    change = _change(summary.get("trained_rows") or {})
+    trained = summary.get("trained_rows") or {}
+    change = _change(trained)
     if change is None or implied_preference(beta, change) >= MOVED:
         return ""
     method = summary["stage"]
     return (f"**Too little to matter:** {summary['steps']} step(s) on {summary['n_train']} row(s) left the preference "
-            f"for your chosen answers at {100 * implied_preference(beta, change):.1f}% (50% is no change"
+            f"for {_preferred(trained)} at {100 * implied_preference(beta, change):.1f}% (50% is no change"
             f"{_loss_words(run_dir)}). Give more feedback (tens of pairs), or train longer: raise `{method}.epochs` "
             f"(now {info.get('epochs')}) or `{method}.lr` in the Plan tab's overrides, then train again.")
 

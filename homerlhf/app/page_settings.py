@@ -92,7 +92,7 @@ def active_markdown(preset: str, model: str, overrides: str, preset_model: Optio
     shown = ", ".join(code(i) for i in items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
     return (f"**Active settings** (what *Start training* runs): preset {code(preset)} ({md_text(card)}) · model "
             f"{code(cfg.model.name_or_path)} · data {data} · {cfg.algorithm.upper()}, {cfg.ppo.iterations} "
-            f"iterations · overrides: {shown or 'none'}")
+            f"iteration{'s' if cfg.ppo.iterations != 1 else ''} · overrides: {shown or 'none'}")
 
 
 def code(text) -> str:

@@ -117,6 +117,8 @@ class EvalModels:
         """The block's model: the actor (True), the base with adapters off (False), or the adapter named."""
         import contextlib
 
+        from homerlhf.models.policy import ACTOR
+
         if adapter_on is False:
             return self.model.disable_adapter()
         name = ACTOR if adapter_on is True else adapter_on

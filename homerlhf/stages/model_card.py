@@ -110,7 +110,9 @@ def _preference_figures(run_dir: Path) -> list[str]:
             lines.append(f"- {where} pairs: margin log p(chosen) - log p(rejected) {figures['margin_before']:+.3f} -> "
                          f"{figures['margin_after']:+.3f} nats")
         if figures.get("good_logp_change") is not None:
-            lines.append(f"- {where} answers rated up: log p {figures['good_logp_change']:+.3f} nats")
+            down = figures.get("bad_logp_change")
+            lines.append(f"- {where} answers, change of log p under the trained policy: rated up "
+                         f"{figures['good_logp_change']:+.3f} nats" + (f", rated down {down:+.3f}" if down is not None else ""))
     return lines
 
 

@@ -142,3 +142,27 @@ def test_kl_so_far_says_why_a_k1_mean_can_be_negative(tmp_path):
     assert kl_so_far(str(tmp_path)) == f"KL to the reference so far: -0.0180 nats per response at iteration 2 ({NEGATIVE_KL})"
     metrics.write_text(json.dumps({"iteration": 3, "kl_mean": 0.25}) + "\n")
     assert kl_so_far(str(tmp_path)) == "KL to the reference so far: 0.2500 nats per response at iteration 3"
+
+
+def test_a_send_names_both_sides_and_keeps_what_answered_on_the_right(tmp_path, monkeypatch):
+    """Each window says who answered: the checkpoint picked on the left; on the right the base (adapter off) or the
+    checkpoint compared, whose answers are marked so (not "reference") in what the feedback rows record."""
+    from homerlhf.app import chat
+    from homerlhf.models.side_by_side import Answer
+
+    first, second = _checkpoint(tmp_path / "ppo", 1), _checkpoint(tmp_path / "dpo", 2)
+    loaded = []
+
+    class Models:
+        def answer_both(self, text, sampling):
+            return Answer("Tea is a drink.", [1], [2], 0.5), Answer("Go away.", [1], [3], -0.5)
+
+    monkeypatch.setattr(chat, "get_models", lambda *a: loaded.append(a) or Models())
+    out = eval_tab.on_send(str(tmp_path / "dpo"), str(second), str(first), "Tea?", [], [], 8, 1.0, 1.0, 0, 0)
+    left, right, pending = out[0], out[1], out[5]
+    assert (left["label"], right["label"]) == ("Left: iter_000002 of dpo", "Right: iter_000001 of ppo")
+    assert loaded == [(str(tmp_path / "dpo"), str(second), str(first))]
+    assert [a["source"] for a in pending["answers"]] == ["actor", "compared"] and pending["right_checkpoint"] == str(first)
+    out = eval_tab.on_send(str(tmp_path / "dpo"), str(second), eval_tab.BASE, "Tea?", [], [], 8, 1.0, 1.0, 0, 0)
+    assert out[1]["label"] == f"Right: {eval_tab.BASE_LABEL}" and out[5]["answers"][1]["source"] == "reference"
+    assert loaded[-1] == (str(tmp_path / "dpo"), str(second), None)
