@@ -1,6 +1,6 @@
 """The page's settings kept on disk, and the line that says what is active.
 
-``RUNS/app-settings.json`` holds what the page shows of the next run: the Plan tab's preset, model,
+``RUNS/page-settings.json`` holds what the page shows of the next run: the Plan tab's preset, model,
 overrides (the run length and the Data tab's *Use for training* are written there), GPU GiB, algorithm
 and reward boxes, and the Data tab's choice (source, dataset, upload, use, split, max rows, column
 names). Every change writes it, and every page load puts it back (:func:`restored`), so a reload, a new
@@ -18,7 +18,7 @@ from typing import Any, Optional
 from homerlhf.app.common import md_text
 from homerlhf.errors import UserError
 
-FILE = "app-settings.json"
+FILE = "page-settings.json"
 _SAVING = threading.Lock()  # one change's save at a time: several fire together (a load sets many boxes)
 
 
