@@ -7,7 +7,7 @@ The run goes beside the run it starts from (``RUNS/<method>-<time>``). Its ``fee
 starts (:func:`homerlhf.app.feedback.write_training_data`), with the prompts held out of them when there
 are enough (``held_out.jsonl``, its ``--eval-data``). The run's end-of-run figures
 (``preference_run.json``: each answer's log-prob under the trained policy and under the one it started
-from, on the rows it trained on and on the held-out ones) are what :func:`result_markdown` says.
+from, on the rows it trained on and on the held-out ones) are what :func:`homerlhf.app.feedback_result.result_markdown` says.
 
 One run at a time: a Start or a feedback run while any run the app can see is running is refused
 with a line naming that run (two runs do not fit one GPU; the second would train unseen).
@@ -192,31 +192,24 @@ PANELS = [("Loss", ["loss"]), ("Reward margin (chosen - rejected)", ["rewards/ma
           ("Reward accuracy (chosen above rejected)", ["rewards/accuracies"]),
           ("Rewards: chosen and rejected", ["rewards/chosen", "rewards/rejected"]),
           ("Log-probs: chosen and rejected", ["logps/chosen", "logps/rejected"]), ("KL (KTO)", ["kl"])]
-LABELS = {"rewards/chosen": "chosen", "rewards/rejected": "rejected", "logps/chosen": "chosen",
+LABELS = {"loss": "loss", "kl": "KL to the start (TRL's estimate)", "rewards/chosen": "chosen", "rewards/rejected": "rejected", "logps/chosen": "chosen",
           "logps/rejected": "rejected", "rewards/margins": "margin", "rewards/accuracies": "accuracy"}
 
 
 def preference_figure(rows: list[dict]):
     """The monitor figure of a DPO / KTO run: one panel per figure it logs, against the optimizer step
     (TRL's rewards are beta times the log-ratio to the reference: the margin rises as it learns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     from homerlhf.app import monitor
+    from homerlhf.app.monitor_plot import heading, lines_of, panel_figure
 
     steps = [r for r in rows if "loss" in r or "kl" in r]  # the end-of-run totals row aside
-    groups = [(t, keys) for t, keys in PANELS if any(monitor.series(steps, k)[0] for k in keys)]
-    fig = Figure(figsize=(14, 3.4 * max(1, math.ceil(len(groups) / 4))), layout="constrained")
-    axes = fig.subplots(max(1, math.ceil(len(groups) / 4)), 4, squeeze=False).ravel()
-    for key, label in LABELS.items():  # the legend names: the monitor draws with its own table
-        monitor.LABELS.setdefault(key, label)
-    for ax, (title, keys) in zip(axes, groups):
-        monitor._draw_panel(ax, title, keys, steps)
-        ax.set_xlabel("optimizer step", fontsize=8)
-    for ax in axes[len(groups):]:
-        ax.axis("off")
-    fig.suptitle(f"{len(steps)} step(s) logged", fontsize=10)
-    return fig
+    panels = [(title, lines, "") for title, keys in PANELS
+              if (lines := lines_of(keys, steps, lambda key: LABELS.get(key, monitor.label_of(key)), monitor.series))]
+    return panel_figure(panels, heading(len(steps), "step"), "optimizer step")
 
+
+def caption_markdown() -> str:
+    """The *Metric names* of a DPO / KTO run's panels: each line's name and its ``metrics.jsonl`` key (TRL's)."""
+    parts = [f"**{title}**: " + ", ".join(f"{LABELS.get(k, k)} (`{k}`)" for k in keys) for title, keys in PANELS]
+    return ("Metric names of this DPO / KTO run, by panel (TRL's per-step figures; its rewards are beta times the "
+            "log-ratio to the policy it started from): " + "; ".join(parts) + ".")

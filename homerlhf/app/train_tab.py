@@ -27,7 +27,7 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
     workers, log, n_rows, state). The figure and samples are None when the row count is still
     ``last_n`` (nothing new to draw)."""
     if not run_dir:
-        return (NO_RUN, "", "", [], [], "", 0, "")
+        return (NO_RUN, "", None, [], [], "", 0, "")
     path = Path(run_dir)
     status = runs.run_status(path)
     rows = monitor.read_jsonl(path / runs.METRICS_FILE)
@@ -39,11 +39,11 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
         prog.eta_s = None  # no time is left to estimate (a run started elsewhere may still be going)
     changed = len(rows) != last_n
     draw = feedback_runs.preference_figure if preference else monitor.metrics_figure
-    figure = monitor.figure_svg(draw(rows)) if changed else None
+    figure = draw(rows) if changed else None
     samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
     line = prog.line().replace("iteration", "step", 1) if preference else prog.line()
     return (status_markdown(status), f"**Progress:** {line}", figure, samples,
-            worker_table(path, status), status.log_tail[-3000:], len(rows), status.state)
+            worker_table(path, status), monitor.quiet_log(status.log_tail)[-3000:], len(rows), status.state)
 
 
 @dataclass
@@ -81,6 +81,7 @@ class TrainPanel:
                 self.state, self.message]
 
 
+COMMAND_LABEL = "What Start training runs: a new run of the Plan tab's settings"
 PAUSED = -2  # n_rows while a Start is under way: the timer leaves the cleared monitor alone
 SAMPLE_WIDTHS = ["120px", "30%", "50%", "100px"]  # iteration and score always in view (1400 px wide)
 
@@ -94,8 +95,7 @@ def _layout(runs_root: str) -> TrainPanel:
         run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir",
                              info="A new runs/app-<time> for each Start unless you type one")
         overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
-    command = gr.Code(label="What Start training runs: a new run of the Plan tab's settings", language="shell",
-                      interactive=False, lines=2, elem_id="train-command")
+    command = gr.Code(label=COMMAND_LABEL, language="shell", interactive=False, lines=2, elem_id="train-command")
     with gr.Row():
         start_btn = gr.Button("Start training", variant="primary", elem_id="train-start")
         stop_btn = gr.Button("Stop (checkpoint first)", variant="stop", elem_id="train-stop")
@@ -108,8 +108,8 @@ def _layout(runs_root: str) -> TrainPanel:
     message = gr.Markdown(elem_id="train-message")
     status_md = gr.Markdown(NO_RUN, elem_id="train-status")
     progress_md = gr.Markdown(elem_id="train-progress")
-    # Inline SVG, not an image: its titles and tick labels stay text.
-    plot = gr.HTML("", label="Metrics", elem_id="train-plot", js_on_load=None, min_height=200)
+    # Interactive panels (plotly: hover for values, drag to zoom); their titles and legends stay text.
+    plot = gr.Plot(label="Metrics", show_label=False, elem_id="train-plot")
     with gr.Accordion("Metric names", open=False):
         plot_caption = gr.Markdown(monitor.caption_markdown(), elem_id="train-plot-caption")
     samples = gr.Dataframe(headers=["iteration", "prompt", "response", "score"], label="Latest samples",
@@ -123,6 +123,20 @@ def _layout(runs_root: str) -> TrainPanel:
                       message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
                       attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S),
                       starts=gr.State(0))
+
+
+def describe_attached(run_dir: str) -> tuple:
+    """What names the attached run's lines (*Metric names*: PPO's, or a DPO / KTO run's) and what *Start* would
+    start beside it (always a new PPO run, also while a feedback run from Evaluate is attached)."""
+    import gradio as gr
+
+    argv = runs.run_status(run_dir).argv if run_dir else []
+    if not (run_dir and feedback_runs.is_preference_run(run_dir, argv)):
+        return monitor.caption_markdown(), gr.update(label=COMMAND_LABEL)
+    method = (argv[0] if argv[:1] and argv[0] in ("dpo", "kto") else
+              (feedback_runs.info_of(run_dir) or {}).get("method", "DPO / KTO")).upper()
+    return feedback_runs.caption_markdown(), gr.update(
+        label=f"What Start training runs: a new PPO run of the Plan tab's settings (the run attached is a {method} run)")
 
 
 def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> str:
@@ -177,7 +191,7 @@ def new_watch(request=None) -> int:
 def pause_monitor(request=None):
     """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one.
     Returns ``monitor_outputs`` and this page's count of Starts."""
-    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "", new_watch(request))
+    return ("Starting a run…", "", None, [], [], "", PAUSED, "", "", new_watch(request))
 
 
 def redraw(run_dir, last_n, last_state="", starts=0, request=None):
@@ -347,6 +361,7 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
+    panel.attached.change(describe_attached, panel.attached, [panel.plot_caption, panel.command], show_progress="hidden")
     run_dir_shared.change(follow_shared, [run_dir_shared, panel.attached, panel.starts],
                           [panel.attached, panel.run_dir, *panel.monitor_outputs], show_progress="hidden")
     def reattach():

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from browser_kit import (
-    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, svg_texts, value_of, wait_text,
+    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, plot_texts, value_of, wait_text,
 )
 
 pytestmark = BROWSER_MARKS
@@ -178,9 +178,9 @@ def train_on_feedback(page, run):
     steps = re.search(r"step (\d+)/(\d+)", progress).groups()
     assert steps[0] == steps[1], progress
     deadline = time.monotonic() + 10
-    while "KL (KTO)" not in svg_texts(page, "train-plot") and time.monotonic() < deadline:
+    while "KL (KTO)" not in plot_texts(page, "train-plot") and time.monotonic() < deadline:
         time.sleep(0.25)
-    texts = svg_texts(page, "train-plot")
+    texts = plot_texts(page, "train-plot")
     for title in ("Loss", "Rewards: chosen and rejected", "Log-probs: chosen and rejected", "KL (KTO)"):
         assert title in texts, texts
     page.screenshot(path=str(ARTIFACTS / "7b-feedback-run.png"), full_page=True)
