@@ -197,9 +197,12 @@ def new_beside_old(page, run, trained) -> None:
     up, down, shown = re.search(r"answers rated up ([-+]\d+\.\d+); answers rated down ([-+]\d+\.\d+); preference for "
                                 r"the answers you rated up over those rated down 50% -> (\d+\.\d)%", said).groups()
     assert (float(up), float(down)) == (round(figures["good_logp_change"], 3), round(figures["bad_logp_change"], 3))
-    # KTO moved the answers rated up above those rated down: sigmoid(kto.beta 0.5 * (up - down)) > 50%.
+    # The preference KTO's implicit reward gives the answers rated up over those rated down, sigmoid(kto.beta 0.5 *
+    # (up - down)); under 55% the line says the run was too little to matter (whether this tiny walk's 6 steps move
+    # it depends on the answers the tiny model drew: 82.2% in the walks looked at, 50.0% in one).
     implied = 100 / (1 + math.exp(-0.5 * (figures["good_logp_change"] - figures["bad_logp_change"])))
-    assert float(shown) == round(implied, 1) and implied > 50, result
+    assert float(shown) == round(implied, 1), result
+    assert ("Too little to matter" in result) == (implied < 55), result
     assert "No held-out figure" in result  # one prompt: nothing to hold out
     # Compared with where it started, by default: the new policy on the left, its start on the right.
     start = f"iter_000001 of {run.name} (where this run started)"

@@ -130,6 +130,10 @@ def force_stop_says_stopped_by_you_and_resume_goes_on(page, run_dir: Path) -> No
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["iteration"] == ITERATIONS
     wait_text(page, "train-progress", rf"iteration {ITERATIONS}/{ITERATIONS}")
+    page.get_by_text("Training log (tail)").click()
+    shown = page.locator("#train-log textarea").input_value()
+    assert "Resumed" not in shown and "iteration" in shown  # the trainer's own lines ...
+    assert not re.search(r"Warning: |^\s*warnings\.warn|^llama_\w*: ", shown, re.M), shown  # ... no library noise
 
 
 def test_settings_survive_a_reload_and_runs_stop_and_resume(page, app_url, reward_dir, tmp_path, capfd):
