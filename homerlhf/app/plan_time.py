@@ -32,7 +32,8 @@ def time_markdown(plan, reward_model: Optional[str] = None) -> str:
         lines.append(f"| {p.ref} | {p.reward} | {p.engine} | {human_seconds(c.time.total_s)} | {slowest_phase(c.time)} | "
                      f"{peak} | {'yes' if c.fits else 'no'} |")
     slow = [c for c in rec.candidates if c.time.total_s > 10 * rec.best.time.total_s]
-    if slow:
+    on_cpu = lambda c: "llamacpp" in (c.time.placement.ref, c.time.placement.reward, c.time.placement.engine)  # noqa: E731
+    if slow and all(on_cpu(c) for c in slow):
         lines += ["", f"Placements {human_seconds(min(c.time.total_s for c in slow))} and slower put a model on "
                       "llama.cpp on the CPU (*most of it* says which phase): a CPU reads the model's weights for "
                       "every token far slower than the card, so they are listed to compare, not to pick."]
