@@ -35,7 +35,7 @@ def first_screen_says_where_to_start(page) -> None:
     page.screenshot(path=str(ARTIFACTS / "8a-first-screen.png"))
 
 
-def bad_fields_are_one_line_naming_them(page) -> None:
+def bad_fields_are_one_line_naming_them(page, tmp_path: Path) -> None:
     """Item 6: a bad field is named with its fix, in one line (it was a raw ValidationError, or read silently)."""
     open_tab(page, "Data")
     fill(page, "data-max-rows", "-5")
@@ -43,6 +43,9 @@ def bad_fields_are_one_line_naming_them(page) -> None:
     error = wait_text(page, "data-message", r"Error: ")
     assert error.strip() == "Error: 'Max rows' is -5: give 0 (all rows) or a whole number of rows to keep, e.g. 500"
     fill(page, "data-max-rows", "0")
+    page.locator("#data-mode").get_by_label("hub id", exact=True).check()  # another source: the old error goes
+    page.wait_for_function("() => !document.querySelector('#data-message')?.innerText.trim()")
+    page.locator("#data-mode").get_by_label("builtin", exact=True).check()
     open_tab(page, "Plan")
     fill(page, "plan-gpu-gib", "-7")
     page.locator("#plan-run").click()
@@ -50,6 +53,9 @@ def bad_fields_are_one_line_naming_them(page) -> None:
     assert error.strip() == ("Error: 'Plan for GPU GiB' is -7: give 0 (plan for the preset's card) or your card's "
                              "memory in GiB, e.g. 24")
     fill(page, "plan-gpu-gib", "0")
+    fill(page, "plan-yaml-path", str(tmp_path / "run.yaml"))
+    page.locator("#plan-save").click()  # its confirmation under its button, not two screens above
+    wait_text(page, "plan-save-message", r"^Saved " + re.escape(str(tmp_path / "run.yaml")))
     open_tab(page, "Train")
     fill(page, "train-iterations", "-3")
     error = wait_text(page, "train-message", r"Error: ")
@@ -138,7 +144,7 @@ def force_stop_says_stopped_by_you_and_resume_goes_on(page, run_dir: Path) -> No
 
 def test_settings_survive_a_reload_and_runs_stop_and_resume(page, app_url, reward_dir, tmp_path, capfd):
     first_screen_says_where_to_start(page)
-    bad_fields_are_one_line_naming_them(page)
+    bad_fields_are_one_line_naming_them(page, tmp_path)
     kept, overrides = set_data_overrides_and_length(page, reward_dir, tmp_path)
     a_reload_with_no_run_brings_them_back(page, kept, overrides)
     run_dir = start_runs_what_the_page_shows(page, overrides)

@@ -166,3 +166,17 @@ def test_a_feedback_run_attached_names_its_own_metrics_and_what_start_would_star
     assert command["label"].endswith("a new PPO run of the Plan tab's settings (the run attached is a DPO run)")
     caption, command = train_tab.describe_attached(str(tmp_path))  # any other run: PPO's names
     assert "`kl_coef`" in caption and command["label"] == train_tab.COMMAND_LABEL
+
+
+def test_attach_takes_a_directory_typed_in_the_run_directory_box(tmp_path):
+    """*Attach* attaches what *Existing runs* names, or — while that still names the attached run — a run typed in
+    the *Run directory* box (it was ignored); a typed path that holds no run is not taken."""
+    first, typed = tmp_path / "first", tmp_path / "typed"
+    for run in (first, typed):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
+    assert train_tab.attach_choice(str(first), str(typed), str(first)) == str(typed)
+    assert train_tab.attach_choice(str(typed), str(first), str(first)) == str(typed)  # a new pick wins
+    assert train_tab.attach_choice(str(first), str(tmp_path / "nothing"), str(first)) == str(first)
+    message, attached, *_ = train_tab.on_attach(str(first), str(typed), str(first))
+    assert (message, attached) == (f"Attached to `{typed}`.", str(typed))

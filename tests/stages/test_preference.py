@@ -159,6 +159,9 @@ def test_dpo_from_an_sft_run_raises_the_held_out_margin(dpo_from_sft, sft_run, d
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert all("rewards/margins" in r for r in rows if "loss" in r)
+    # The same figures on the 8 pairs it trained on (what the app's Evaluate says a feedback run did).
+    trained = summary["trained_rows"]
+    assert trained["eval_pairs"] == 8 and trained["margin_after"] > trained["margin_before"], trained
 
 
 def test_dpo_resume_redoes_the_steps_bit_for_bit(dpo_from_sft, tmp_path):
@@ -238,9 +241,9 @@ def test_kto_from_an_sft_run_raises_good_answers_and_lowers_bad_ones(sft_run, da
     assert summary["start"]["kind"] == "sft run" and (summary["n_good"], summary["n_bad"]) == (8, 8)
     assert held["eval_rated"] == 8 and held["good_logp_change"] > 0 > held["bad_logp_change"], held
     assert held["margin_after"] > held["margin_before"], held
-    # The same figures on the 8 pairs it trained on (what the app's Evaluate says a feedback run did).
+    # The same figures on the 16 rated answers it trained on (what the app's Evaluate says a feedback run did).
     trained = summary["trained_rows"]
-    assert trained["eval_pairs"] == 8 and trained["margin_after"] > trained["margin_before"], trained
+    assert trained["eval_rated"] == 16 and trained["good_logp_change"] > trained["bad_logp_change"], trained
 
 
 def test_a_dpo_checkpoint_exports_as_the_trained_policy(dpo_from_sft, tmp_path):
