@@ -168,7 +168,7 @@ def plan(
         save_plan_figure(result, plot) if plot is not None else None
         typer.echo(json.dumps(result.to_dict(), indent=2)) if as_json else print_preference_plan(result)
         return
-    from homerlhf.models.reward_kinds import assumed_note, possible_reward_backends
+    from homerlhf.models.reward_kinds import assumed_note, named_backend_note, possible_reward_backends
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
 
@@ -180,6 +180,8 @@ def plan(
     result.critic = critic_sides(cfg, shape, rates, gpu_gib, rewards)  # critic.model: both placements
     if result.timing is not None and result.timing.best.time.placement.reward == "adapter" and assumed_note(cfg.reward.model):
         result.notes.append(assumed_note(cfg.reward.model))
+    if note := named_backend_note(cfg.reward.backend, cfg.reward.model, rewards):
+        result.notes.append(note)
     if plot is not None:
         save_plan_figure(result, plot)
     if as_json:

@@ -23,8 +23,8 @@ def check(
                                  "the preset's card, one iteration."),
     only: str = typer.Option("", "--only", help="Comma-separated case names (default: every case)."),
 ) -> None:
-    """Short PPO, GRPO and RLOO runs on this GPU (random weights of real shapes, sized to its preset):
-    each phase's memory peak against the plan, tokens/s, the captured decode, dtypes and attention
+    """Short PPO, GRPO, RLOO, DPO and KTO runs on this GPU (random weights of real shapes, sized to its
+    preset): each phase's memory peak against the plan, tokens/s, the captured decode, dtypes and attention
     kernels; a verdict per case and one JSON report. Without CUDA: what it would run."""
     from homerlhf.check.main import Options, run_check
 

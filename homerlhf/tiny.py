@@ -117,8 +117,10 @@ def _tokenizer(tokenizer_dir: Optional[str | Path]):
 
 
 def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
-                    tokenizer_dir: Optional[str | Path] = None, head_scale: float = 1.0, **shape) -> Path:
+                    tokenizer_dir: Optional[str | Path] = None, head_scale: float = 1.0,
+                    rows: Optional[int] = None, **shape) -> Path:
     """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path.
+    ``rows``: embedding and LM head rows (default the tokenizer's length; more: padded, as Qwen pads).
 
     With ``tokenizer_dir``, its tokenizer is used, and its ``generation_config.json``, if it holds
     one, becomes the model's (as a checkpoint ships it: eos list, sampling defaults).
@@ -129,7 +131,7 @@ def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
 
     out = Path(out_dir)
     tokenizer = _tokenizer(tokenizer_dir)
-    config = model_config(arch, len(tokenizer), **shape)
+    config = model_config(arch, rows or len(tokenizer), **shape)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.bos_token_id = tokenizer.bos_token_id

@@ -16,18 +16,24 @@ figures in :data:`H200_S`); at another preset the same cases with that preset's 
   model (none within it: the quickest that fits): Qwen2.5-7B at the 4090 preset;
 - ``grpo-1.5b``, ``grpo-1.5b-upcast``, ``rloo-1.5b``, ``reward-adapter-1.5b``, ``resume-1.5b``,
   ``cli-1.5b``: Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens, at the preset;
-- ``ppo-critic-1.5b``: PPO with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
-  random weights on the same tokenizer), and ``ppo-offload-1.5b``: PPO with every 2nd layer checkpointed
-  and their inputs in host memory (``training.activation_offload``), the same prompts;
+  ``reward-adapter-1.5b`` with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
+  random weights on the same tokenizer), ``resume-1.5b`` with every 2nd layer checkpointed and their
+  inputs in host memory (``training.activation_offload``);
 - ``ppo-fp16-1.5b``: the fp16 path (its GradScaler) at the ``t4-colab`` preset where the card holds its
-  15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``.
+  15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``;
+- ``dpo-1.5b``, ``kto-1.5b``: ``homerlhf dpo`` / ``kto`` on Qwen2.5-1.5B at the preset's dpo / kto settings,
+  :data:`PREFERENCE_STEPS` optimizer steps on :data:`PREFERENCE_PAIRS` pairs the check writes, the held-out
+  pass on :data:`PREFERENCE_HELD` (:mod:`homerlhf.check.preference_case`). They run last, after every PPO case: those run
+  without ``datasets`` and ``trl`` (absent, as on our GPU machine: :mod:`homerlhf.check.cli_case`), which
+  the preference stage needs.
 
 A case the planner says does not fit its preset's card (nor with a suggestion that keeps its lengths)
 is left out, and said so. **Estimates**: each case's H200 seconds (:data:`H200_S`, the arithmetic in
 ``scripts/gpu_session.sh``; a case of another model or preset: the 4090 case's seconds times the
 planner's iteration time of the two configs on an H200), times the planner's iteration time of its
 config on the card over on the H200 (:func:`card_factor`; :func:`homerlhf.memory.timing.iteration_time`
-with the H200's rates scaled to the card by its published figures, :mod:`homerlhf.memory.cards`).
+with the H200's rates scaled to the card by its published figures, :mod:`homerlhf.memory.cards`); a
+preference case's H200 seconds with its forwards and backwards (:func:`preference_work_s`) priced on the card.
 """
 
 from __future__ import annotations
@@ -38,16 +44,23 @@ from typing import Optional
 SMALL_MODEL = "Qwen/Qwen2.5-1.5B"
 CRITIC_MODEL = "Qwen/Qwen2.5-0.5B"  # ppo-critic's critic.model: a smaller model of the policy's tokenizer
 MAIN_MODELS = ("Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-0.5B")
-MAIN_BUDGET_S = 240  # the PPO case's estimate on the card, at most (the 7B's 2 iterations: 95 s on an H200)
+MAIN_BUDGET_S = 240  # the PPO case's estimate on the card, at most (the 7B's 2 iterations: 77 s on an H200)
 LOAD_S = 5  # loading the PPO case's model (a 7B on an H200), in its estimate
 SMALL = ("rollout.batch_size=8", "rollout.chunk_size=8", "rollout.max_prompt_len=256", "rollout.max_new_tokens=64",
          "ppo.mini_batch_size=8")
 REFERENCE = "4090"  # the preset of our own GPU session's cases, and of a card no preset names
 FP16_PRESET = "t4-colab"
-# Seconds on an H200 at the 4090 preset (t4-colab for the fp16 case), the model's build aside: see
-# scripts/gpu_session.sh. A case of another model or preset is scaled from its 4090 one by the planner.
-H200_S = {"ppo": 95, "grpo": 14, "grpo-upcast": 14, "rloo": 14, "ppo-fp16": 24, "reward-adapter": 20, "resume": 22,
-          "cli": 30, "ppo-critic": 16, "ppo-offload": 16}
+# Seconds on an H200 at the 4090 preset (t4-colab for the fp16 case): the PPO cases' wall seconds measured on
+# one on 2026-12-04 (docs/gpu-runs/2026-12-04-h200) x 1.5, the preference cases' from the H200's rates; the
+# arithmetic in scripts/gpu_session.sh. A case of another model or preset is scaled from its 4090 one by the planner.
+H200_S = {"ppo": 77, "grpo": 10, "grpo-upcast": 6, "rloo": 5, "ppo-fp16": 15, "reward-adapter": 12, "resume": 20,
+          "cli": 66, "dpo": 14, "kto": 12}
+PREFERENCE = ("dpo", "kto")  # the preference cases' kinds: the stage's methods
+PREFERENCE_STEPS = 2  # optimizer steps of a preference case (max_steps)
+PREFERENCE_PAIRS = 32  # the pairs it trains on (DPO: 2 steps of 4 x 4 pairs at the 4090 preset), and 8 held out
+PREFERENCE_HELD = 8  # held-out pairs: the held-out pass's 2 x batch_size rows per forward at the 4090 preset
+# Every preference case's, after the preset's (the PPO cases' COMMON is of their stage): no tracker, no bar.
+PREFERENCE_COMMON = ("logging.tensorboard=false", "logging.progress=false")
 START_S = 10  # this process's start on the GPU machine (imports), estimated
 BUILD_S_PER_B = 4.0  # building and saving a random checkpoint, per billion parameters (a 7B in ~30 s on an H200)
 
@@ -85,19 +98,24 @@ def small_cases(preset: str, gib: float) -> list[Case]:
         Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1, H200_S["rloo"]),
         # Two optimizer steps an iteration (mini-batches of 4 of 8 rows; the smoke's of 2 of 4): the scaler steps.
         fp16,
+        # PPO with the reward an adapter on the shared base and the critic a base of its own (critic.model).
         Case("reward-adapter-1.5b", preset, SMALL_MODEL, SMALL + ("reward.backend=adapter", "reward.model={reward_adapter}",
-                                                                 "reward.function=null"), 1, H200_S["reward-adapter"]),
-        Case("resume-1.5b", preset, SMALL_MODEL, SMALL + ("rollout.max_new_tokens=32",), 1, H200_S["resume"],
+                                                                 "reward.function=null", "critic.model={critic_model}"),
+             1, H200_S["reward-adapter"]),
+        # Resumed exactly with every 2nd layer checkpointed and its inputs in host memory (activation offload).
+        Case("resume-1.5b", preset, SMALL_MODEL, SMALL + ("rollout.max_new_tokens=32", "training.checkpoint_every_n_layers=2",
+                                                         "training.activation_offload=true"), 1, H200_S["resume"],
              kind="resume"),
-        # The levers of issue 43 on a card: a critic of its own, and activation offload (every 2nd layer).
-        Case("ppo-critic-1.5b", preset, SMALL_MODEL, SMALL + ("critic.model={critic_model}",), 1, H200_S["ppo-critic"]),
-        Case("ppo-offload-1.5b", preset, SMALL_MODEL, SMALL + ("training.checkpoint_every_n_layers=2",
-                                                             "training.activation_offload=true"), 1,
-             H200_S["ppo-offload"]),
         Case("cli-1.5b", preset, SMALL_MODEL, ("rollout.batch_size=4", "rollout.chunk_size=4", "rollout.max_new_tokens=32",
                                                "ppo.mini_batch_size=4", "ppo.micro_batch_size=2", "data.prompts=builtin:demo"),
              1, H200_S["cli"], kind="cli", keep=("rollout.max_prompt_len=64",)),
     ]
+
+
+def preference_cases(preset: str) -> list[Case]:
+    """``dpo-1.5b`` and ``kto-1.5b`` at ``preset``: its settings, :data:`PREFERENCE_STEPS` optimizer steps."""
+    return [Case(f"{m}-1.5b", preset, SMALL_MODEL, (f"{m}.max_steps={PREFERENCE_STEPS}",), PREFERENCE_STEPS,
+                 H200_S[m], kind=m) for m in PREFERENCE]
 
 
 def one_chunk(cfg) -> tuple[str, ...]:
@@ -220,6 +238,54 @@ def sized_small(case: Case, spec) -> Optional[Case]:
     return estimated(case, h200, spec)
 
 
+def preference_config(preset: str, model: str, overrides):
+    """The run config of a preference case on the table model ``model``."""
+    from homerlhf.config import load_config
+
+    return load_config(preset, overrides=[f"model.name_or_path={model}", *PREFERENCE_COMMON, *overrides])
+
+
+def preference_work_s(cfg, method: str, model: str, spec) -> float:
+    """The planner's seconds of a preference case's forwards and backwards on the card ``spec`` (the H200's
+    rates, :func:`homerlhf.memory.gpu_rates.gpu_flops`, scaled by FLOPs to the model and to the card): each
+    step's rows trained, their no-grad forwards (DPO: the reference's; KTO: the reference's and both models'
+    over the KL rows), and the held-out pass (before and after; KTO also over the pairs' answers as rated)."""
+    from homerlhf.memory.cards import MEASURED
+    from homerlhf.memory.shapes import builtin_shape
+    from homerlhf.memory.gpu_rates import gpu_flops, matmul_params
+
+    section = getattr(cfg, method)
+    upcast = bool(cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized)
+    flops = {k: v * spec.flops / MEASURED.flops for k, v in gpu_flops(upcast).items()}
+    per_token = 2 * matmul_params(builtin_shape(model))
+    rows = section.max_steps * section.batch_size * section.grad_accum * (2 if method == "dpo" else 1)
+    forwards = rows * (1 if method == "dpo" else 3)
+    held = PREFERENCE_HELD * (4 if method == "dpo" else 8)  # chosen and rejected, before and after (+ as rated)
+    tokens = section.max_len
+    return (3 * rows * tokens * per_token / flops["train"]) + (forwards + held) * tokens * per_token / flops["forward"]
+
+
+def sized_preference(case: Case, spec) -> Optional[Case]:
+    """A preference case at its preset, fitted by ``plan --algorithm`` (its suggestion: fewer rows per
+    forward, more accumulated; None when none fits) and estimated: its H200 seconds with its
+    forwards and backwards priced on the card instead (:func:`preference_work_s`)."""
+    from homerlhf.memory.cards import MEASURED
+    from homerlhf.memory.preference import preference_plan
+    from homerlhf.memory.shapes import builtin_shape
+
+    cfg = preference_config(case.preset, case.model, case.overrides)
+    planned = preference_plan(cfg, builtin_shape(case.model), case.kind, float(cfg.card.gpu_gib))
+    if not planned.fits:
+        if planned.suggestion is None:
+            return None
+        case = replace(case, overrides=case.overrides + tuple(planned.suggestion.set_args))
+        cfg = preference_config(case.preset, case.model, case.overrides)
+    h200 = H200_S[case.kind]
+    on_card = h200 - preference_work_s(cfg, case.kind, case.model, MEASURED) + \
+        preference_work_s(cfg, case.kind, case.model, spec)
+    return replace(case, estimate_s=round(on_card), estimate_h200_s=h200)
+
+
 def main_case(preset: str, spec) -> Optional[Case]:
     """The PPO case: the largest of :data:`MAIN_MODELS` no larger than the preset's model that fits the
     preset's card, 2 iterations within :data:`MAIN_BUDGET_S` on the card, else 1 (see the module docstring)."""
@@ -249,20 +315,21 @@ def main_case(preset: str, spec) -> Optional[Case]:
 
 
 def sized_cases(preset: str, spec) -> tuple[list[Case], list[str]]:
-    """(every case for ``preset`` on the card ``spec``: the PPO case first, then the others from the
-    quickest to the slowest (a run cut short by a timeout loses the fewest), lines naming the cases
-    the planner fits nowhere on that card)."""
+    """(every case for ``preset`` on the card ``spec``: the PPO case first, then the other PPO cases and
+    then the preference ones (see the module docstring), each from the quickest to the slowest (a run
+    cut short by a timeout loses the fewest), lines naming the cases the planner fits nowhere on that card)."""
     gib = float(gpu_presets()[preset].card.gpu_gib)
-    main, rest, left = main_case(preset, spec), [], []
+    main, rest, preference, left = main_case(preset, spec), [], [], []
     if main is None:
         left.append(f"ppo: no model of {', '.join(MAIN_MODELS)} fits the {preset} preset's card by the planner")
-    for case in small_cases(preset, gib):
-        sized = sized_small(case, spec)
+    for case in small_cases(preset, gib) + preference_cases(preset):
+        sized = (sized_preference if case.kind in PREFERENCE else sized_small)(case, spec)
         if sized is None:
             left.append(f"{case.name}: the planner fits it nowhere on the {preset} preset's card")
         else:
-            rest.append(sized)
-    return ([main] if main else []) + sorted(rest, key=lambda c: c.estimate_s), left
+            (preference if case.kind in PREFERENCE else rest).append(sized)
+    return ([main] if main else []) + sorted(rest, key=lambda c: c.estimate_s) + \
+        sorted(preference, key=lambda c: c.estimate_s), left
 
 
 def largest_case(preset: str, spec) -> Case:

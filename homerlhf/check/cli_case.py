@@ -1,5 +1,6 @@
 """The ``cli`` case of ``homerlhf check``: ``homerlhf train`` in a subprocess as a user runs it,
-then ``train --resume``, with what the GPU machine lacks made absent (:data:`ABSENT`).
+then ``train --resume``, with what the GPU machine lacks made absent (:data:`ABSENT`, as in the check's
+own process for every PPO case; the preference cases have ``datasets`` and ``trl``).
 
     python -m homerlhf.check.cli_case CAP_GIB|smoke homerlhf-arguments...   # the child the check starts
 
@@ -19,13 +20,40 @@ import homerlhf
 from homerlhf.check.runs import cap_memory
 
 ABSENT = ("llama_cpp", "gradio", "datasets", "trl", "matplotlib")  # what the GPU machine lacks, or may
+# What the preference cases need of them (our GPU session carries them): absent for every PPO case, which
+# run first (homerlhf.check.cases.sized_cases), then present for the preference ones.
+PREFERENCE_PACKAGES = ("datasets", "trl")
 
 
 def without_absent_packages() -> None:
     """Make :data:`ABSENT` missing, as on the GPU machine: importing one raises ModuleNotFoundError and
-    ``importlib.util.find_spec`` finds nothing (no case may need them). Those already imported stay."""
+    ``importlib.util.find_spec`` finds nothing (no PPO case may need them). Those already imported stay."""
     for name in ABSENT:
         sys.modules.setdefault(name, None)
+
+
+def absent_now() -> list[str]:
+    """The names of :data:`ABSENT` missing in this process now (:func:`without_absent_packages`)."""
+    return [name for name in ABSENT if name in sys.modules and sys.modules[name] is None]
+
+
+def with_preference_packages() -> None:
+    """:data:`PREFERENCE_PACKAGES` importable again, and transformers told so: it caches whether
+    ``datasets`` is installed (``is_datasets_available``, which its Trainer reads to drop a dataset's
+    unused columns). Refused when ``transformers.trainer`` was imported while ``datasets`` was missing:
+    it imports ``datasets`` at its own import only, so a preference run would go unlike a user's."""
+    for name in PREFERENCE_PACKAGES:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+    from transformers.utils import import_utils
+
+    clear = getattr(import_utils.is_datasets_available, "cache_clear", None)
+    if clear is not None:
+        clear()
+    trainer = sys.modules.get("transformers.trainer")
+    if trainer is not None and not hasattr(trainer, "datasets"):
+        raise RuntimeError("transformers.trainer was imported while datasets was absent; run the preference "
+                           "cases alone (--only dpo-1.5b,kto-1.5b)")
 
 
 def run_cli(args: list[str], cap_gib: float, run) -> str:

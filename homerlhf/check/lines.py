@@ -45,11 +45,42 @@ def gap_words(entry: dict) -> str:
     return f"sampled vs scored log-probs: max {gap['max_abs']:.2e}, mean {gap['mean_abs']:.2e} ({gap['tokens']} tokens)"
 
 
+def preference_words(entry: dict) -> list[str]:
+    """A preference case's figures: its phases against the plan, steps, seconds, TRL's first logged step
+    (a policy equal to its reference) and the held-out figures."""
+    from homerlhf.check.preference_case import start_loss
+
+    phases = ", ".join(f"{phase} {c['predicted_gib']:.2f}/{c['measured_gib']:.2f} ({c['error']:+.1%}"
+                       + (f", plan's {c['plan_phase']})" if c["plan_phase"] != phase else ")")
+                       for phase, c in entry["comparison"].items())
+    unit = "GiB" if entry.get("max_reserved_gib") is not None else "GiB (CPU RSS)"
+    s, first, held = entry["seconds"], entry["first_step"], entry["held_out"]
+    parts = [f"{unit} planned/measured: {phases}"]
+    if entry.get("max_reserved_gib") is not None:
+        parts.append(f"reserved {entry['max_reserved_gib']:.2f}")
+    rate = entry["tokens_per_s"]["training"]
+    parts.append(f"s training {s['training']:.1f}" + (f" ({rate:,.0f} tokens/s)" if rate else "")
+                 + f", held-out pass {s['held-out pass']:.1f}")
+    parts.append(f"optimizer steps {entry['optimizer_steps']['taken']} taken ({entry['batch_size']} rows x "
+                 f"{entry['grad_accum']} accumulated, up to {entry['max_len']} tokens)")
+    if "loss" in first:
+        parts.append(f"first step loss {first['loss']:.4f} (a policy equal to its reference: "
+                     f"{start_loss(entry['kind']):.4f})")
+    if "margin_before" in held:
+        parts.append(f"held-out margin {held['margin_before']:+.3f} -> {held['margin_after']:+.3f} on "
+                     f"{held['eval_pairs']} pairs")
+    if held.get("good_logp_change") is not None:
+        parts.append(f"good answers {held['good_logp_change']:+.3f}, bad {held['bad_logp_change']:+.3f} nats")
+    return parts
+
+
 def line(entry: dict) -> str:
     name = f"{entry['case']:<20} {entry['wall_s']:6.1f} s" + (f" (est. {entry['estimate_s']} s)"
                                                              if "estimate_s" in entry else "")
     if "error" in entry:
         return f"FAIL {name}  {entry['error']}"
+    if entry["kind"] in ("dpo", "kto"):
+        return f"ok   {name}  " + "; ".join(preference_words(entry))
     unit = "GiB" if entry.get("max_reserved_gib") is not None or entry["kind"] == "cli" else "GiB (CPU RSS)"
     phases = ", ".join(f"{phase} {c['predicted_gib']:.2f}/{c['measured_gib']:.2f} ({c['error']:+.1%})"
                        for phase, c in entry["comparison"].items())

@@ -9,7 +9,7 @@ name, token or model contents. Without CUDA (and without ``--cpu-smoke``) it pri
 and exits 0; ``--cpu-smoke`` runs every case's code path on the CPU with tiny models.
 
 The report: ``mode`` (``gpu`` or ``cpu-smoke``), ``date``, the versions (python, torch, CUDA,
-transformers, peft, bitsandbytes, accelerate), the card (``device``, ``device_gib``,
+transformers, peft, bitsandbytes, accelerate, trl, datasets), the card (``device``, ``device_gib``,
 ``compute_capability``, ``driver``; none in a CPU smoke), the ``preset`` and why, the estimates
 (``estimate_s`` on the card, ``estimate_h200_s``), ``left_out`` (cases the planner fits nowhere on the
 card), ``wall_s``, and per case: ``case``, ``kind``, ``preset``, ``model``, ``cap_gib``, ``estimate_s``,
@@ -19,8 +19,9 @@ allocated peak per phase), ``comparison``, ``max_reserved_gib``, ``rows`` (every
 ``seconds``, ``tokens_per_s``, ``optimizer_steps``, ``decoder``, ``graphs_captured``,
 ``captured_replays``, ``kernel_settings``, ``activation_checkpointing`` (per model, ``policy`` and with a
 critic of its own ``critic``: its ``layers``, the indices ``recomputed`` in backward and ``offloaded``, the
-``path`` that set them), ``sampled_vs_scored``, ``wall_s``; a failed case: ``error``
-and ``traceback``.
+``path`` that set them), ``sampled_vs_scored``, ``absent`` (the packages missing while it ran), ``wall_s``; a failed case: ``error``
+and ``traceback``. A preference case (``dpo-1.5b``, ``kto-1.5b``) has its own figures
+(:mod:`homerlhf.check.preference_case`).
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ def sizing(options: Options, device: Optional[str], device_gib: Optional[float])
 
 def plan_lines(sized: Sizing) -> list[str]:
     """What a check of ``sized`` runs, one line a case, and its estimate."""
-    from homerlhf.check.cases import estimated_seconds
+    from homerlhf.check.cases import PREFERENCE, estimated_seconds
+
+    def runs(c) -> str:
+        return f"{c.iterations} {'optimizer step' if c.kind in PREFERENCE else 'iteration'}{'s' * (c.iterations > 1)}"
 
     lines = [f"preset {sized.preset} ({sized.why}); estimates for the {sized.spec.name} (the planner's time "
              "model: the H200's measured rates scaled by published specs; not measured on that card)"]
-    lines += [f"  {c.name:<20} {c.model:<18} {c.iterations} iteration{'s' * (c.iterations > 1)}, preset {c.preset}, "
-              f"est. {c.estimate_s} s" for c in sized.todo]
+    lines += [f"  {c.name:<20} {c.model:<18} {runs(c)}, preset {c.preset}, est. {c.estimate_s} s" for c in sized.todo]
     lines += [f"  left out: {why}" for why in sized.left]
     lines.append(f"about {estimated_seconds(sized.todo)} s in all, with this process's start and the models' builds")
     return lines
@@ -112,6 +115,7 @@ def write_report(out: Path, report: dict) -> None:
 def run_cases(sized: Sizing, smoke: bool, out: Path, echo: Callable[[str], None]) -> dict:
     """Every case of ``sized``, the report written before and after each; returns the report."""
     from homerlhf.check.cases import estimated_seconds
+    from homerlhf.check.cli_case import absent_now
     from homerlhf.check.lines import line
     from homerlhf.check.run import Run, guarded, write_files
     from homerlhf.check.runs import environment, models_dir
@@ -130,7 +134,7 @@ def run_cases(sized: Sizing, smoke: bool, out: Path, echo: Callable[[str], None]
         for case in sized.todo:
             report["running"] = case.name
             write_report(out, report)  # what ran survives a timeout or a crash
-            report["cases"].append(guarded(case, run))
+            report["cases"].append({**guarded(case, run), "absent": absent_now()})  # what it ran without
             report["wall_s"] = round(time.perf_counter() - started, 1)
             del report["running"]
             write_report(out, report)

@@ -7,7 +7,8 @@ for the next run): nothing is downloaded. The process is capped at each preset's
 (``set_per_process_memory_fraction``). The reference is the policy's base with its adapters off and
 the reward an in-process function (no llama.cpp anywhere). Peaks are compared with the plan of the
 iteration measured (:mod:`homerlhf.check.case_plan`); flags are restored and cuBLAS workspaces freed
-between cases; the sampled-vs-scored log-prob gap is measured (:mod:`homerlhf.check.measures`).
+between cases; the sampled-vs-scored log-prob gap is measured (:mod:`homerlhf.check.measures`). A
+preference case (``dpo``, ``kto``) runs its stage instead (:mod:`homerlhf.check.preference_case`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from homerlhf.check.case_plan import case_plans, compared_steps, comparison, described, iteration_assumptions, planned_decoder
-from homerlhf.check.cases import COMMON, CRITIC_MODEL, Case
+from homerlhf.check.cases import COMMON, CRITIC_MODEL, PREFERENCE, PREFERENCE_COMMON, Case
 from homerlhf.check.cli_case import cli_case
 from homerlhf.check.measures import checkpointing_of, current_flags, kernel_settings, recording_trainer, restore_flags
+from homerlhf.check.preference_case import preference_case
 from homerlhf.check.runs import (build_random_checkpoint, build_reward_adapter, cap_memory, checkpoint_dir, differences,
                                  measured_iterations, optimizer_steps, random_prompts, release_memory, snapshot)
 
@@ -32,6 +34,9 @@ REWARD_FN = '''def reward(response_ids):
 SMOKE = ("card.device=cpu", "quant.compute_dtype=fp32", "rollout.batch_size=4", "rollout.chunk_size=2",
          "rollout.max_prompt_len=16", "rollout.max_new_tokens=3", "ppo.mini_batch_size=4", "ppo.micro_batch_size=2",
          "rollout.decoder=static")
+# A preference case's in the CPU smoke (METHOD: dpo or kto): 4 rows per forward, of up to 48 tokens.
+PREFERENCE_SMOKE = ("card.device=cpu", "quant.compute_dtype=fp32", "METHOD.batch_size=2", "METHOD.grad_accum=1",
+                    "METHOD.max_len=48")
 # The CPU smoke's model: the case's architecture (type, tied embeddings, biases) at a tiny size.
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=16)
@@ -60,6 +65,9 @@ class Run:
         return 1 if self.smoke else case.iterations
 
     def overrides(self, case: Case) -> list[str]:
+        if case.kind in PREFERENCE:
+            smoke = tuple(o.replace("METHOD", case.kind) for o in PREFERENCE_SMOKE)
+            return list(PREFERENCE_COMMON + case.overrides + (smoke if self.smoke else ()) + case.keep)
         listed = COMMON + case.overrides + (SMOKE if self.smoke else ()) + case.keep
         return [o.format(**self.files) for o in listed]
 
@@ -143,6 +151,17 @@ def resume_case(case: Case, cfg, model_dir: Path, run: Run) -> dict:
     return result
 
 
+def resolved_as_train(cfg, shape, say=print):
+    """``cfg`` with its ``auto`` settings resolved as ``homerlhf train`` resolves them on a CUDA card
+    (:func:`homerlhf.stages.autoplan.resolve_auto`), so the policy runs the settings its plan assumes.
+    A CPU-smoke config (``card.device=cpu``) is decided as on the card, then trained on the CPU."""
+    from homerlhf.stages.autoplan import resolve_auto
+
+    card = cfg.card
+    on_card = cfg.model_copy(update={"card": card.model_copy(update={"device": "cuda"})})
+    return resolve_auto(on_card, shape=shape, say=say).model_copy(update={"card": card})
+
+
 def case_entry(case: Case, run: Run, cfg, cap: float, shape, overrides: list[str]) -> dict:
     """What the report says of ``case`` before it runs: its preset, model, settings and estimates."""
     from homerlhf.memory.planner import plan
@@ -157,6 +176,8 @@ def run_case(case: Case, run: Run) -> dict:
     from homerlhf.config import load_config
     from homerlhf.memory.shapes import resolve_shape
 
+    if case.kind in PREFERENCE:
+        return preference_case(case, run)
     started = time.perf_counter()
     overrides = run.overrides(case)
     model_dir = run.model_dir(case.model, build=False)
@@ -167,8 +188,11 @@ def run_case(case: Case, run: Run) -> dict:
         build_reward_adapter(model_dir, adapter, run.device)
     if "{critic_model}" in " ".join(case.overrides):
         run.model_dir(CRITIC_MODEL)  # the critic's own base: random weights, the same (tiny) tokenizer
-    cap, shape = float(cfg.card.gpu_gib), resolve_shape(str(model_dir))
+    shape, decided = resolve_shape(str(model_dir)), []
+    cfg = resolved_as_train(cfg, shape, decided.append)  # after the builds: the plan reads every model's shape
+    cap = float(cfg.card.gpu_gib)
     entry = case_entry(case, run, cfg, cap, shape, overrides)
+    entry["decided"] = decided
     if not run.smoke:
         cap_memory(cap)
         import torch

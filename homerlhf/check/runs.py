@@ -262,8 +262,10 @@ def driver_version() -> Optional[str]:
 
 def environment(smoke: bool = False) -> dict:
     """The mode, the date (UTC), and the versions and GPU (none in the CPU smoke: ``device`` None) the
-    figures were measured with: its name, memory, compute capability and driver."""
+    figures were measured with: its name, memory, compute capability and driver; ``trl`` and ``datasets``
+    None where not installed."""
     import datetime
+    import importlib.metadata
 
     import accelerate
     import bitsandbytes
@@ -275,6 +277,11 @@ def environment(smoke: bool = False) -> dict:
            "python": sys.version.split()[0], "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__, "peft": peft.__version__,
            "bitsandbytes": bitsandbytes.__version__, "accelerate": accelerate.__version__}
+    for name in ("trl", "datasets"):  # the preference cases' (read, not imported: the PPO cases run without them)
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
     if not smoke:
         props = torch.cuda.get_device_properties(0)
         out.update(device=props.name, device_gib=round(props.total_memory / 2**30, 2),

@@ -55,6 +55,11 @@ class TrainingConfig(Section):
         """Whether the checkpointed layers' inputs go to host memory (an unresolved ``auto``: no)."""
         return self.gradient_checkpointing and self.activation_offload is True
 
+    def as_read(self) -> "TrainingConfig":
+        """This section with any ``auto`` replaced by what a model built from it runs (:attr:`every_n`,
+        :attr:`offload`): what a plan of an unresolved config must assume to match the run."""
+        return self.model_copy(update={"checkpoint_every_n_layers": self.every_n, "activation_offload": self.offload})
+
     def checkpointed_layers(self, num_layers: int) -> int:
         """How many of ``num_layers`` decoder layers recompute in backward: layers 0, n, 2n, ... (as
         transformers' ``activation_checkpointing_enable(every_n_layers=n)`` picks them), ceil(L / n);

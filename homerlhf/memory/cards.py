@@ -1,5 +1,5 @@
 """Published figures of the cards the presets name: what the planner scales the H200's measured
-rates by (:func:`homerlhf.memory.timing.gpu_trainer_rates`) for a card nobody measured here.
+rates by (:func:`homerlhf.memory.gpu_rates.gpu_trainer_rates`) for a card nobody measured here.
 
 ``tflops``: dense tensor-core TFLOP/s in the dtype the preset computes in (BF16; FP16 on a T4, which
 has no BF16) with FP32 accumulation, as PyTorch's matmuls accumulate, without sparsity;

@@ -90,11 +90,14 @@ REWARD_BACKENDS = ("llamacpp", "adapter", "hf")  # where a reward model can run
 def reward_candidates(cfg: RunConfig, possible: Optional[Sequence[str]] = None) -> list[str]:
     """Where the run's reward model could run: ``possible`` (what its files allow, from
     :func:`homerlhf.models.reward_kinds.possible_reward_backends`; default: all of
-    :data:`REWARD_BACKENDS`), less ``adapter`` under ``rollout.async``. A reward served from a ``url``,
-    by functions, or with components keeps its backend."""
+    :data:`REWARD_BACKENDS`), less ``adapter`` under ``rollout.async``. A backend the config names is
+    kept, as a named engine is (a run's start checks the model's files against it). A reward served
+    from a ``url``, by functions, or with components keeps its backend."""
     if cfg.reward.url or cfg.reward.backend == "function" or cfg.reward.components:
         return [cfg.reward.backend]
     found = [b for b in (possible if possible is not None else REWARD_BACKENDS) if b in REWARD_BACKENDS]
+    if cfg.reward.backend in REWARD_BACKENDS and cfg.reward.backend not in found:
+        found.append(cfg.reward.backend)
     return [b for b in found if not (b == "adapter" and cfg.rollout.async_)] or ["llamacpp"]
 
 
@@ -220,9 +223,11 @@ def choose(cands: Sequence[Candidate], cfg: RunConfig) -> Candidate:
     every role the config names; when none fits, the one with the smallest GPU peak."""
     kept = [c for c in cands if explicit(c.time.placement, cfg)]
     if not kept:
-        raise UserError(f"no placement keeps ref.backend={cfg.ref.backend}, reward.backend={cfg.reward.backend} "
-                        f"and rollout.engine={cfg.rollout.engine}; set ref.backend, reward.backend or rollout.engine "
-                        "to auto")
+        named = [f"{key}={value}" for key, value in (("ref.backend", cfg.ref.backend),
+                                                     ("reward.backend", cfg.reward.backend),
+                                                     ("rollout.engine", cfg.rollout.engine)) if value != "auto"]
+        raise UserError(f"no placement keeps {' and '.join(named)}; set "
+                        f"{' or '.join(n.split('=')[0] for n in named)} to auto")
     fitting = [c for c in kept if c.fits]
     return fitting[0] if fitting else min(kept, key=lambda c: c.peak_gib or 0.0)
 

@@ -80,5 +80,8 @@ def compare(plan_: Plan, measured_gib: dict[str, float]) -> dict[str, dict[str, 
 
 
 def predicted_peaks(cfg: RunConfig, shape: ModelShape) -> dict[str, float]:
-    """``{phase: predicted allocated GiB}``: the plan's figure to log beside ``PhaseMeter.peaks()``."""
+    """``{phase: predicted allocated GiB}``: the plan's figure to log beside ``PhaseMeter.peaks()``, of
+    what the models built from ``cfg`` run (an unresolved ``auto`` checkpointing read as they read it)."""
+    if cfg.training.has_auto:
+        cfg = cfg.model_copy(update={"training": cfg.training.as_read()})
     return {p.name: p.allocated_gib for p in plan(cfg, shape, with_suggestion=False).phases}

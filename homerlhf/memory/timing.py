@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
-from homerlhf.memory.cards import MEASURED, CardSpec, card_spec
+from homerlhf.memory.cards import MEASURED, card_spec
+from homerlhf.memory.gpu_rates import GPU_MEASURED_CHUNK, gpu_source, gpu_trainer_rates, matmul_params
 from homerlhf.memory.recompute import checkpointing_seconds
 from homerlhf.memory.shapes import ModelShape, critic_shape, resolve_shape
 from homerlhf.memory.threads import split_threads
@@ -38,7 +39,6 @@ PHASE_TITLES = {
 }
 RATES = ("worker_ref", "worker_reward", "llama_gen", "trainer_gen", "trainer_forward", "trainer_train")
 DEFAULT_SOURCE = "default, not measured"
-GPU_SOURCE = "measured on NVIDIA H200 (2026-11-30)"
 
 
 @dataclass
@@ -114,71 +114,6 @@ CPU_FLOPS_PER_CORE = {"worker": 45e9, "reward_worker": 10e9, "llama_gen": 2.5e9,
 # HF generate on the CPU also pays a fixed cost per decoder layer per step, whatever the chunk (NF4
 # dequantized, LoRA, Python): the demo's shape (4 layers), 1 thread, 43-53 ms a step at chunks 4-32.
 CPU_HF_DECODE_S_PER_LAYER = 10.5e-3
-# GPU figures, measured on an NVIDIA H200 (2026-11-30; CUDA 13, torch 2.11, bitsandbytes 0.50.2) with
-# Qwen2.5-7B (random weights) in NF4 + LoRA r 16 on the 4090 preset's settings (32 prompts of 512 + 256
-# tokens, chunk 16, micro-batch 4, adapter-off reference, docs/time.md):
-# - scoring 4.5-4.7 s = 3 no-grad forwards (reference, actor, critic) x 32 x 768 tokens: 16,000 tokens/s,
-#   x 2 x 7.07 G matmul parameters = 2.27e14 FLOP/s;
-# - update 11.3 s = 2 forward + backward passes (actor, critic) x 32 x 768 tokens: 4,350 tokens/s,
-#   x 3 x 2 x 7.07 G = 1.85e14 FLOP/s;
-# - generation 42-44 s = 2 chunks x 256 decode steps: 84 ms a step, 3.0 ms for each of its 28 layers
-#   (the prefill included). A decode step is bound by kernel launches (bitsandbytes dequantize + matmul
-#   and two LoRA matmuls per linear), not by FLOPs or bandwidth: its time follows the layer count, not the
-#   chunk or the width. Qwen2.5-1.5B (also 28 layers) took 19-22 s for 256 steps at chunk 16 (75-86 ms).
-# Compute-bound work scales to other models by FLOPs, generation by layers. Another card
-# (:mod:`homerlhf.memory.cards`) gets these scaled by its published figures (:func:`gpu_trainer_rates`);
-# `homerlhf bench` on it measures its own.
-GPU_FLOPS = {"forward": 2.27e14, "train": 1.85e14}
-GPU_DECODE_S_PER_LAYER = 3.0e-3
-GPU_MEASURED_CHUNK = 16
-# Bytes a decode step moves per weight: bitsandbytes dequantizes each NF4 linear (0.5 B read, 2 B of
-# bf16 written) for a matmul that reads the 2 B again; the output projection is read once (2 B).
-DECODE_BYTES_PER_LINEAR_PARAM = 4.5
-DECODE_BYTES_PER_HEAD_PARAM = 2.0
-
-
-def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
-    """Parameters one token multiplies through: every decoder linear layer and (``lm_head``) the
-    output projection (the embedding matrix when tied)."""
-    return shape.linear_weight_params + (shape.vocab_size * shape.hidden_size if lm_head else 0)
-
-
-def decode_step_s(shape: ModelShape, card: CardSpec = MEASURED) -> float:
-    """Seconds of one decode step of :data:`GPU_MEASURED_CHUNK` rows on ``card``: the slowest of the
-    kernel launches (:data:`GPU_DECODE_S_PER_LAYER` per layer, what bound it on the H200, taken as the
-    same on any card), the bytes it moves at the card's bandwidth, and its FLOPs at the H200's
-    measured forward efficiency scaled by the card's FLOP/s."""
-    launches = shape.num_layers * GPU_DECODE_S_PER_LAYER
-    head = shape.vocab_size * shape.hidden_size
-    moved = DECODE_BYTES_PER_LINEAR_PARAM * shape.linear_weight_params + DECODE_BYTES_PER_HEAD_PARAM * head
-    compute = GPU_MEASURED_CHUNK * 2.0 * matmul_params(shape) / (GPU_FLOPS["forward"] * card.flops / MEASURED.flops)
-    return max(launches, moved / card.bandwidth, compute)
-
-
-def gpu_trainer_rates(shape: ModelShape, card: CardSpec = MEASURED) -> dict[str, dict[int, float]]:
-    """The trainer's tokens/s on ``card`` from the H200 measurements (:data:`GPU_FLOPS`, :func:`decode_step_s`):
-    forward and update scaled by the card's FLOP/s over the H200's (compute-bound), generation at
-    :data:`GPU_MEASURED_CHUNK` prompts at once."""
-    flops = 2.0 * matmul_params(shape)
-    ratio = card.flops / MEASURED.flops
-    return {"trainer_gen": {0: GPU_MEASURED_CHUNK / decode_step_s(shape, card)},
-            "trainer_forward": {0: GPU_FLOPS["forward"] * ratio / flops},
-            "trainer_train": {0: GPU_FLOPS["train"] * ratio / (3 * flops)}}
-
-
-def gpu_source(card_name: str) -> str:
-    """Where a GPU card's default figures come from, in words."""
-    spec = card_spec(card_name)
-    if spec is MEASURED:
-        return GPU_SOURCE
-    if spec is None:
-        return (f"an NVIDIA H200's figures (2026-11-30), not scaled to '{card_name}' (no published figures for it "
-                "in homerlhf.memory.cards): a slower card takes longer")
-    return (f"H200 figures scaled to the {spec.name} by its published specs ({spec.tflops:g} vs "
-            f"{MEASURED.tflops:g} TFLOPS, {spec.bandwidth_gbs / 1000:.2f} vs {MEASURED.bandwidth_gbs / 1000:.1f} TB/s), "
-            f"not measured on one")
-
-
 def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throughputs:
     """Tokens/s for ``shape`` when this machine was never benched: the CPU's from
     :data:`CPU_FLOPS_PER_CORE`, a GPU trainer's from the H200 measurements scaled to the preset's card
@@ -200,7 +135,12 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
     else:
         from homerlhf.models.cuda_kernels import MEASURED_KERNELS
 
-        trainer, gen_chunk = gpu_trainer_rates(shape, card_spec(cfg.card.name) or MEASURED), GPU_MEASURED_CHUNK
+        from homerlhf.models.static_decode import resolve_decoder
+
+        upcast = bool(cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized)
+        decoder = resolve_decoder(cfg.rollout.decoder, "cuda")
+        trainer = gpu_trainer_rates(shape, card_spec(cfg.card.name) or MEASURED, decoder, upcast)
+        gen_chunk = GPU_MEASURED_CHUNK
         source = f"GPU: {gpu_source(cfg.card.name)}; CPU workers: {DEFAULT_SOURCE}"
         kernels = MEASURED_KERNELS
     return Throughputs(

@@ -10,8 +10,10 @@ the compute dtype as ``quant`` says, frozen, checkpointed as the policy's base
 (``training.checkpoint_every_n_layers`` of its own layers, ``training.activation_offload``), with its own LoRA (``critic.lora``, adapter ``critic``) and
 an fp32 value head on its final hidden state. It reads the actor's token ids, so its tokenizer must be
 the actor's: vocabulary, special tokens and chat template are compared from the tokenizer files alone,
-before any weight of either model is read (:func:`check_same_tokenizer`); embedding sizes are not
-compared, families pad them differently.
+before any weight of either model is read (:func:`check_same_tokenizer`). Embedding sizes may differ,
+families pad them differently (Qwen2.5: 151,936 rows up to 3B, 152,064 from 7B, for 151,665 tokens): the
+critic must embed every token, and an actor id past the critic's rows, which names no token (the actor
+samples over its whole head), is read as a filler id the critic holds (:meth:`CriticModel.embeddable`).
 """
 
 from __future__ import annotations
@@ -147,19 +149,32 @@ def score_head(source: str, config: dict) -> Optional[tuple[Tensor, Optional[Ten
                     "save the reward model with safetensors (save_pretrained does by default)")
 
 
-class CriticModel:
-    """The critic's own frozen base with its LoRA (``model``, a peft model) and value head."""
+def filler_id(critic_rows: int, actor_rows: int, tokenizer) -> Optional[int]:
+    """What the critic reads for an actor id it cannot embed (``>= critic_rows``; none when the actor's head
+    has no more rows than the critic's embedding): a filler row past the tokenizer's tokens, as the actor's
+    id is, or the pad token where the critic has no such row."""
+    if actor_rows <= critic_rows:
+        return None
+    return critic_rows - 1 if critic_rows > len(tokenizer) else tokenizer.pad_token_id
 
-    def __init__(self, model, value_head: ValueHead, source: str):
+
+class CriticModel:
+    """The critic's own frozen base with its LoRA (``model``, a peft model) and value head. ``filler``: the
+    id that stands in for actor ids past the critic's embedding (:func:`filler_id`; None: there are none)."""
+
+    def __init__(self, model, value_head: ValueHead, source: str, filler: Optional[int] = None):
         self.model = model
         self.value_head = value_head
         self.source = source
         self.backbone = model.get_base_model()  # AutoModel: the decoder itself, LoRA injected in place
+        self.rows = self.backbone.get_input_embeddings().num_embeddings
+        self.filler = filler
 
     @classmethod
-    def from_config(cls, cfg, source: str) -> "CriticModel":
+    def from_config(cls, cfg, source: str, actor_rows: int = 0, tokenizer=None) -> "CriticModel":
         """Load ``source`` (checked by :func:`check_same_tokenizer`) as ``cfg.quant`` says, with ``critic.lora``
-        and a value head: the reward model's score head where ``source`` is one, else ``critic.value_head_init_std``."""
+        and a value head: the reward model's score head where ``source`` is one, else ``critic.value_head_init_std``.
+        ``actor_rows``: the rows of the actor's LM head, the ids it can sample; ``tokenizer``: the policy's."""
         from peft import get_peft_model
 
         from homerlhf.models.base_loading import peft_lora_config
@@ -177,15 +192,23 @@ class CriticModel:
             with torch.no_grad():
                 head.linear.weight.copy_(score[0].float())
                 head.linear.bias.copy_(score[1].float() if score[1] is not None else torch.zeros(1))
-        return cls(model, head.to(base.device), source)
+        rows = base.get_input_embeddings().num_embeddings
+        return cls(model, head.to(base.device), source, filler_id(rows, actor_rows, tokenizer))
 
     def parameters(self) -> list[nn.Parameter]:
         """What the critic's optimizer steps: its LoRA and the value head."""
         return [p for n, p in self.model.named_parameters() if "lora_" in n] + list(self.value_head.parameters())
 
+    def embeddable(self, input_ids: Tensor) -> Tensor:
+        """``input_ids`` with every id past the critic's embedding replaced by :attr:`filler` (on a GPU an
+        embedding indexed past its rows is a device-side assert, fatal to the process)."""
+        if self.filler is None:
+            return input_ids
+        return torch.where(input_ids < self.rows, input_ids, self.filler)
+
     def values(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
         """V(prompt + response[:t]) for each response position t: (B, T) fp32."""
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+        out = self.backbone(input_ids=self.embeddable(input_ids), attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return self.value_head(response_hidden(out.last_hidden_state, response_len))
 

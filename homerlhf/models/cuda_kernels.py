@@ -6,7 +6,8 @@ last one set. Each policy therefore sets all of them, on and off (:func:`apply`,
 :meth:`homerlhf.models.policy.PolicyModel.from_config`, which records what it set as ``policy.kernel_settings``),
 and a script that runs several can put the previous flags back (:func:`current_flags`, :func:`restore`).
 
-- **TF32** (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``): on only on
+- **TF32** (cuBLAS matmuls and cuDNN: ``fp32_precision`` "tf32" / "ieee" on torch >= 2.9, whose legacy
+  ``allow_tf32`` flags raise once anything in the process used the new API; ``allow_tf32`` before): on only on
   CUDA under 16-bit compute without the fp32 upcast. The fp32 matmuls left there (LoRA, value head) take
   16-bit values or fp32 weights whose results are rounded to the compute dtype, so TF32's 10-bit mantissa
   loses nothing that is kept; with the upcast the fp32 LM head makes the logits, and TF32 would round
@@ -20,7 +21,7 @@ and a script that runs several can put the previous flags back (:func:`current_f
   flags are left as they are: ``torch.backends.cuda.enable_flash_sdp`` also steers the CPU's SDPA (flash for
   CPU vs math; checked with torch 2.13's profiler), and the CPU's kernels are not chosen here.
 
-Predicted from the PyTorch and TRL reports above; not run on a GPU.
+Run on an NVIDIA H200 (2026-12-04, ``homerlhf check``: docs/gpu-runs/); no consumer card has run them.
 """
 
 from __future__ import annotations
@@ -43,12 +44,10 @@ _HALF = (torch.bfloat16, torch.float16)
 
 # What the planner's GPU time rates (homerlhf.memory.timing, docs/time.md) were measured with.
 MEASURED_KERNELS = (
-    "NVIDIA H200 (sm90), 2026-11-30, torch 2.11 + CUDA 13: the fp32 upcast of the base (fp32 residual stream, "
-    "KV cache and attention inputs) with NF4 matmuls in bf16, under torch's default flags: TF32 off for "
-    "matmuls (nothing set it then), SDPA backends not chosen. Which SDPA backend ran was not recorded; "
-    "flash and cuDNN attention take only fp16/bf16 inputs, so fp32 attention ran on memory-efficient or "
-    "math (inferred, not recorded). Not the kernels a policy chooses now (bf16 attention on flash / "
-    "memory-efficient / math, no cuDNN; TF32 on under bf16 compute): not measured on a GPU."
+    "NVIDIA H200 (sm90), torch 2.11 + CUDA 13. 2026-12-04: the kernels a policy sets (bf16 compute: TF32 on, "
+    "SDPA on flash / memory-efficient / math, no cuDNN), HF generate and the captured static loop. "
+    "2026-11-30: the fp32 upcast of the base (quant.upcast_non_quantized) under torch's default flags (TF32 off, "
+    "SDPA backends not chosen, which one ran not recorded): the upcast's rates."
 )
 
 
@@ -97,18 +96,51 @@ def policy_kernels(compute: torch.dtype, upcast: bool, device_type: str,
     return KernelSettings(tf32, CUDA_SDPA_BACKENDS, f"{why_tf32}; {card}")
 
 
-def current_flags() -> dict[str, bool]:
-    """The process-wide flags :func:`apply` sets, by name: ``cuda.matmul.allow_tf32``,
-    ``cudnn.allow_tf32`` and one per SDPA backend."""
-    flags = {"cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-             "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+# torch >= 2.9: TF32 is ``fp32_precision`` ("tf32", "ieee", or "none": as the level above) per backend and
+# operation; its legacy ``allow_tf32`` getters raise once the new API set a conflicting value.
+NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+# Name -> the object whose ``fp32_precision`` it is (the new API), each level TF32 can be chosen at.
+_PRECISION_OWNERS = {"cuda.matmul": lambda: torch.backends.cuda.matmul, "cudnn": lambda: torch.backends.cudnn,
+                     "cudnn.conv": lambda: torch.backends.cudnn.conv, "cudnn.rnn": lambda: torch.backends.cudnn.rnn}
+
+
+def tf32_flags() -> dict[str, object]:
+    """The TF32 settings as they stand, in the running torch's own API: ``{"<level>.fp32_precision": str}``
+    (torch >= 2.9), else ``{"cuda.matmul.allow_tf32": bool, "cudnn.allow_tf32": bool}``."""
+    if NEW_TF32_API:
+        return {f"{name}.fp32_precision": owner().fp32_precision for name, owner in _PRECISION_OWNERS.items()}
+    return {"cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def tf32_wanted(on: bool) -> dict[str, object]:
+    """The :func:`tf32_flags` entries that turn TF32 ``on`` or off for matmuls and every cuDNN operation."""
+    if NEW_TF32_API:
+        return {f"{name}.fp32_precision": "tf32" if on else "ieee" for name in _PRECISION_OWNERS}
+    return {"cuda.matmul.allow_tf32": on, "cudnn.allow_tf32": on}
+
+
+def tf32_matmul_on() -> bool:
+    """Whether cuBLAS may run fp32 matmuls in TF32 now (read through the running torch's API)."""
+    if NEW_TF32_API:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def current_flags() -> dict[str, object]:
+    """The process-wide flags :func:`apply` sets, by name: the TF32 ones (:func:`tf32_flags`) and one per
+    SDPA backend (``sdpa.<name>``)."""
+    flags = tf32_flags()
     for name, (_, getter) in _SDPA_FLAGS.items():
         flags[f"sdpa.{name}"] = bool(getattr(torch.backends.cuda, getter)())
     return flags
 
 
-def restore(flags: dict[str, bool]) -> None:
+def restore(flags: dict[str, object]) -> None:
     """Set the flags of a :func:`current_flags` (or :func:`apply`) result back, those present."""
+    for name, owner in _PRECISION_OWNERS.items():
+        if f"{name}.fp32_precision" in flags:
+            owner().fp32_precision = flags[f"{name}.fp32_precision"]
     if "cuda.matmul.allow_tf32" in flags:
         torch.backends.cuda.matmul.allow_tf32 = bool(flags["cuda.matmul.allow_tf32"])
     if "cudnn.allow_tf32" in flags:
@@ -118,7 +150,7 @@ def restore(flags: dict[str, bool]) -> None:
             getattr(torch.backends.cuda, setter)(bool(flags[f"sdpa.{name}"]))
 
 
-def apply(settings: KernelSettings) -> dict[str, bool]:
+def apply(settings: KernelSettings) -> dict[str, object]:
     """Set the process-wide flags to ``settings`` (TF32 on or off; with SDPA backends, exactly those
     enabled); returns the flags as they were before (for :func:`restore`). Plain booleans: harmless
     on a CPU-only build."""
@@ -126,7 +158,7 @@ def apply(settings: KernelSettings) -> dict[str, bool]:
     if unknown:
         raise ValueError(f"unknown SDPA backend(s) {sorted(unknown)}; use {sorted(_SDPA_FLAGS)}")
     before = current_flags()
-    wanted = {"cuda.matmul.allow_tf32": settings.tf32, "cudnn.allow_tf32": settings.tf32}
+    wanted = tf32_wanted(settings.tf32)
     if settings.sdpa_backends:
         wanted.update({f"sdpa.{name}": name in settings.sdpa_backends for name in _SDPA_FLAGS})
     restore(wanted)

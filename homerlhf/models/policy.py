@@ -94,7 +94,8 @@ class PolicyModel:
             model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
         model.set_adapter(ACTOR)
         adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
-        critic = CriticModel.from_config(cfg, critic_src) if own_critic else None
+        critic = CriticModel.from_config(cfg, critic_src, base.config.get_text_config().vocab_size,
+                                         tokenizer) if own_critic else None
         hidden = base.config.get_text_config().hidden_size
         value_head = critic.value_head if critic else (
             ValueHead(hidden, cfg.critic.value_head_init_std).to(base.device) if cfg.has_critic else None)

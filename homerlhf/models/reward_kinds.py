@@ -74,6 +74,18 @@ def assumed_note(reward_model: Optional[str]) -> str:
             "rm.method=lora); a run's start reads its files and refuses what does not hold")
 
 
+def named_backend_note(backend: str, reward_model: Optional[str], possible: list[str]) -> str:
+    """A line for a plan whose named ``reward.backend`` is none of those ``possible`` for
+    ``reward_model`` (:func:`possible_reward_backends`): the plan counts it as named, a run's start
+    refuses it. '' when it is one of them, or names no model backend (``auto``, ``function``)."""
+    if backend not in ALL or backend in possible or not reward_model:
+        return ""
+    fix = ("train a LoRA reward model on the policy's base (`homerlhf reward --set rm.method=qlora`) and name "
+           "its run dir as reward.model" if backend == "adapter" else f"use reward.backend={' or '.join(possible)}")
+    return (f"reward.backend={backend}: the reward model {reward_model} runs on {' or '.join(possible) or 'no backend'} "
+            f"only, so a run's start refuses it; {fix}, or set reward.backend=auto")
+
+
 def _same_base_adapter(path: Path, policy_model: Optional[str], build: bool) -> bool:
     from homerlhf.models.reward_adapter import check_same_base, reward_adapter_dir
 

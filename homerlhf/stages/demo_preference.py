@@ -56,19 +56,15 @@ def answer_log_ratio(checkpoint: Path, cfg: RunConfig, rows: list[dict[str, Any]
     answers the evaluation sampled (temperature 0.7), the same way for every method compared."""
     import torch
 
+    from homerlhf.models.sequence_logprobs import answer_logprobs
     from homerlhf.models.side_by_side import EvalModels
 
     models = EvalModels(cfg, checkpoint)
-    model, device = models.model, models.device
+    model = models.model
 
-    def logps() -> list[float]:
-        out = []
-        for row in rows:
-            ids = torch.tensor([row["prompt_ids"] + row["after_ids"]], device=device)
-            logits = model(input_ids=ids).logits.float()[0, :-1]
-            logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-            out.append(float(logp[len(row["prompt_ids"]) - 1:].sum()))
-        return out
+    def logps() -> list[float]:  # one row at a time, the LM head over 64 of its positions at a time
+        return [float(answer_logprobs(model, [row["prompt_ids"] + row["after_ids"]], [len(row["prompt_ids"])], 0,
+                                      64)[0].sum()) for row in rows]
 
     try:
         with torch.no_grad():

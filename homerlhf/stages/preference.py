@@ -4,8 +4,9 @@ TRL's ``DPOTrainer`` (pairs) and ``KTOTrainer`` (answers rated good or bad) trai
 the same NF4 base the other stages load (:func:`homerlhf.stages.common.load_model`); the losses,
 their metrics and the reference forwards are TRL's. The reference is the policy the run starts from
 without a second copy of the base: the base with adapters off for a new LoRA on a model or SFT run,
-or TRL's ``ref`` adapter (a copy of the starting LoRA weights) when it continues a PPO / GRPO / RLOO /
-DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`). What ours is: the data's token ids
+or TRL's ``ref`` adapter (a copy of the starting LoRA weights, in the policy's dtype: :func:`_restore`)
+when it continues a PPO / GRPO / RLOO / DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`).
+What ours is: the data's token ids
 (the ones PPO samples, :mod:`homerlhf.stages.preference_data`), checkpoints, resume and the held-out
 figures (:mod:`homerlhf.stages.preference_eval`).
 
@@ -17,11 +18,13 @@ later dpo / kto / train run read it the same way:
   started from, its data and method), ``trainer/`` (the HF Trainer's optimizer, scheduler, RNG and
   state: ``--resume`` continues exactly), ``MANIFEST.json`` (sizes and sha256, written last);
 - ``metrics.jsonl`` TRL's logged figures per logging step (loss, rewards/margins, rewards/accuracies, ...);
-- ``preference_run.json`` the summary: start, data reports, counts, held-out margins before/after, time.
+- ``preference_run.json`` the summary: start, data reports, counts, held-out margins before/after, time,
+  and the peak memory of training and of the held-out pass (``peak_mem_gib``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -84,9 +87,11 @@ def _model(cfg, start: Start, base_path: str, method: str):
     new LoRA from ``actor.lora``). Returns ``(model, peft_config or None, the adapter's exact weights)``."""
     from transformers import AutoModelForCausalLM
 
+    from homerlhf.models.base_loading import check_logits_path
     from homerlhf.stages.common import load_model, lora_config
 
     model = load_model(AutoModelForCausalLM, base_path, cfg, getattr(cfg, method).method)
+    check_logits_path(model, base_path)  # the held-out pass computes its logits from the last hidden state
     if start.adapter is None:
         return model, lora_config(getattr(cfg, method), cfg.actor.lora, "CAUSAL_LM"), {}
     from peft import PeftModel
@@ -97,14 +102,22 @@ def _model(cfg, start: Start, base_path: str, method: str):
 
 
 def _restore(model, exact: dict) -> None:
-    """TRL rounds a 4-bit model's trainable weights to bf16; the adapter it continues gets its exact
-    values back (in the dtype it now trains in), so the policy starts equal to its reference."""
+    """The adapter TRL continues gets its exact values back, in the dtype it now trains in (TRL rounds a
+    4-bit model's trainable weights to bf16; :func:`match_trainable_dtype` then sets the stage's), and
+    TRL's ``ref`` adapter (its fp32 copy of them, taken before the rounding) becomes that same adapter:
+    those values, that dtype. So the policy starts equal to its reference; under bf16 training both are
+    the starting adapter in bf16, where the fp32 copy would run its LoRA in fp32 beside the policy's bf16
+    one (peft computes a LoRA in its weights' dtype): the first rewards and margins off 0."""
     import torch
 
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in exact:
-                param.data = exact[name].to(param.dtype)
+        for name, value in exact.items():
+            param = params[name]
+            param.data = value.to(param.dtype)
+            ref = params.get(name.replace(".default.", ".ref."))
+            if ref is not None:
+                ref.data = param.data.clone()
 
 
 class _Recorder:
@@ -171,44 +184,61 @@ def _hf_resume_dir(out: Path, ckpt: Path) -> str:
     return str(hf_dir)
 
 
-def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer, data: PreferenceData,
-           info: dict, resume_from: Optional[Path]) -> dict[str, Any]:
-    """Build TRL's trainer, train (from ``resume_from``), and measure the held-out rows."""
+def _build_trainer(method: str, cfg, start: Start, base_path: str, tokenizer, data: PreferenceData, out: Path,
+                   callbacks: list):
+    """TRL's trainer on the 4-bit base with the starting adapter (or a new LoRA), its callbacks added."""
+    import torch
     from datasets import Dataset
 
     from homerlhf.models.precision import release_finished_accelerate_state, trainer_precision_flags
-    from homerlhf.stages.common import Timer, match_trainable_dtype, on_cuda, stage_compute_dtype
+    from homerlhf.stages.common import match_trainable_dtype, on_cuda, stage_compute_dtype
+
+    section = getattr(cfg, method)
+    flags = trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg))
+    release_finished_accelerate_state(next((name for name, on in flags.items() if on), "no"))
+    torch.manual_seed(cfg.seed)  # a new LoRA's initial weights
+    model, peft_config, exact = _model(cfg, start, base_path, method)
+    trainer = _trainer_class(method)(model=model, args=_config(method, cfg, out),
+                                     train_dataset=Dataset.from_list(data.train), processing_class=tokenizer,
+                                     peft_config=peft_config)
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    match_trainable_dtype(trainer.model, cfg, section.method)  # before train() builds the optimizer
+    _restore(trainer.model, exact)
+    return trainer
+
+
+def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer, data: PreferenceData,
+           info: dict, resume_from: Optional[Path]) -> dict[str, Any]:
+    """Build TRL's trainer, train (from ``resume_from``), and measure the held-out rows; each of the two
+    phases metered (:class:`homerlhf.memory.peaks.PhaseMeter`: on CUDA the allocator's peak, else RSS)."""
+    from homerlhf.memory.peaks import PhaseMeter
+    from homerlhf.memory.preference import HELD_OUT, TRAINING
+    from homerlhf.stages.common import Timer, on_cuda
     from homerlhf.stages.preference_eval import held_out_figures, trained_figures
     from homerlhf.tracking import hf
     from homerlhf.tracking.settings import tracking_line
 
-    section = getattr(cfg, method)
     print(tracking_line(cfg.logging, out))
     recorder = _Recorder(out, cfg, info)
-    with hf.hf_trackers(cfg, out) as callbacks:
-        flags = trainer_precision_flags(stage_compute_dtype(cfg, section.method), on_cuda(cfg))
-        release_finished_accelerate_state(next((name for name, on in flags.items() if on), "no"))
-        import torch
-
-        torch.manual_seed(cfg.seed)  # a new LoRA's initial weights
-        model, peft_config, exact = _model(cfg, start, base_path, method)
-        trainer = _trainer_class(method)(model=model, args=_config(method, cfg, out),
-                                         train_dataset=Dataset.from_list(data.train), processing_class=tokenizer,
-                                         peft_config=peft_config)
-        for callback in [*callbacks, recorder.callback]:
-            trainer.add_callback(callback)
-        match_trainable_dtype(trainer.model, cfg, section.method)  # before train() builds the optimizer
-        _restore(trainer.model, exact)
-        if resume_from is not None:  # TRL's running token count is not in the HF checkpoint: from the log
-            trainer._total_train_tokens = _logged_tokens(out / LOG)
-        with Timer() as timer:
-            result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
-    figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id)
-    trained = trained_figures(trainer.model, data, tokenizer.pad_token_id)
+    with contextlib.closing(PhaseMeter("cuda" if on_cuda(cfg) else "cpu")) as meter:
+        with hf.hf_trackers(cfg, out) as callbacks:
+            trainer = _build_trainer(method, cfg, start, base_path, tokenizer, data, out,
+                                     [*callbacks, recorder.callback])
+            if resume_from is not None:  # TRL's running token count is not in the HF checkpoint: from the log
+                trainer._total_train_tokens = _logged_tokens(out / LOG)
+            with Timer() as timer, meter.phase(TRAINING):
+                result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
+        with meter.phase(HELD_OUT):  # the rows it trained on measured as the held-out ones, in the same batches
+            with Timer() as held_timer:
+                figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
+            trained = trained_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),
-            "seconds": timer.seconds, "held_out": figures, "trained_rows": trained}
+            "batch_size": trainer.state.train_batch_size, "seconds": timer.seconds,
+            "held_out_seconds": held_timer.seconds, "held_out": figures, "trained_rows": trained,
+            "peak_mem_gib": {k: round(v, 4) for k, v in meter.peaks().items()}, "peak_mem_kind": meter.kind}
 
 
 def _claim(out: Path, overwrite: bool) -> Path:

@@ -147,6 +147,8 @@ def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
 
         load_reward_function(rc.function, f"{key}.function")
         return
+    if rc.backend == "adapter" and not rc.url:
+        _check_builtin_adapter(key, rc.model or "")
     if rc.url or rc.backend == "adapter":  # an adapter's base is checked once the policy is resolved
         return
     from homerlhf.models.registry import check_available
@@ -161,6 +163,19 @@ def _check_reward(key: str, rc, seq_len: int, trust_remote_code: bool) -> None:
         check_loadable(config, name, "sequence-classifier", trust_remote_code)
     elif not is_reward_export(name):
         check_exportable(config, name, "reward", seq_len)
+
+
+def _check_builtin_adapter(key: str, name: str) -> None:
+    """A ``builtin:`` reward model registered without ``adapter`` among its backends is refused as one
+    before it is built (its registration says what it is)."""
+    from homerlhf.models.registry import builtin_reward_backends
+    from homerlhf.models.reward_adapter import OTHER_BACKENDS
+
+    kinds = builtin_reward_backends(name)
+    if kinds is not None and "adapter" not in kinds:
+        raise UserError(f"{key}.model {name} is a reward model of its own (it runs on {' or '.join(kinds)}), not a "
+                        f"LoRA on the policy's base: {key}.backend=adapter needs one trained with rm.method=qlora or "
+                        f"lora (`homerlhf reward --set rm.method=qlora`), {OTHER_BACKENDS}")
 
 
 def check_run(cfg: "RunConfig") -> None:

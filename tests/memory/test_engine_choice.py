@@ -86,3 +86,29 @@ def test_async_overlaps_the_next_batch_with_the_update(small_cfg, rates):
     with pytest.raises(UserError, match=r"^rollout.async samples ahead with the llamacpp engine, and llama-cpp-python "
                                         r"is not installed .*; set rollout.async=false$"):
         recommend(cfg, shape_for(cfg), rates, cores=2, logical=2, unavailable={"llamacpp": NO_LLAMA_CPP})
+
+
+def test_a_named_reward_backend_its_files_do_not_list_is_kept_and_auto_picks_the_engine(small_cfg, rates):
+    """``reward.backend=adapter`` named for a reward model whose files list llamacpp and hf only (the
+    builtin demo-rm's): ``auto`` chooses the engine among both, with that reward, as it does for
+    rollout.engine=hf or =llamacpp named (a run's start checks the model's files against the backend)."""
+    cfg = small_cfg("rollout.engine=auto", "reward.backend=adapter")
+    for tokens_per_s, engine in ((16.0, "llamacpp"), (2.0, "hf")):
+        rec = recommend(cfg, shape_for(cfg), _fast_engine(rates, tokens_per_s), cores=2, logical=2,
+                        rewards=["llamacpp", "hf"], unavailable={})
+        kept = [c for c in rec.candidates if c.time.placement.ref == "llamacpp" and c.time.placement.reward == "adapter"]
+        assert sorted(c.time.placement.engine for c in kept) == ["hf", "llamacpp"]
+        assert rec.current is kept[0] and rec.current.time.placement == Placement("llamacpp", "adapter", engine)
+        assert resolve_placement(cfg, rec).rollout.engine == engine
+        named = small_cfg(f"rollout.engine={engine}", "reward.backend=adapter")  # the same placement, named
+        assert recommend(named, shape_for(named), _fast_engine(rates, tokens_per_s), cores=2, logical=2,
+                         rewards=["llamacpp", "hf"], unavailable={}).current.time == rec.current.time
+
+
+def test_when_no_placement_keeps_the_named_roles_the_message_asks_only_for_those(small_cfg):
+    from homerlhf.memory.placement import choose
+
+    with pytest.raises(UserError) as info:
+        choose([], small_cfg("rollout.engine=auto", "reward.backend=adapter"))
+    assert str(info.value) == ("no placement keeps ref.backend=llamacpp and reward.backend=adapter; set ref.backend "
+                               "or reward.backend to auto")

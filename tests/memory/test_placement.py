@@ -7,7 +7,8 @@ import pytest
 from homerlhf.config import load_config
 from homerlhf.memory.placement import recommend
 from homerlhf.memory.render import shape_for
-from homerlhf.memory.timing import DEFAULT_SOURCE, Placement, default_throughputs, gpu_source
+from homerlhf.memory.gpu_rates import gpu_source
+from homerlhf.memory.timing import DEFAULT_SOURCE, Placement, default_throughputs
 
 
 def test_the_recommendation_is_the_fastest_and_says_by_how_much(small_cfg, rates):

@@ -117,3 +117,16 @@ def test_a_consumer_card_plan_says_its_times_are_the_h200_figures_scaled_to_it(c
     code, out, _ = _in_process(capsys, "--preset", preset, "--gpu-gib", "6")
     text = " ".join(out.split())
     assert "over the card" not in text and "over the 90% budget (5.4 of 6 GiB): " in text
+
+
+def test_a_named_reward_adapter_is_planned_with_the_engine_auto_chooses_and_its_files_said(capsys):
+    """cpu-tiny (rollout.engine auto) with reward.backend=adapter: planned as named, the engine chosen among
+    both; the builtin demo-rm is a reward model of its own (llamacpp or hf), which the plan says a run's start
+    refuses (tests/stages/test_autoplan_engine.py: a run with a reward adapter)."""
+    code, out, err = _in_process(capsys, "--preset", "cpu-tiny", "--set", "reward.backend=adapter")
+    assert code == 0, err
+    text = " ".join(out.split())  # rich wraps the notes
+    assert re.search(r"placement auto: ref llamacpp, reward adapter, rollout (hf|llamacpp):", text)
+    assert "rollout engine auto -> " in text and "set ref.backend, reward.backend or rollout.engine" not in text
+    assert ("reward.backend=adapter: the reward model builtin:demo-rm runs on llamacpp or hf only, so a run's start "
+            "refuses it") in text

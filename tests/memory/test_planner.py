@@ -62,6 +62,21 @@ def test_predicted_peaks_for_logging():
     assert peaks == {p.name: p.allocated_gib for p in plan(cfg, QWEN7).phases}
 
 
+def test_predicted_peaks_of_an_unresolved_config_are_of_what_its_models_run():
+    """A trainer built from a config whose checkpointing is still ``auto`` (outside ``homerlhf train``,
+    which resolves it) runs every layer checkpointed, no offload (``TrainingConfig.every_n``): the peaks
+    it logs beside the measured ones are that config's, not the plan's own choice for ``auto`` (for
+    Qwen2.5-1.5B on the 4090's card: 1 of 28 layers, a larger update)."""
+    cfg = load_config("4090", overrides=["training.checkpoint_every_n_layers=auto", "training.activation_offload=auto"])
+    shape = resolve_shape("Qwen/Qwen2.5-1.5B")
+    every_layer = load_config("4090", overrides=["training.checkpoint_every_n_layers=1",
+                                                 "training.activation_offload=false"])
+    assert predicted_peaks(cfg, shape) == {p.name: p.allocated_gib for p in plan(every_layer, shape).phases}
+    chosen = plan(cfg, shape)  # the planner resolves auto to its own choice
+    assert chosen.settings["training.checkpoint_every_n_layers"] == 28
+    assert chosen.phase("update").allocated_gib > predicted_peaks(cfg, shape)["update"]
+
+
 def test_fits_needs_ten_percent_of_the_card_free(preset_named):
     from homerlhf.memory.planner import MARGIN
     from homerlhf.memory.render import suggestion_line

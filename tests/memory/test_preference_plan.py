@@ -9,7 +9,7 @@ import json
 import pytest
 
 from homerlhf.config import load_config, preset_names
-from homerlhf.memory.preference import preference_plan
+from homerlhf.memory.preference import held_out_moments, preference_plan
 from homerlhf.memory.render import shape_for
 
 
@@ -18,7 +18,7 @@ def test_every_preset_has_a_plan(method):
     for preset in preset_names():
         cfg = load_config(preset)
         plan = preference_plan(cfg, shape_for(cfg), method)
-        assert [p.name for p in plan.phases] == ["reference forward", "train step"], preset
+        assert [p.name for p in plan.phases] == ["reference forward", "train step", "held-out pass"], preset
         assert plan.peak_gib > 0 and plan.workers == {}
         assert plan.settings["algorithm"] == method
 
@@ -36,6 +36,26 @@ def test_the_train_step_counts_both_answers_of_each_pair():
     # tokens x 3584 x 2 bytes (bf16: the preset computes in bf16, no fp32 upcast), for the 28 layers and
     # the final norm's input.
     assert step["checkpointed layer inputs"].bytes == 2 * 4 * 1024 * 3584 * 2 * 29
+
+
+def test_the_held_out_pass_is_planned_by_answer_tokens_never_the_full_logits():
+    """Qwen2.5-7B (152,064-row head) on the 4090 preset: the held-out pass takes the rows of one training
+    forward (2 x dpo.batch_size 4 = 8) and the LM head over 8 x ppo.logprob_chunk_size 64 = 512 answer
+    tokens at a time: 2 x 512 x 152,064 x 4 B (the chunk's fp32 logits and logsumexp's temporary),
+    0.58 GiB, where the full fp32 logits of 8 rows of 1,024 tokens would be 4.6 GiB apiece. Its peak is then
+    the no-grad forward's, as the reference forward's without the last step's gradients."""
+    cfg = load_config("4090")
+    shape = shape_for(cfg, "Qwen/Qwen2.5-7B")
+    plan = preference_plan(cfg, shape, "dpo")
+    moments = {name: {c.name: c for c in comps} for name, comps in held_out_moments(cfg, shape, "dpo").items()}
+    assert moments["answer log-probs"]["log-prob chunk"].bytes == 2 * 512 * 152_064 * 4
+    # The rows' 8 x 1,024 tokens of hidden states in bf16, whole in the forward, the answers' gathered after.
+    assert moments["forward"]["hidden states"].bytes == 8 * 1024 * 3584 * 2
+    assert moments["answer log-probs"]["answer hidden states"].bytes == 8 * 1023 * 3584 * 2
+    held_out = plan.phase("held-out pass")
+    assert held_out.moment == "forward" and all(c in held_out.components for c in moments["forward"].values())
+    assert held_out.total_bytes < plan.phase("reference forward").total_bytes and plan.peak.name == "train step"
+    assert "held-out pass: 8 rows per forward, the LM head over 512 answer tokens at a time" in " ".join(plan.notes)
 
 
 def test_a_plan_that_does_not_fit_gets_a_suggestion_that_fits():
@@ -60,4 +80,5 @@ def test_the_cli_plans_dpo_for_the_4090():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["plan", "--algorithm", "kto", "--preset", "4090", "--model", "Qwen/Qwen2.5-7B", "--json"])
-    assert [p["name"] for p in json.loads(out.getvalue())["phases"]] == ["reference forward", "train step"]
+    assert [p["name"] for p in json.loads(out.getvalue())["phases"]] == ["reference forward", "train step",
+                                                                         "held-out pass"]

@@ -79,7 +79,8 @@ def test_the_gpu_rates_give_back_the_h200_measurements():
     generation (also 28 layers)."""
     from homerlhf.config import load_config
     from homerlhf.memory.shapes import BUILTIN_SHAPES
-    from homerlhf.memory.timing import GPU_SOURCE, default_throughputs
+    from homerlhf.memory.gpu_rates import GPU_SOURCE
+    from homerlhf.memory.timing import default_throughputs
 
     def run(model, *extra):  # as scripts/validate_memory_gpu.py runs it; the reward an in-process function
         cfg = load_config("4090", None, ["rollout.batch_size=32", "rollout.chunk_size=16", "rollout.generation_chunk=null",
@@ -87,15 +88,25 @@ def test_the_gpu_rates_give_back_the_h200_measurements():
         rates = default_throughputs(BUILTIN_SHAPES[model], cfg, cores=2)
         return iteration_time(cfg, rates, Placement("adapter_off", "function", "hf"), cores=2, logical=2), rates
 
-    it, rates = run("Qwen/Qwen2.5-7B")
+    # 2026-12-04 (bf16 compute, TF32, the captured loop; benchmarks/gpu_generation.py's 7B iteration): 32 prompts
+    # in one chunk of 32: generation 6.43 s, scoring 2.80 s, update 8.75 s.
+    it, rates = run("Qwen/Qwen2.5-7B", "rollout.generation_chunk=32")
     assert GPU_SOURCE in rates.source and rates.gen_chunk == 16
-    # generation 42-44 s: 2 chunks x 256 steps x 28 layers x 3.0 ms
+    # 256 steps x (28 x 0.65 ms + 30.45 GB / 4.8 TB/s + 16 x 2 x 7.07 G / 3.72e14 FLOP/s) = 256 x 25.15 ms
+    step = 28 * 0.65e-3 + 30.45e9 / 4.8e12 + 16 * 2 * 7.070e9 / 3.72e14
+    assert it.phases["generation"] == pytest.approx(256 * step, rel=1e-3) == pytest.approx(6.43, rel=0.01)
+    # scoring: reference + actor + critic forwards of 32 x 768 tokens; the update 2 passes, forward + backward
+    assert it.phases["reference"] + it.phases["policy_scoring"] == pytest.approx(2.80, rel=0.01)
+    assert it.update_s == pytest.approx(8.75, rel=0.01)
+    # 2026-11-30 (the fp32 upcast, HF generate at chunk 16): generation 42-44 s (2 chunks x 256 steps x 28 layers
+    # x 3.0 ms), scoring 4.5-4.7 s, update 11.3 s; the 1.5B GRPO run's generation 19-22 s (one chunk of 16).
+    old = ("quant.upcast_non_quantized=true", "rollout.decoder=hf")
+    it, _ = run("Qwen/Qwen2.5-7B", *old)
     assert it.phases["generation"] == pytest.approx(2 * 256 * 28 * 3.0e-3) and 42 <= it.phases["generation"] <= 44
-    # scoring 4.5-4.7 s: reference + actor + critic forwards of 32 x 768 tokens
     assert 4.5 <= it.phases["reference"] + it.phases["policy_scoring"] <= 4.7
-    assert it.update_s == pytest.approx(11.3, rel=0.01)  # 2 passes x 32 x 768 tokens, forward + backward
-    grpo, _ = run("Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=16")
-    assert 19 <= grpo.phases["generation"] <= 22  # one chunk of 16: 256 steps
+    assert it.update_s == pytest.approx(11.3, rel=0.01)
+    grpo, _ = run("Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=16", *old)
+    assert 19 <= grpo.phases["generation"] <= 22
 
 
 def test_a_gpu_generation_figure_scales_with_the_chunk_up_to_the_forward_rate():
@@ -116,35 +127,49 @@ def test_a_consumer_card_gets_the_h200_rates_scaled_by_its_published_flops_and_b
     parameters a token. A decode step of 16 rows moves 4.5 B x 6.525 G + 2 B x 0.545 G = 30.45 GB."""
     from homerlhf.config import load_config
     from homerlhf.memory.shapes import BUILTIN_SHAPES
-    from homerlhf.memory.timing import decode_step_s, default_throughputs
+    from homerlhf.memory.gpu_rates import decode_step_s
+    from homerlhf.memory.timing import default_throughputs
 
     shape = BUILTIN_SHAPES["Qwen/Qwen2.5-7B"]
     assert shape.linear_weight_params == 28 * 233_046_016
     moved = 4.5 * 28 * 233_046_016 + 2.0 * 152_064 * 3584  # 30.45 GB
 
-    def rates(preset):
-        return default_throughputs(shape, load_config(preset), cores=2)
+    def rates(preset, *extra):
+        return default_throughputs(shape, load_config(preset, None, list(extra)), cores=2)
 
     r4090, r3060 = rates("4090"), rates("3060-12g")
-    h200 = default_throughputs(shape, load_config("4090", None, ["card.name=NVIDIA H200"]), cores=2)
-    # Forward and update are compute-bound: the H200's effective 2.27e14 / 1.85e14 FLOP/s times the
-    # card's share of the H200's 989.5 dense BF16 TFLOPS: 4090 165.2 (0.1670), 3060 25.4 (0.0257).
-    forward_4090 = 2.27e14 * 165.2 / 989.5 / (2 * 7.070e9)  # 2,680 tokens/s
-    assert r4090.trainer_forward[0] == pytest.approx(forward_4090, rel=1e-3) and forward_4090 == pytest.approx(2680, rel=1e-3)
-    assert r3060.trainer_forward[0] == pytest.approx(2.27e14 * 25.4 / 989.5 / (2 * 7.070e9), rel=1e-3)  # 412
-    assert r3060.trainer_train[0] == pytest.approx(1.85e14 * 25.4 / 989.5 / (6 * 7.070e9), rel=1e-3)  # 112
+    h200 = rates("4090", "card.name=NVIDIA H200")
+    # Forward and update are compute-bound: the H200's effective 3.72e14 / 2.38e14 FLOP/s (bf16 compute, a
+    # policy's own kernels) times the card's share of the H200's 989.5 dense BF16 TFLOPS: 4090 165.2
+    # (0.1670), 3060 25.4 (0.0257); with the fp32 upcast the 2026-11-30 run's 2.27e14 / 1.85e14.
+    forward_4090 = 3.72e14 * 165.2 / 989.5 / (2 * 7.070e9)  # 4,392 tokens/s
+    assert r4090.trainer_forward[0] == pytest.approx(forward_4090, rel=1e-3) and forward_4090 == pytest.approx(4392, rel=1e-3)
+    assert r3060.trainer_forward[0] == pytest.approx(3.72e14 * 25.4 / 989.5 / (2 * 7.070e9), rel=1e-3)  # 675
+    assert r3060.trainer_train[0] == pytest.approx(2.38e14 * 25.4 / 989.5 / (6 * 7.070e9), rel=1e-3)  # 144
+    upcast = rates("4090", "quant.upcast_non_quantized=true")
+    assert upcast.trainer_train[0] == pytest.approx(1.85e14 * 165.2 / 989.5 / (6 * 7.070e9), rel=1e-3)  # 728
     assert h200.trainer_forward[0] / r4090.trainer_forward[0] == pytest.approx(989.5 / 165.2)
-    # A decode step: the launches (28 x 3.0 ms = 84 ms) bound the H200 (30.45 GB in 6.3 ms) and the 4090
-    # (30.2 ms at 1,008 GB/s); at 360 GB/s the 3060's bytes take 84.6 ms and bound it.
-    assert decode_step_s(shape) == pytest.approx(0.084) and decode_step_s(shape, card_spec("RTX 4090")) == pytest.approx(0.084)
-    assert decode_step_s(shape, card_spec("RTX 3060 12GB")) == pytest.approx(moved / 360e9) == pytest.approx(0.0846, rel=1e-3)
-    assert r3060.trainer_gen[0] == pytest.approx(16 / (moved / 360e9)) and r4090.trainer_gen[0] == pytest.approx(16 / 0.084)
+    # A decode step of 16 rows, the captured loop (rollout.decoder auto on CUDA): 28 layers x 0.65 ms = 18.2 ms,
+    # + 30.45 GB at the card's bandwidth + 16 x 2 x 7.07 G FLOPs: H200 18.2 + 6.34 + 0.61 = 25.15 ms, 4090
+    # 18.2 + 30.21 + 3.64 = 52.05 ms, 3060 18.2 + 84.58 + 23.66 = 126.4 ms.
+    flops = 16 * 2 * 7.070e9
+    assert decode_step_s(shape) == pytest.approx(0.0182 + moved / 4.8e12 + flops / 3.72e14, rel=1e-3)
+    assert decode_step_s(shape) == pytest.approx(0.02515, rel=1e-3)
+    assert decode_step_s(shape, card_spec("RTX 4090")) == pytest.approx(0.05205, rel=1e-3)
+    assert decode_step_s(shape, card_spec("RTX 3060 12GB")) == pytest.approx(0.1264, rel=1e-3)
+    assert r4090.trainer_gen[0] == pytest.approx(16 / decode_step_s(shape, card_spec("RTX 4090")))
+    # HF generate (rollout.decoder=hf): the launches (28 x 2.35 ms = 65.8 ms) bound the H200 and the 4090 (its
+    # bytes 30.2 ms); at 360 GB/s the 3060's bytes take 84.6 ms and bound it.
+    hf = rates("4090", "rollout.decoder=hf")
+    assert decode_step_s(shape, decoder="hf") == pytest.approx(0.0658) and hf.trainer_gen[0] == pytest.approx(16 / 0.0658)
+    assert decode_step_s(shape, card_spec("RTX 3060 12GB"), "hf") == pytest.approx(moved / 360e9) == pytest.approx(0.0846, rel=1e-3)
+    assert decode_step_s(shape, decoder="hf", upcast=True) == pytest.approx(0.084)  # 3.0 ms a layer, 2026-11-30
     assert r4090.source.startswith("GPU: H200 figures scaled to the RTX 4090 by its published specs "
                                    "(165.2 vs 989.5 TFLOPS, 1.01 vs 4.8 TB/s), not measured on one")
     # A card with no published figures here keeps the H200's, and says so.
     other = default_throughputs(shape, load_config("4090", None, ["card.name=My card"]), cores=2)
     assert other.trainer_forward == h200.trainer_forward
-    assert "an NVIDIA H200's figures (2026-11-30), not scaled to 'My card'" in other.source
+    assert "an NVIDIA H200's figures (2026-12-04), not scaled to 'My card'" in other.source
 
 
 def test_durations_read_as_a_person_says_them():

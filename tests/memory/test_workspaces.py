@@ -56,13 +56,14 @@ def test_after_a_resume_the_states_are_there_and_no_gradients_are_held():
 
 
 def test_the_default_gpu_rates_say_which_kernels_they_were_measured_with():
-    """The H200 figures behind a GPU card's default rates name their kernels (the fp32 upcast, TF32 off,
-    the SDPA backend not chosen): not the kernels a policy picks now; a CPU card's figures name none."""
+    """The H200 figures behind a GPU card's default rates name their kernels (a policy's own for bf16: TF32
+    on, no cuDNN attention; the upcast's under torch's defaults); a CPU card's figures name none."""
     from homerlhf.memory.timing import Throughputs, default_throughputs
     from homerlhf.models.cuda_kernels import MEASURED_KERNELS
 
     gpu = default_throughputs(SHAPE, _cfg(), cores=2)
-    assert gpu.kernels == MEASURED_KERNELS and "TF32 off" in gpu.kernels and "SDPA" in gpu.kernels
+    assert gpu.kernels == MEASURED_KERNELS and "TF32 on" in gpu.kernels and "TF32 off" in gpu.kernels
+    assert "no cuDNN" in gpu.kernels and "static loop" in gpu.kernels
     assert Throughputs.from_dict(gpu.to_dict()).kernels == MEASURED_KERNELS  # kept in a bench cache's JSON
     cpu = default_throughputs(SHAPE, load_config("cpu-tiny", overrides=["model.name_or_path=Qwen/Qwen2.5-1.5B"]),
                               cores=2)

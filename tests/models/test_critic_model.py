@@ -9,6 +9,7 @@ import torch
 from homerlhf.config import load_config
 from homerlhf.errors import UserError
 from homerlhf.models.policy import CRITIC, PolicyModel
+from tolerances import fp32_bound
 
 IDS = torch.tensor([[4, 300, 301, 302, 20, 1, 6, 120, 121], [4, 310, 1, 6, 130, 131, 132, 133, 134]])
 
@@ -80,7 +81,7 @@ def test_a_reward_run_is_a_critic_whose_first_values_are_its_scores(tiny_llama_d
         # The classifier's pooled score of each of those prefixes (6, 7 and 8 tokens: their last position).
         scores = torch.stack([reference(input_ids=IDS[:, :6 + t]).logits.squeeze(-1) for t in range(3)], 1)
     assert scores.abs().min() > 1e-3  # not zeros
-    torch.testing.assert_close(values, scores, atol=1e-5, rtol=0)
+    torch.testing.assert_close(values, scores, atol=fp32_bound(scores.abs().max()), rtol=0)  # other shapes
 
 
 def test_a_smaller_critic_trains_its_own_lora_and_head_and_nothing_of_the_actor(tiny_llama_dir, small_critic_dir):
@@ -128,3 +129,30 @@ def test_a_critic_of_its_own_checkpoints_and_offloads_as_the_run_says(tiny_llama
     policy.critic_values(IDS, torch.ones_like(IDS), 3).sum().backward()  # 2 x (6 + 3) tokens, the critic alone
     assert sum(packed) == offloaded_bytes(cfg, critic_shape(cfg)) == 1 * 2 * 9 * 64 * 4
     assert all(p.grad is not None for p in policy.critic_parameters())
+
+
+def test_an_actor_id_past_a_smaller_critics_embedding_reads_as_a_filler(tmp_path):
+    """An actor whose head has 640 rows (the 512 tokens, padded as Qwen pads) and a critic of 576 rows, on
+    the same tokenizer: the actor can sample id 600, which names no token. The critic reads it as its last
+    row (575, a filler past the tokenizer's 512 tokens, as 600 is the actor's) instead of indexing past its
+    embedding (IndexError on a CPU, a device-side assert on a GPU)."""
+    from homerlhf.models.policy import load_tokenizer
+    from homerlhf.tiny import build_causal_lm
+
+    actor = build_causal_lm(tmp_path / "actor", seed=1, rows=640, hidden=64, layers=2)
+    critic = build_causal_lm(tmp_path / "critic", seed=5, rows=576, hidden=32, layers=1)
+    policy = PolicyModel.from_config(_cfg(f"critic.model={critic}", "critic.value_head_init_std=0.1"), str(actor))
+    ids, mask = IDS.clone(), torch.ones_like(IDS)
+    ids[0, -1], ids[1, -2] = 600, 639  # sampled ids of the actor's padding rows
+    filled = ids.clone()
+    filled[0, -1] = filled[1, -2] = 575
+    with torch.no_grad():
+        values = policy.critic_values(ids, mask, 3)
+        assert torch.equal(values, policy.critic_values(filled, mask, 3)) and torch.isfinite(values).all()
+    from homerlhf.models.critic_model import filler_id
+
+    assert policy.vocab_size == 640 and policy.critic_model.rows == 576 and policy.critic_model.filler == 575
+    tokenizer = load_tokenizer(str(actor))
+    # A critic of exactly the tokenizer's rows has no filler row: the pad token stands in. No more rows in
+    # the actor's head than in the critic's embedding: nothing to replace.
+    assert filler_id(512, 640, tokenizer) == tokenizer.pad_token_id and filler_id(640, 640, tokenizer) is None

@@ -17,15 +17,17 @@ NO_CUDNN = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 @pytest.fixture(autouse=True)
 def _flags_put_back():
-    saved = {"tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-             "flash": torch.backends.cuda.flash_sdp_enabled(), "mem": torch.backends.cuda.mem_efficient_sdp_enabled(),
-             "math": torch.backends.cuda.math_sdp_enabled(), "cudnn": torch.backends.cuda.cudnn_sdp_enabled()}
+    generic = getattr(torch.backends, "fp32_precision", None)
+    saved = current_flags()
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved["tf32"], saved["cudnn_tf32"]
-    torch.backends.cuda.enable_flash_sdp(saved["flash"])
-    torch.backends.cuda.enable_mem_efficient_sdp(saved["mem"])
-    torch.backends.cuda.enable_math_sdp(saved["math"])
-    torch.backends.cuda.enable_cudnn_sdp(saved["cudnn"])
+    if generic is not None:
+        torch.backends.fp32_precision = generic
+    restore(saved)
+
+
+def tf32(on: bool) -> None:
+    """Set TF32 for matmuls and cuDNN through the running torch's own API (as a user's code would)."""
+    restore(cuda_kernels.tf32_wanted(on))
 
 
 @pytest.mark.parametrize("compute, upcast, tf32", [
@@ -61,28 +63,27 @@ def test_the_cpu_gets_no_tf32_and_leaves_attention_as_it_is():
 
 
 def test_apply_sets_every_flag_on_and_off_and_restore_puts_them_back():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
+    tf32(False)
     torch.backends.cuda.enable_flash_sdp(False)
     torch.backends.cuda.enable_cudnn_sdp(True)
     before = current_flags()
     previous = apply(policy_kernels(torch.bfloat16, False, "cuda", (9, 0)))
     assert previous == before
-    assert current_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True,
+    assert current_flags() == {**cuda_kernels.tf32_wanted(True),
                                "sdpa.FLASH_ATTENTION": True, "sdpa.EFFICIENT_ATTENTION": True, "sdpa.MATH": True,
                                "sdpa.CUDNN_ATTENTION": False}
     apply(policy_kernels(torch.bfloat16, True, "cuda", (9, 0)))
-    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+    assert cuda_kernels.tf32_flags() == cuda_kernels.tf32_wanted(False) and not cuda_kernels.tf32_matmul_on()
     restore(previous)
     assert current_flags() == before
 
 
 def test_the_cpu_settings_turn_tf32_off_and_touch_no_attention_flag():
-    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32(True)
     torch.backends.cuda.enable_flash_sdp(False)  # also steers the CPU's SDPA: not ours to change there
     torch.backends.cuda.enable_cudnn_sdp(True)
     apply(policy_kernels(torch.float32, False, "cpu", None))
-    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert not cuda_kernels.tf32_matmul_on()
     assert torch.backends.cuda.flash_sdp_enabled() is False and torch.backends.cuda.cudnn_sdp_enabled() is True
 
 
@@ -103,25 +104,47 @@ def test_an_upcast_policy_after_a_bf16_one_runs_without_tf32():
 
     cuda = torch.device("cuda", 0)
     bf16 = kernels_for(cfg("quant.compute_dtype=bf16", "quant.upcast_non_quantized=false"), cuda)
-    assert bf16.tf32 and torch.backends.cuda.matmul.allow_tf32 is True
+    assert bf16.tf32 and cuda_kernels.tf32_matmul_on()
     upcast = kernels_for(cfg("quant.compute_dtype=bf16", "quant.upcast_non_quantized=true"), cuda)
-    assert torch.backends.cuda.matmul.allow_tf32 is False and not upcast.tf32
-    assert torch.backends.cudnn.allow_tf32 is False
+    assert not cuda_kernels.tf32_matmul_on() and not upcast.tf32
+    assert cuda_kernels.tf32_flags() == cuda_kernels.tf32_wanted(False)
     assert torch.backends.cuda.cudnn_sdp_enabled() is False and torch.backends.cuda.flash_sdp_enabled() is True
     fp16 = kernels_for(cfg("quant.compute_dtype=fp16", "quant.upcast_non_quantized=false"), cuda)
-    assert fp16.tf32 and torch.backends.cuda.matmul.allow_tf32 is True
+    assert fp16.tf32 and cuda_kernels.tf32_matmul_on()
 
 
 def test_a_policy_records_what_it_set(tiny_llama_dir):
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel
 
-    torch.backends.cuda.matmul.allow_tf32 = True  # left by an earlier CUDA policy in this process
+    tf32(True)  # left by an earlier CUDA policy in this process
     policy = PolicyModel.from_config(load_config("cpu-tiny"), str(tiny_llama_dir))
-    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert not cuda_kernels.tf32_matmul_on()
     assert policy.kernel_settings == cuda_kernels.policy_kernels(torch.float32, True, "cpu", None)
+
+
+@pytest.mark.skipif(not cuda_kernels.NEW_TF32_API, reason="torch < 2.9 has no fp32_precision API")
+def test_a_policy_builds_after_something_set_tf32_through_the_new_api(tiny_llama_dir):
+    """transformers' ``enable_tf32`` (``TrainingArguments(tf32=True)``), or a notebook following PyTorch's
+    docs, sets ``torch.backends.fp32_precision``; torch >= 2.9 then raises on any read of the legacy
+    ``allow_tf32`` flags. Policies built after it read and set TF32 through the new API, and put it back."""
+    from homerlhf.config import load_config
+    from homerlhf.models.policy import PolicyModel, kernels_for
+
+    torch.backends.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        _ = torch.backends.cuda.matmul.allow_tf32  # what a legacy read meets now
+    before = current_flags()
+    policy = PolicyModel.from_config(load_config("cpu-tiny"), str(tiny_llama_dir))
+    assert policy.kernel_settings.tf32 is False and not cuda_kernels.tf32_matmul_on()
+    bf16 = load_config("cpu-tiny", overrides=["quant.load_in_4bit=true", "quant.compute_dtype=bf16",
+                                              "quant.upcast_non_quantized=false"])
+    assert kernels_for(bf16, torch.device("cuda", 0)).tf32  # a CUDA bf16 policy's setup, as on a card
+    assert cuda_kernels.tf32_matmul_on() and torch.backends.cudnn.conv.fp32_precision == "tf32"
+    restore(before)
+    assert current_flags() == before
 
 
 def test_the_measured_kernels_say_what_is_not_known():
     text = cuda_kernels.MEASURED_KERNELS
-    assert "H200" in text and "2026-11-30" in text and "not recorded" in text
+    assert "H200" in text and "2026-12-04" in text and "2026-11-30" in text and "not recorded" in text

@@ -12,6 +12,7 @@ import torch
 from homerlhf.config import load_config
 from homerlhf.errors import UserError
 from homerlhf.models.reward_adapter import REWARD, RewardAdapter, check_same_base
+from tolerances import fp32_bound
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,8 @@ def test_an_oom_while_scoring_halves_the_batch_and_gives_the_same_scores(policy,
         scorer.head.forward = head
         future = reward.submit_score(prompts, responses)
         assert future.done()  # scored in the caller's thread: it shares the policy's modules
-        assert future.result() == pytest.approx(expected, abs=1e-5)  # other batches, other padding
+        # Other batches, other padding (tests/tolerances.py).
+        assert future.result() == pytest.approx(expected, abs=fp32_bound(max(map(abs, expected))))
         assert seen == [3, 2, 1] and scorer.batch_size == 2
     finally:
         reward.close()

@@ -11,6 +11,7 @@ from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
 from homerlhf.ppo.collect import RolloutState, collect_experience
 from homerlhf.ppo.rng import sample_seeds
+from tolerances import fp32_bound
 
 
 def _fail_first(obj, name: str, times: int):
@@ -78,8 +79,10 @@ def test_oom_in_generation_and_in_scoring_halves_the_chunk_and_keeps_every_sampl
     assert len({tuple(r) for r in _responses(clean)}) > 1  # and they differ from one another
     mask = clean.response_mask.bool()
     width = mask.shape[1]
-    assert torch.allclose(again.logprobs[:, :width][mask], clean.logprobs[mask], atol=1e-5)
-    assert torch.allclose(again.values[:, :width][mask], clean.values[mask], atol=1e-5)
+    # Scored in other chunks: other batch shapes (tests/tolerances.py).
+    for name in ("logprobs", "values"):
+        want = getattr(clean, name)[mask]
+        assert torch.allclose(getattr(again, name)[:, :width][mask], want, atol=fp32_bound(want.abs().max()), rtol=0)
     assert torch.equal(again.scores, clean.scores)
 
 
@@ -99,8 +102,8 @@ def test_oom_in_reference_scoring_halves_its_batch_and_gives_the_same_logprobs(s
         del policy.reference_logprobs
     assert seen == [4, 2, 2, 1] and reference.batch_size == 2  # 4: OOM -> 2; then 2, 2 and the last row
     assert [len(r) for r in again] == [len(r) for r in responses]
-    for a, b in zip(again, clean):
-        assert a == pytest.approx(b, abs=1e-5)  # other batches, other padding: the same log-probs
+    for a, b in zip(again, clean):  # other batches, other padding: the same log-probs (tests/tolerances.py)
+        assert a == pytest.approx(b, abs=fp32_bound(max(map(abs, b))))
 
 
 def test_seeds_make_samples_independent_of_the_chunking(setup):

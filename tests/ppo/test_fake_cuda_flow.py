@@ -1,5 +1,7 @@
 """A CPU dry run of one PPO step's CUDA path: the tiny policy on a fake ``cuda`` device, where a CPU
-tensor meeting a CUDA one fails as it would on a GPU.
+tensor meeting a CUDA one fails as it would on a GPU. Also on it: a critic of its own (``critic.model``),
+every n-th layer checkpointed with its inputs offloaded (the forward and where saved tensors go), and
+the DPO / KTO held-out log-prob pass.
 
 How: torch's ``FakeTensorMode`` makes tensors that carry a device, a dtype and a shape but no data, so a
 CPU-only build can "place" a model on ``cuda:0`` and run its forward, raising
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -50,10 +53,14 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorDeviceMismatchError, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import homerlhf
 from homerlhf.models.decode_graphs import StepGraphs
 from homerlhf.ppo.rollout import pad_sequences
 
 CUDA = torch.device("cuda", 0)
+# The imported package's own directory: a frame is the package's when its file lies under it (the
+# checkout's folder may be named homerlhf too, as `git clone` names it, and holds these tests).
+PACKAGE = Path(homerlhf.__file__).resolve().parent
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot"}
 _INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_"}
 
@@ -248,7 +255,7 @@ def test_static_generate_runs_every_step_on_cuda_up_to_its_one_host_read(cuda_po
     finally:
         policy.static_decoder.release()
         policy.static_decoder.graphs = None
-    frames = [f.name for f in info.traceback if "homerlhf" in str(f.path)]
+    frames = [f.name for f in info.traceback if Path(f.path).resolve().is_relative_to(PACKAGE)]
     assert frames[-1] == "_steps_taken" and graphs.graphs_made == 1
     assert policy.static_decoder.off_reason is None  # nothing refused, nothing failed to capture
 
@@ -356,3 +363,141 @@ def test_a_cpu_tensor_among_cuda_ones_fails_here_and_not_on_the_cpu(cuda_policy,
     with fake, pytest.raises(ValueError, match="policy_version on cpu"):  # the check, back: at construction
         experience.Experience(*fields, torch.zeros(3, device=CUDA), torch.zeros(3, device=CUDA).bool(),
                               policy_version=torch.zeros(3, dtype=torch.long))
+
+
+# -- a critic of its own, checkpointing every n-th layer with offload, the preference log-prob pass ---------
+
+CHECKPOINTING = ["training.gradient_checkpointing=true", "training.checkpoint_every_n_layers=2",
+                 "training.activation_offload=true", "rollout.max_prompt_len=5", "ppo.micro_batch_size=3",
+                 "ppo.mini_batch_size=3", "rollout.batch_size=3", "rollout.chunk_size=3"]
+
+
+@pytest.fixture(scope="module")
+def critic_dir(tmp_path_factory):
+    """A smaller causal LM (2 layers of width 32) on the policy's tokenizer: ``critic.model``."""
+    from homerlhf.tiny import build_causal_lm
+
+    return build_causal_lm(tmp_path_factory.mktemp("fake-cuda-critic"), arch="qwen2", seed=4, hidden=32, layers=2)
+
+
+@pytest.fixture(scope="module")
+def cuda_critic_policy(bf16_policy_dir, critic_dir):
+    """``(cfg, policy, fake)``: the policy with ``critic.model`` and every 2nd layer checkpointed, its inputs
+    offloaded, on fake ``cuda:0``. A GPU run loads each base on the GPU before it enables checkpointing
+    (so the offload copies from the device it finds); here they move first, then it is enabled again, the
+    way transformers 5.17 takes (:func:`homerlhf.models.activations.enable_checkpointing`, ``save_on_cpu``)."""
+    from homerlhf.models.activations import enable_checkpointing
+
+    cfg, policy = _policy(bf16_policy_dir, f"critic.model={critic_dir}", *CHECKPOINTING)
+    fake = FakeCuda()
+    with fake:
+        for module in (policy.model, policy.critic_model.model, policy.value_head):
+            fake.to_cuda(module)
+        for model in (policy.model.get_base_model(), policy.critic_model.backbone):
+            assert enable_checkpointing(model, 2, offload=True, native=False) == "save_on_cpu"
+    assert policy.critic_model.backbone.device == CUDA and policy.value_head.linear.weight.device == CUDA
+    return cfg, policy, fake
+
+
+def test_a_critic_of_its_own_scores_and_its_losses_run_on_cuda(cuda_critic_policy):
+    """``critic.model``: its values (its own base, bf16 like the actor's, its fp32 head) and the PPO losses
+    with it, on CUDA; the experience and a mini-batch of it stay on CUDA."""
+    from homerlhf.ppo.update import micro_batch_losses
+
+    cfg, policy, fake = cuda_critic_policy
+    policy.train()
+    with fake:
+        exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
+        losses = micro_batch_losses(policy, micro, cfg.ppo)
+    assert exp.values.device == CUDA and exp.values.dtype == torch.float32 and exp.values.shape == (3, 4)
+    assert losses["value_loss"].requires_grad and {v.device for v in losses.values()} == {CUDA}
+
+
+def test_every_nth_layer_checkpointed_offloads_its_inputs_from_cuda_and_nothing_else(cuda_critic_policy, monkeypatch):
+    """One forward with gradients of the actor and of the critic of its own: the layers checkpointed (0 and 2
+    of the actor's 4, 0 of the critic's 2) have their inputs, and only those, copied from ``cuda:0`` to the
+    host, what the planner's ``offloaded_bytes`` says for each base; every tensor the other layers save for
+    backward stays on CUDA. (Their backward, which the fake device cannot run, is the next test's, on the CPU.)"""
+    from homerlhf.memory.recompute import offloaded_bytes
+    from homerlhf.memory.shapes import critic_shape, shape_from_config
+    from homerlhf.models import activations
+    from homerlhf.models.activations import checkpointing_report
+
+    packed: list[tuple] = []
+
+    class Recording(activations.save_on_cpu):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda"):
+            super().__init__(pin_memory=pin_memory, device_type=device_type)
+            pack = self.pack_hook
+
+            def recorded(tensor):
+                device, copy = pack(tensor)
+                packed.append((device, copy.device, tensor.dtype, tuple(tensor.shape), copy.nbytes))
+                return device, copy
+
+            self.pack_hook = recorded
+
+    monkeypatch.setattr(activations, "save_on_cpu", Recording)
+    cfg, policy, fake = cuda_critic_policy
+    assert checkpointing_report(policy.model.get_base_model())["offloaded"] == [0, 2]
+    assert checkpointing_report(policy.critic_model.backbone)["offloaded"] == [0]
+    kept: list[torch.device] = []
+    policy.train()
+    with fake:
+        input_ids, mask = pad_sequences([p + [20, 21, 22, 23] for p in PROMPTS], 0, device=CUDA)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.append(t.device), t)[1], lambda t: t):
+            logprobs, _, values = policy.actor_logprobs_and_values(input_ids, mask, 4)
+    assert logprobs.requires_grad and values.requires_grad and {logprobs.device, values.device} == {CUDA}
+    actor, critic = [p for p in packed if p[3][-1] == 128], [p for p in packed if p[3][-1] == 32]
+    assert len(actor) == 2 and len(critic) == 1 and len(packed) == 3  # the layers' hidden states, nothing else
+    assert {(p[0], p[1], p[2]) for p in packed} == {(CUDA, torch.device("cpu"), torch.bfloat16)}
+    policy_shape = shape_from_config(policy.model.get_base_model().config, "policy", "local")
+    assert sum(p[4] for p in actor) == offloaded_bytes(cfg, policy_shape) == 2 * 3 * 9 * 128 * 2
+    assert sum(p[4] for p in critic) == offloaded_bytes(cfg, critic_shape(cfg)) == 1 * 3 * 9 * 32 * 2
+    assert kept and set(kept) == {CUDA}
+
+
+def test_the_backward_of_a_critic_of_its_own_with_offloaded_checkpoints_under_bf16_compute(bf16_policy_dir,
+                                                                                          critic_dir):
+    """The backward the fake device cannot run, on the CPU in the GPU presets' dtypes, with the critic of its
+    own and every 2nd layer checkpointed, its inputs offloaded: every trainable weight of the actor and of
+    the critic gets a finite fp32 gradient."""
+    from homerlhf.ppo.update import backward_separate_adapters
+
+    cfg, policy = _policy(bf16_policy_dir, f"critic.model={critic_dir}", *CHECKPOINTING)
+    policy.train()
+    _, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0))
+    stats = backward_separate_adapters(policy, micro, cfg.ppo, lambda loss: loss.backward(), torch.tensor(1.0))
+    for params in (policy.actor_parameters(), policy.critic_parameters()):
+        grads = [p.grad for p in params]
+        assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+        assert any(g.abs().sum() > 0 for g in grads)
+    assert torch.isfinite(stats["value_loss"])
+
+
+def test_the_preference_held_out_pass_runs_on_cuda_up_to_its_host_read(cuda_policy):
+    """DPO / KTO's held-out log-probs on a peft model on CUDA, with its adapter and with adapters off (the
+    reference of a new LoRA): the decoder, the gather of the answers' positions and the chunked fp32 head
+    (bf16 hidden states, bf16 head) on CUDA; the figures are copied to the host, and the pass's one read of
+    a value is its sum of each answer's log-probs."""
+    from homerlhf.models.sequence_logprobs import answer_logprobs, lm_parts, token_logprobs
+    from homerlhf.stages import preference_eval
+
+    cfg, policy, fake = cuda_policy
+    policy.eval()
+    sequences, starts = [p + [20, 21, 22] for p in PROMPTS], [len(p) for p in PROMPTS]
+    with fake, torch.no_grad():
+        _, head, _ = lm_parts(policy.model)
+        hidden = torch.randn(5, head.weight.shape[1], device=CUDA, dtype=torch.bfloat16)
+        on_device = token_logprobs(head, hidden, torch.tensor([1, 2, 3, 4, 5], device=CUDA), chunk_tokens=2)
+        mine = answer_logprobs(policy.model, sequences, starts, policy.tokenizer.pad_token_id, chunk_tokens=4)
+        with policy.model.disable_adapter():
+            base = answer_logprobs(policy.model, sequences, starts, policy.tokenizer.pad_token_id, chunk_tokens=4)
+        rows = [{"prompt_ids": p, "chosen_ids": [20, 21, 22]} for p in PROMPTS]
+        with pytest.raises(DataDependentOutputException) as info:
+            preference_eval.completion_logprobs(policy.model, rows, "chosen_ids", policy.tokenizer.pad_token_id, 2, 2)
+    assert on_device.device == CUDA and on_device.dtype == torch.float32 and on_device.shape == (5,)
+    assert [t.shape for t in mine + base] == [(3,)] * 6 and {t.dtype for t in mine + base} == {torch.float32}
+    assert {t.device.type for t in mine + base} == {"cpu"}  # copied to the host at the end
+    read = [f for f in info.traceback if f.path == preference_eval.__file__ or str(f.path) == preference_eval.__file__]
+    assert read and read[-1].name == "<genexpr>"  # float(x.sum()): after every device step of the batch

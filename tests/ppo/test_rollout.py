@@ -16,6 +16,7 @@ from homerlhf.ppo.rollout import (
     pad_sequences,
     response_mask_and_truncated,
 )
+from tolerances import fp32_bound
 
 EOS = 1
 
@@ -286,10 +287,11 @@ def test_scored_logprobs_are_those_generate_sampled_from(name, real_policies):
         mask, truncated = response_mask_and_truncated(response, policy.stop_ids)
         batch = RolloutBatch(p_ids, p_mask, torch.where(mask.bool(), response, pad), mask, truncated)
         old, _, _ = score_with_policy(policy, batch)
-        torch.testing.assert_close(old * mask, expected * mask, atol=1e-4, rtol=0)
+        bound = fp32_bound((expected * mask).abs().max())  # scoring against generate's logits (tests/tolerances.py)
+        torch.testing.assert_close(old * mask, expected * mask, atol=bound, rtol=0)
         ref = AdapterOffReference(policy).logprobs(batch.prompt_lists(), batch.response_lists())
         for row, lp in enumerate(ref):
-            torch.testing.assert_close(torch.tensor(lp), expected[row, : len(lp)], atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(lp), expected[row, : len(lp)], atol=bound, rtol=0)
         scored[temperature] = (old, mask)
     # The temperature is not a rounding detail at this tolerance: scoring the 0.7 samples at 1.0 is far off.
     old, mask = scored[0.7]
@@ -388,7 +390,8 @@ def test_static_decoder_samples_what_generate_samples(name, real_policies):
     assert [w for w in widths if w > 1] == [width, width] + [w for w in split * 2 if w > 1] * bool(pieces)
     for other in [static, *pieces]:
         assert torch.equal(other.response_ids, hf.response_ids) and torch.equal(other.response_mask, hf.response_mask)
-        assert (other.behaviour_logprobs - hf.behaviour_logprobs).abs().max().item() <= 1e-5
+        bound = fp32_bound(hf.behaviour_logprobs.abs().max())  # other decoders' kernels (tests/tolerances.py)
+        assert (other.behaviour_logprobs - hf.behaviour_logprobs).abs().max().item() <= bound
     ends = hf.response_mask.sum(dim=1)[~hf.truncated].tolist()
     assert hf.truncated.tolist()[0] and len(set(ends)) >= 2, (ends, hf.truncated)  # a batch worth checking
     assert max(map(len, prompts)) > 16
@@ -396,4 +399,4 @@ def test_static_decoder_samples_what_generate_samples(name, real_policies):
     assert torch.equal(static.truncated, hf.truncated)
     gap = (static.behaviour_logprobs - hf.behaviour_logprobs).abs().max().item()
     print(f"{name}: ends {ends}, max |behaviour log-prob difference| {gap:.2e}")
-    assert gap <= 1e-5
+    assert gap <= fp32_bound(hf.behaviour_logprobs.abs().max())

@@ -15,6 +15,7 @@ from homerlhf.ppo.backends import AdapterOffReference, CallableReward
 from homerlhf.ppo.collect import collect_experience
 from homerlhf.ppo.trainer import seed_everything
 from homerlhf.ppo.update import UpdateState, train_minibatch
+from tolerances import fp32_bound
 
 
 def prompt_pair(policy):
@@ -82,7 +83,9 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(update_run):
     moved = max(float((u - s).abs().max()) for u, s in zip(unsplit, start))
     assert moved > 1e-3  # the step really changed the LoRA weights
     diff = max(float((u - r).abs().max()) for u, r in zip(unsplit, retried))
-    assert diff <= 1e-5, diff
+    # SGD's step is lr x the gradient, a sum over the mini-batch's response tokens of terms through 384-wide
+    # reductions, accumulated over micro-batches of 8 or of 4 rows: other shapes (tests/tolerances.py).
+    assert diff <= fp32_bound(moved, 384 * int(exp.response_mask.sum()), floor=0.0), diff
 
 
 def test_an_update_reads_the_device_twice_a_mini_batch_however_many_micro_batches(update_run, host_syncs):

@@ -108,3 +108,30 @@ def test_without_llama_cpp_or_a_gguf_export_auto_takes_hf_and_says_why(two_cores
     assert resolve_auto(other, shape=shape_for(cfg), say=said.append).rollout.engine == "hf"
     assert said[-1] == (f"[homerlhf]   llamacpp: not a candidate: {model}: the engine's LoRA swap is verified for "
                         "llama and qwen2 policies, not mistral (name rollout.engine=llamacpp to use it)")
+
+
+@pytest.mark.slow
+def test_train_with_a_reward_adapter_samples_with_the_engine_auto_chose(tiny_llama_dir, tiny_lora_rm_dir, tmp_path,
+                                                                        capsys, monkeypatch):
+    """``homerlhf train --preset cpu-tiny --set reward.backend=adapter`` (reward.model a LoRA reward run on the
+    policy's base): the preset's rollout.engine auto chooses an engine with the reward adapter kept, and one
+    iteration samples with it and scores with the adapter. (The preset's own builtin:demo-rm is a reward
+    model of its own: refused in one line, tests/stages/test_preflight.py.)"""
+    from homerlhf.cli import main
+    from homerlhf.config import from_yaml_file
+    from homerlhf.ppo.metrics import read_metrics
+
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path / "cache"))  # no bench figures: the defaults choose
+    settings = [f"model.name_or_path={tiny_llama_dir}", "reward.backend=adapter", f"reward.model={tiny_lora_rm_dir}",
+                "rollout.batch_size=2", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_len=24",
+                "ppo.mini_batch_size=2", "ppo.micro_batch_size=2", "ppo.epochs=1", "ppo.iterations=1",
+                "logging.progress=false", "logging.samples_per_iteration=2", "rollout.truncation_penalty=null"]
+    main(["train", "--preset", "cpu-tiny", "--out", str(tmp_path / "run"), *[a for s in settings for a in ("--set", s)]])
+    saved = from_yaml_file(tmp_path / "run" / "config.yaml")
+    assert saved.reward.backend == "adapter" and saved.ref.backend == "llamacpp"
+    assert saved.rollout.engine in ("hf", "llamacpp")
+    out = capsys.readouterr().out
+    assert f"placement auto: ref llamacpp, reward adapter, rollout {saved.rollout.engine}: " in out
+    assert f"rollout engine auto -> {saved.rollout.engine}: " in out
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["iteration"] == 1 and row["score_std"] > 0  # the adapter scored the two samples apart

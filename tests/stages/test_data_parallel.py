@@ -3,12 +3,9 @@ processes with ``accelerate launch`` (gloo), with the real llama.cpp reference a
 (started by process 0, reached by process 1 with the token it was handed).
 
 - the adapters and value head after each iteration equal a one-process run with the same global
-  batch and seed, within 1e-5. Not bit-exact, for two reasons: each process pads and
-  forwards its own rows (a different batch composition changes the float reductions in the matmuls,
-  ~1e-7 in the losses), and the summed gradients come from an all-reduce instead of one
-  accumulation (a different summation order). Adam's first steps divide by the gradient's own
-  magnitude, so a ~1e-7 gradient difference on a near-zero gradient moves a weight by up to ~lr * 1e-3;
-  with lr 2e-3 we see ~4e-6 at most;
+  batch and seed, to a tenth of an optimizer step (:func:`_apart`: the bound and its derivation). Not
+  bit-exact: each process forwards its own rows (another batch shape, other float reductions in the
+  matmuls) and the gradients are summed by an all-reduce instead of one accumulation;
 - ``kill -9`` of the launcher leaves no process of the run (ranks and workers) behind, and
   ``--resume`` continues, on one process and then on two, to the same weights as the straight run;
 - no process of any run outlives it;
@@ -36,7 +33,12 @@ from safetensors.torch import load_file
 from homerlhf.ppo.checkpoint import latest_complete_checkpoint
 
 N = 4
-TOLERANCE = 1e-5
+STEPS_PER_ITERATION = 2  # rollout.batch_size 4 / ppo.mini_batch_size 2, ppo.epochs 1
+# Weights are compared in units of their optimizer's step (Adam moves an element by about its lr a
+# step; measured here, the median element 0.3-0.5 lr, the largest 1.0 lr): at most this many steps
+# apart per step taken, for all but the 0.1% of elements that rounding may flip (:func:`_apart`).
+STEP_FRACTION = 0.1
+QUANTILE = 0.999
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +107,42 @@ def _weights(run: Path, iteration: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _max_diff(a: dict, b: dict) -> float:
+def _lrs(run: Path) -> tuple[float, float]:
+    """(actor, critic) learning rates of ``run``: the critic's steps its LoRA and the value head."""
+    from homerlhf.config import from_yaml_file
+
+    cfg = from_yaml_file(run / "config.yaml")
+    return cfg.actor.lr, cfg.critic.lr
+
+
+def _apart(a: dict, b: dict, run: Path, quantile: float = QUANTILE) -> float:
+    """How far apart two runs' weights are, in optimizer steps: the ``quantile`` of |a - b| / lr over
+    every trainable element (actor and critic LoRA, value head: 155,777 here).
+
+    The bound, ``STEP_FRACTION`` of a step per step taken at the 99.9th percentile, derived. Adam
+    moves an element by lr * m / (sqrt(v) + eps): about lr whatever the gradient's size, m / sqrt(v)
+    being the gradient over its own root mean square. Two process counts sum a gradient element in
+    another order, from other batch shapes: it differs by up to eps32 (1.2e-7) x the summands (6
+    tokens x 2 rows x the 384-wide MLP reduction, 4.6e3) = 5.5e-4 of its size, and Adam's step by as
+    much of a step, except where the gradient nearly cancels: within a few rounding errors of zero,
+    the step changes by up to a whole step (2 lr where its sign flips). Those are about the rounding
+    error's share of the elements, a few in 1e5, so the bound leaves them the top 0.1% (~155
+    elements). Every other element stays within 5.5e-4 of a step per step; the bound is 180x that,
+    and 15x the largest difference any CPU has shown (Intel Xeon with AMX: 2.7e-5 = 0.027 of the
+    actor's step after 4 steps, against a bound of 0.4 there; AMD EPYC: 1e-3 of a step after 8).
+    A run on another batch is far outside it (measured by breaking the code): each process stepping
+    on its own half, 1.0 step apart at the 99.9th percentile (74% of the elements over the bound)
+    after the first iteration; each process averaging over its own rows alone, 1.3 steps (13% over)
+    after the second."""
     assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
+    actor_lr, critic_lr = _lrs(run)
+    units = torch.cat([((a[k] - b[k]).double().abs() / (actor_lr if k.startswith("actor/") else critic_lr)).flatten()
+                       for k in sorted(a)])
+    return torch.quantile(units, quantile).item()
+
+
+def _bound(iteration: int) -> float:
+    return STEP_FRACTION * STEPS_PER_ITERATION * iteration
 
 
 def _rows(run: Path) -> list[dict]:
@@ -129,12 +164,17 @@ def test_two_processes_train_like_one_with_the_same_global_batch(runs):
     one, two = runs
     start = _weights(one, 1)
     for iteration in range(1, N + 1):
-        diff = _max_diff(_weights(one, iteration), _weights(two, iteration))
-        print(f"iteration {iteration}: max |weight diff| 1 vs 2 processes: {diff:.2e}")
-        assert diff <= TOLERANCE
-    assert _max_diff(start, _weights(one, N)) > 100 * TOLERANCE  # the weights did move
+        a, b = _weights(one, iteration), _weights(two, iteration)
+        apart, largest = _apart(a, b, one), _apart(a, b, one, quantile=1.0)
+        print(f"iteration {iteration}: 1 vs 2 processes, optimizer steps apart: {apart:.2e} at the "
+              f"{QUANTILE:.1%} quantile, {largest:.2e} at most (bound {_bound(iteration):g})")
+        assert apart <= _bound(iteration)
+    # The weights did move: the median element by over a whole step in the 6 steps from iteration 1 to N
+    # (measured: 1.9), so the bound above is a small part of what the steps did.
+    assert _apart(start, _weights(one, N), one, quantile=0.5) > 1.0
     rows_one, rows_two = _rows(one), _rows(two)
     assert [r["iteration"] for r in rows_two] == list(range(1, N + 1))  # one metrics row per iteration
+    assert all(r["optimizer_steps"] == STEPS_PER_ITERATION for r in rows_one + rows_two)
     # Process 0 alone reports to the trackers: one TensorBoard event file, each iteration once.
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
@@ -143,11 +183,19 @@ def test_two_processes_train_like_one_with_the_same_global_batch(runs):
     acc.Reload()
     assert [e.step for e in acc.Tensors("score_mean")] == list(range(1, N + 1))
     for a, b in zip(rows_one, rows_two):
-        # The same samples, scored by the same workers: the global batch's metrics, not one rank's.
+        # The same samples, scored by the same workers: the global batch's metrics, not one rank's (a
+        # half's figures differ from the whole's by the samples' spread: tens of percent). Bounds: another
+        # batch shape's rounding, eps32 (1.2e-7) x the widest reduction (384) x the magnitude. A score,
+        # |score| <= 5 (the truncation penalty): 2.3e-4. kl_mean, a sum over <= 6 tokens of log-probs,
+        # |log p| <= log 512 = 6.2 (the tiny vocabulary): 1.7e-3. value_loss, the mean of
+        # (value - return)^2 / 2, values from terms of size <= 1 here: a value moves by 4.6e-5, the loss
+        # by |value - return| x that = sqrt(2 x loss) x 4.6e-5, relative 4.6e-5 x sqrt(2 / loss): 3e-3 at
+        # the smallest loss here (4.6e-4). The weights' own difference (bounded above) moved these far
+        # less on the CPUs seen (AMD EPYC: kl_mean 2.4e-7 apart, value_loss 1.4e-6 relative).
         assert b["response_length_mean"] == a["response_length_mean"]
-        assert b["score_mean"] == pytest.approx(a["score_mean"], abs=1e-5)
-        assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=1e-4)
-        assert b["value_loss"] == pytest.approx(a["value_loss"], rel=1e-4)
+        assert b["score_mean"] == pytest.approx(a["score_mean"], abs=3e-4)
+        assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=2e-3)
+        assert b["value_loss"] == pytest.approx(a["value_loss"], rel=5e-3)
     samples = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == N  # written once, by process 0
     assert not (two / "workers" / "ref.log.token").exists()  # the token file went with the worker
@@ -176,9 +224,10 @@ def test_kill_9_of_the_launcher_then_resume(models, runs, tmp_path):
     _assert_nothing_left(out)
     assert [r["iteration"] for r in _rows(out)] == list(range(1, N + 1))
     for iteration in (reached + 1, N):
-        diff = _max_diff(_weights(straight, iteration), _weights(out, iteration))
-        print(f"iteration {iteration}: max |weight diff| straight (2 processes) vs killed and resumed: {diff:.2e}")
-        assert diff <= TOLERANCE
+        apart = _apart(_weights(straight, iteration), _weights(out, iteration), straight)
+        print(f"iteration {iteration}: straight (2 processes) vs killed and resumed, optimizer steps apart: "
+              f"{apart:.2e} at the {QUANTILE:.1%} quantile (bound {_bound(iteration):g})")
+        assert apart <= _bound(iteration)  # the resumed iteration on one process: as 1 vs 2 processes above
 
 
 # -- fast: launching and worker ownership ----------------------------------------------------------

@@ -13,12 +13,13 @@ import pytest
 
 
 def _worker_processes(*markers: str):
-    """homerlhf worker processes whose command line names one of ``markers`` (this test's run
+    """homerlhf worker processes (``python -m homerlhf.cli worker ...``, by the module they run, not a
+    path that may hold the word) whose command line names one of ``markers`` (this test's run
     directory or model cache): other sessions on the machine may run workers of their own."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "homerlhf" in cmd and " worker " in f" {cmd} " and any(m in cmd for m in markers):
+        if " -m homerlhf.cli worker " in f" {cmd} " and any(m in cmd for m in markers):
             found.append(proc)
     return found
 

@@ -88,6 +88,18 @@ def test_a_reward_model_the_worker_cannot_serve_names_the_switch(dirs):
     check_run(cfg_with(**{"reward.model": dirs["gpt2-rm"], "reward.backend": "hf"}))
 
 
+def test_the_presets_builtin_reward_model_as_an_adapter_is_refused_before_it_is_built(monkeypatch):
+    """builtin:demo-rm is a full fine-tune with its own export (registered llamacpp and hf): as
+    reward.backend=adapter it is refused by its registration, nothing built."""
+    from homerlhf.models import registry
+
+    monkeypatch.setattr(registry, "resolve_model", lambda *a, **k: pytest.fail("built a builtin model"))
+    message = refusal(lambda: check_run(cfg_with(**{"reward.backend": "adapter"})))
+    assert message.startswith("reward.model builtin:demo-rm is a reward model of its own (it runs on llamacpp or hf), "
+                              "not a LoRA on the policy's base: reward.backend=adapter needs one trained with "
+                              "rm.method=qlora or lora")
+
+
 def test_architectures_the_policy_cannot_load(dirs):
     message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": dirs["internlm2"]})))
     assert "architecture 'internlm2' is not in transformers" in message and "model.trust_remote_code=true" in message

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from homerlhf.config import load_config
+from tolerances import fp32_bound
 
 PAIRS = [
     {"prompt": "Tell me about tea.", "chosen": "Happy to help! Tea is made by steeping dried leaves in hot water.",
@@ -126,7 +127,7 @@ def test_score_ids_reads_the_last_real_token(tiny_llama_dir):
     batched = score_ids(model, seqs, pad_id=0, batch_size=3)
     alone = torch.cat([score_ids(model, [s], pad_id=0) for s in seqs])
     assert batched.shape == (3,)
-    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched, alone, atol=fp32_bound(alone.abs().max()), rtol=0)  # other shapes
 
 
 def _held_out_accuracy(run_dir, n=300):
@@ -332,9 +333,13 @@ def test_reward_trainer_loss_reads_the_last_real_token_when_pad_is_eos(real_voca
         rejected = score_sequences(model, pairs["rejected_ids"], tok.pad_token_id)
         want = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
         hf_pooled = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
-    torch.testing.assert_close(loss, want, atol=1e-5, rtol=0)
+    # TRL's padded batch against our scores of each row (tests/tolerances.py): the loss moves with the
+    # scores' difference, at most by that much.
+    bound = fp32_bound(torch.cat([chosen, rejected]).abs().max())
+    torch.testing.assert_close(loss, want, atol=bound, rtol=0)
     hf_loss = -torch.nn.functional.logsigmoid(hf_pooled[:2] - hf_pooled[2:]).mean()
-    assert abs(hf_loss.item() - want.item()) > 1e-4  # the rule matters on these ids
+    print(f"loss {loss.item():.6f}, ours {want.item():.6f}, HF's pooling {hf_loss.item():.6f}; bound {bound:.1e}")
+    assert abs(hf_loss.item() - want.item()) > 10 * bound  # the rule matters on these ids
 
 
 # -- over-long pairs keep their prompt's head -------------------------------------------------------

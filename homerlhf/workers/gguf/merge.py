@@ -150,17 +150,15 @@ def _umask() -> int:
     return mask
 
 
-def sequence_logprobs(model, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per token ``log p(ids[t] | ids[:t])`` (t >= 1), float64, one unpadded sequence at a time."""
+def sequence_logprobs(model, sequences: Sequence[Sequence[int]], chunk_tokens: int = 256) -> list[np.ndarray]:
+    """Per token ``log p(ids[t] | ids[:t])`` (t >= 1), float64, one unpadded sequence at a time, the LM head
+    over ``chunk_tokens`` positions at a time (:func:`homerlhf.models.sequence_logprobs.answer_logprobs`)."""
     import torch
 
-    out = []
-    with torch.no_grad():
-        for ids in sequences:
-            x = torch.tensor([list(ids)], device=model.device)
-            logits = model(input_ids=x).logits[0, :-1].double()
-            out.append(torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0].cpu().numpy())
-    return out
+    from homerlhf.models.sequence_logprobs import answer_logprobs
+
+    return [answer_logprobs(model, [list(ids)], [1], 0, chunk_tokens, dtype=torch.float64)[0].numpy()
+            for ids in sequences]
 
 
 def logprob_gap(reference: list[np.ndarray], other: list[np.ndarray]) -> dict[str, float]:
