@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Optional
 
 from homerlhf.app import runs
 from homerlhf.errors import UserError
@@ -36,31 +37,45 @@ def reward_backend(cfg, run_dir: Path, tokenizer):
     return scoring_reward(cfg, tokenizer)
 
 
-def load_models(run_dir: str | Path, checkpoint: str | Path, with_reward: bool = True) -> EvalModels:
-    """A checkpoint of the run in ``run_dir``, loaded with the run's config and reward model."""
-    run_dir = Path(run_dir)
+def checkpoint_config(run_dir: str | Path, checkpoint: str | Path):
+    """The config a checkpoint was trained with: its run's, or (a dpo / kto run keeps one per checkpoint) its own."""
     cfg = runs.run_config(run_dir)
-    if cfg is None and (Path(checkpoint) / "config.yaml").is_file():  # a dpo / kto run keeps it per checkpoint
+    if cfg is None and (Path(checkpoint) / "config.yaml").is_file():
         from homerlhf.config import from_yaml_file
 
         cfg = from_yaml_file(Path(checkpoint) / "config.yaml")
     if cfg is None:
         raise UserError(f"{run_dir} has no run config yet; start the run or attach to a finished one")
+    return cfg
+
+
+def load_models(run_dir: str | Path, checkpoint: str | Path, with_reward: bool = True,
+                right: Optional[str | Path] = None) -> EvalModels:
+    """A checkpoint of the run in ``run_dir``, loaded with the run's config and reward model; ``right``:
+    a checkpoint of the same base to answer on the right (None: the base, adapter off)."""
+    run_dir = Path(run_dir)
+    cfg = checkpoint_config(run_dir, checkpoint)
+    if right is not None:
+        other = checkpoint_config(Path(right).parent.parent, right).model.name_or_path
+        if other != cfg.model.name_or_path:
+            raise UserError(f"{Path(right).name} was trained on {other}, not on {cfg.model.name_or_path}: compare "
+                            "with the base or a checkpoint of the same model")
     reward = (lambda cfg, tokenizer: reward_backend(cfg, run_dir, tokenizer)) if with_reward else None
-    return EvalModels(cfg, checkpoint, reward=reward)
+    return EvalModels(cfg, checkpoint, reward=reward, right=right)
 
 
-_LOADED: dict[tuple[str, str], EvalModels] = {}
+_LOADED: dict[tuple, EvalModels] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-def get_models(run_dir: str | Path, checkpoint: str | Path) -> EvalModels:
-    """The loaded checkpoint, kept while it is the one in use (one at a time: memory is scarce)."""
-    key = (str(Path(run_dir).resolve()), str(Path(checkpoint).resolve()))
+def get_models(run_dir: str | Path, checkpoint: str | Path, right: Optional[str | Path] = None) -> EvalModels:
+    """The loaded checkpoint (and the one compared on the right), kept while in use (one at a time: memory
+    is scarce)."""
+    key = (str(Path(run_dir).resolve()), str(Path(checkpoint).resolve()), str(Path(right).resolve()) if right else "")
     with _LOAD_LOCK:
         if key not in _LOADED:
             _drop_loaded()
-            _LOADED[key] = load_models(run_dir, checkpoint)
+            _LOADED[key] = load_models(run_dir, checkpoint, right=right)
         return _LOADED[key]
 
 

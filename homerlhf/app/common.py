@@ -13,9 +13,16 @@ log = logging.getLogger("homerlhf.app")
 
 
 def error_text(exc: BaseException) -> str:
-    """One readable line for the UI: the UserError message, or the exception type and message."""
+    """One readable line for the UI: the UserError message, a settings check's first error with its key,
+    or the exception type and message."""
+    from pydantic import ValidationError
+
     if isinstance(exc, UserError):
         return str(exc)
+    if isinstance(exc, ValidationError):
+        from homerlhf.config.loader import format_validation_error
+
+        return format_validation_error(exc)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
@@ -30,9 +37,15 @@ def md_text(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", escaped)
 
 
-def error_box(message: str) -> str:
+class NotStarted(UserError):
+    """A start refused because another run is going: no mistake of the settings, so said as "Not started"."""
+
+    heading = "Not started"
+
+
+def error_box(message: str, heading: str = "Error") -> str:
     """Markdown for the per-tab message box: the whole message, as written."""
-    return f"**Error:** {md_text(message)}" if message else ""
+    return f"**{heading}:** {md_text(message)}" if message else ""
 
 
 def toast(message: str) -> None:
@@ -53,6 +66,7 @@ def guarded(n_outputs: int, error_index: int | None = None, on_error: dict | Non
     ``gr.Warning`` toast shows the message too. Unexpected errors are logged with their traceback.
     """
     import gradio as gr
+    from pydantic import ValidationError
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -60,7 +74,7 @@ def guarded(n_outputs: int, error_index: int | None = None, on_error: dict | Non
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the UI must never show a traceback
-                if not isinstance(exc, UserError):
+                if not isinstance(exc, (UserError, ValidationError)):
                     log.exception("handler %s failed", fn.__name__)
                 message = error_text(exc)
                 toast(message)
@@ -68,7 +82,7 @@ def guarded(n_outputs: int, error_index: int | None = None, on_error: dict | Non
                 for index, value in (on_error or {}).items():
                     outs[index] = value
                 if error_index is not None:
-                    outs[error_index] = error_box(message)
+                    outs[error_index] = error_box(message, getattr(exc, "heading", "Error"))
                 return outs[0] if n_outputs == 1 else tuple(outs)
 
         return inner

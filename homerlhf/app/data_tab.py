@@ -176,6 +176,8 @@ def load_for_ui(source: str, kind: str, split: str = "train", max_rows: Optional
     from homerlhf.data.load import load_records
 
     named = {key.removeprefix("data."): value for key, value in column_items(columns)}
+    if max_rows is not None and (max_rows < 0 or float(max_rows) != int(max_rows)):
+        raise UserError(f"'Max rows' is {max_rows:g}: give 0 (all rows) or a whole number of rows to keep, e.g. 500")
     cfg = DataConfig(split=split or "train", max_rows=int(max_rows) if max_rows else None, **named)
     try:
         return load_records(source, kind, cfg)
@@ -257,9 +259,9 @@ def _layout() -> dict:
 CLEARED = {"report": "", "hist": None, "bad": None, "samples": None, "loaded": ""}
 
 
-def build(overrides_box, reward_function=None) -> None:
+def build(overrides_box, reward_function=None) -> dict:
     """Lay out the tab inside the current ``gr.Blocks``; ``overrides_box`` and ``reward_function`` are
-    the Plan tab's."""
+    the Plan tab's. Returns the components the page keeps across reloads, by name."""
     import gradio as gr
 
     gr.Markdown("### Dataset\nPick a builtin dataset, type a hub id, or upload a file. "
@@ -271,8 +273,9 @@ def build(overrides_box, reward_function=None) -> None:
         return next(label for label, k in KINDS.items() if k == kind)
 
     c["builtin"].change(on_builtin, c["builtin"], c["kind_label"])
-    c["mode"].change(lambda m: tuple(gr.update(visible=m == name) for name in ("builtin", "hub id", "upload")),
-                     c["mode"], [c["builtin"], c["hub_id"], c["upload"]])
+    # Another source: only its input shows, and no message of the last one's load stays.
+    c["mode"].change(lambda m: (*(gr.update(visible=m == name) for name in ("builtin", "hub id", "upload")), ""),
+                     c["mode"], [c["builtin"], c["hub_id"], c["upload"], c["message"]])
     screen = [c[k] for k in ("mode", "builtin", "hub_id", "upload", "kind_label", "split", "max_rows")] + c["columns"]
     shown = [c["report_md"], c["hist"], c["bad"], c["samples"], c["chosen_source"]]
     cleared = list(CLEARED.values())
@@ -291,6 +294,11 @@ def build(overrides_box, reward_function=None) -> None:
     c["use_btn"].click(on_use, [*screen, c["chosen_source"], overrides_box], [c["message"], overrides_box, *shown])
     if reward_function is not None:
         _reward_check_section(reward_function, c["chosen_source"], c["split"])
+    return {f"data_{name}": c[name] for name in PERSISTED} | {f"data_column_{i}": box for i, box in enumerate(c["columns"])}
+
+
+# The tab's choices the page keeps across reloads (homerlhf.app.page_settings).
+PERSISTED = ("mode", "builtin", "hub_id", "upload", "kind_label", "split", "max_rows")
 
 
 def _reward_check_section(reward_function, chosen_source, split) -> None:

@@ -1,5 +1,7 @@
-"""The Evaluate tab: chat with the trained actor and the reference side by side, see the reward
-model's score under each answer, and record which is better: the human feedback loop closes here.
+"""The Evaluate tab: chat with the trained actor and, beside it, the reference (the base with the adapter
+off) or another checkpoint of the same base (after a feedback run, by default the one it started from),
+see the reward model's score under each answer, and record which is better: the human feedback loop
+closes here.
 
 Each message is a fresh single-turn prompt for both models (so every judgement is one
 prompt/chosen/rejected record): the windows show that one exchange, the newest, and say which
@@ -17,8 +19,10 @@ from homerlhf.app import chat, feedback, feedback_runs, preferences, runs
 from homerlhf.app.common import guarded
 from homerlhf.errors import UserError
 
-LEFT_LABEL = "Actor (trained adapter)"
-RIGHT_LABEL = "Reference (adapter off)"
+LEFT_LABEL = "Left: the checkpoint picked"
+RIGHT_LABEL = "Right: what it is compared with"
+BASE = "base"  # the right side's value for the base with the adapter off (the reference)
+BASE_LABEL = "base, adapter off (reference)"
 SINGLE_TURN = ("**One message at a time:** each message is answered alone, without the ones before it (the "
                "model sees no conversation), so the windows show the newest exchange only and name the "
                "checkpoint that answered.")
@@ -36,6 +40,26 @@ def checkpoint_choices(run_dir: str) -> list[tuple[str, str]]:
     if start is not None and start.is_dir():
         choices.append((f"{start.name} of {feedback.owner_run(start).name} (where this run started)", str(start)))
     return choices
+
+
+def right_choices(run_dir: str) -> list[tuple[str, str]]:
+    """What the right side can answer with: the base (adapter off), or any checkpoint listed on the left."""
+    return [(BASE_LABEL, BASE), *checkpoint_choices(run_dir)]
+
+
+def default_right(run_dir: str) -> str:
+    """A feedback run's right side is the checkpoint it started from (what the feedback changed); else the base."""
+    start = feedback_runs.start_checkpoint(run_dir) if run_dir else None
+    return str(start) if start is not None and start.is_dir() else BASE
+
+
+def right_update(run_dir: str, current: str = ""):
+    """The right side's list for ``run_dir``: ``current`` kept while listed, else :func:`default_right`."""
+    import gradio as gr
+
+    choices = right_choices(run_dir)
+    keep = current and current in [value for _, value in choices]
+    return gr.update(choices=choices, value=current if keep else default_right(run_dir))
 
 
 def default_checkpoint(choices: list[tuple[str, str]]):
@@ -74,10 +98,11 @@ def kl_so_far(run_dir: str) -> str:
             f"{rows[-1].get('iteration', len(rows))}{note}")
 
 
-def identical_markdown(run_dir: str, seed: int) -> str:
-    kl = kl_so_far(run_dir)
-    return (f"**The two answers are identical** (seed {seed}): on this prompt the trained actor still samples "
-            "what the reference does, so the policy has not moved here" + (f" ({kl})" if kl else "") + ". "
+def identical_markdown(run_dir: str, seed: int, right_is_base: bool = True) -> str:
+    kl = kl_so_far(run_dir) if right_is_base else ""
+    moved = ("the trained actor still samples what the reference does, so the policy has not moved here"
+             if right_is_base else "the two checkpoints sample the same answer, so training has not changed it here")
+    return (f"**The two answers are identical** (seed {seed}): on this prompt {moved}" + (f" ({kl})" if kl else "") + ". "
             "Identical answers make no preference pair, so *Left/Right better* are off: press *Resample* for "
             "another seed, or record a *Tie*.")
 
@@ -88,6 +113,7 @@ class EvalPanel:
 
     run_dir: Any
     checkpoint: Any
+    right: Any  # Dropdown: what answers on the right: the base (adapter off) or a checkpoint of the same base
     refresh_btn: Any
     sampling: list  # max new tokens, temperature, top p, top k, seed
     left_chat: Any
@@ -133,8 +159,9 @@ def _layout() -> EvalPanel:
     import gradio as gr
 
     with gr.Row():
-        run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="eval-run-dir")
-        checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
+        run_dir = gr.Textbox(label="Run directory", scale=2, elem_id="eval-run-dir")
+        checkpoint = gr.Dropdown([], label="Left: checkpoint", allow_custom_value=True, scale=3, elem_id="eval-checkpoint")
+        right = gr.Dropdown([(BASE_LABEL, BASE)], value=BASE, label="Right: compare with", scale=4, elem_id="eval-right-side")
         refresh_btn = gr.Button("Refresh checkpoints", elem_id="eval-refresh")
     sampling = _sampling_controls()
     gr.Markdown(SINGLE_TURN, elem_id="eval-single-turn")
@@ -155,7 +182,7 @@ def _layout() -> EvalPanel:
         right_btn = gr.Button("Right better ▶", interactive=False, elem_id="eval-right-better")
         resample_btn = gr.Button("Resample (next seed)", interactive=False, elem_id="eval-resample")
     info = gr.Markdown(elem_id="eval-info")
-    return EvalPanel(run_dir, checkpoint, refresh_btn, sampling, left_chat, left_score, right_chat, right_score,
+    return EvalPanel(run_dir, checkpoint, right, refresh_btn, sampling, left_chat, left_score, right_chat, right_score,
                      message, send_btn, left_btn, tie_btn, right_btn, resample_btn, info, last=gr.State(None),
                      known=gr.State([]), timer=gr.Timer(FOLLOW_S))
 
@@ -184,17 +211,23 @@ def cleared(note: str = "") -> tuple:
             *button_states(None))
 
 
-def _chat(text: str, answer: str, label: str, ckpt: str):
+def side_name(ckpt: str) -> str:
+    """Who answers in a window: ``iter_000001 of RUN``, or the base model with the adapter off."""
+    return BASE_LABEL if not ckpt or ckpt == BASE else f"{Path(ckpt).name} of {feedback.owner_run(ckpt).name}"
+
+
+def _chat(text: str, answer: str, side: str, ckpt: str):
     import gradio as gr
 
     return gr.update(value=[{"role": "user", "content": text}, {"role": "assistant", "content": answer or "(empty answer)"}],
-                     label=f"{label}: {Path(ckpt).name} of {feedback.owner_run(ckpt).name}")
+                     label=f"{side}: {side_name(ckpt)}")
 
 
-def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
-    """Both models answer ``text`` alone: the chats (this exchange only, replacing the one before), the
+def on_send(run_dir, ckpt, right, text, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
+    """Both sides answer ``text`` alone: the chats (this exchange only, replacing the one before), the
     scores, the info line and the exchange to judge. The checkpoint may be of another run than
-    ``run_dir`` (the one a DPO / KTO run started from): it is loaded, and its feedback kept, with its own run."""
+    ``run_dir`` (the one a DPO / KTO run started from): it is loaded, and its feedback kept, with its own run.
+    ``right``: :data:`BASE` (the reference) or a checkpoint of the same base."""
     if not run_dir:
         raise UserError("give a run directory (or start/attach one in the Train tab)")
     if not ckpt:
@@ -202,20 +235,26 @@ def on_send(run_dir, ckpt, text, left_hist, right_hist, max_new, temperature, to
     if not Path(ckpt).is_dir():
         raise UserError(f"checkpoint not found: {ckpt}")
     _verify(ckpt)
+    other = "" if not right or right == BASE else str(right)
+    if other:
+        if not Path(other).is_dir():
+            raise UserError(f"checkpoint not found: {other}; pick another in 'Right: compare with'")
+        _verify(other)
     owner = str(feedback.owner_run(ckpt))
     sampling = chat.Sampling(int(max_new), float(temperature), float(top_p), int(top_k), int(seed or 0))
-    left, right = chat.get_models(owner, ckpt).answer_both(text, sampling)
+    left, right_answer = chat.get_models(owner, ckpt, other or None).answer_both(text, sampling)
     answers = [{"text": a.text, "source": source, "score": a.score, "seed": sampling.seed}
-               for a, source in ((left, "actor"), (right, "reference"))]
-    pending = {"prompt": text, "left": left.text, "right": right.text, "left_score": left.score,
-               "right_score": right.score, "checkpoint": str(ckpt), "run_dir": owner,
+               for a, source in ((left, "actor"), (right_answer, "compared" if other else "reference"))]
+    pending = {"prompt": text, "left": left.text, "right": right_answer.text, "left_score": left.score,
+               "right_score": right_answer.score, "checkpoint": str(ckpt), "right_checkpoint": other, "run_dir": owner,
                "sampling": sampling.__dict__, "answers": answers, "rated": [], "pairs": []}
-    info = "Which answer is better?" if left.text != right.text else identical_markdown(owner, sampling.seed)
-    if "\ufffd" in left.text + right.text:
+    info = "Which answer is better?" if left.text != right_answer.text else \
+        identical_markdown(owner, sampling.seed, right_is_base=not other)
+    if "\ufffd" in left.text + right_answer.text:
         info += (f" (An answer holds bytes that form no character, shown as \ufffd: at temperature "
                  f"{sampling.temperature:g} the model joined byte tokens that make no UTF-8 text.)")
-    return (_chat(text, left.text, LEFT_LABEL, ckpt), _chat(text, right.text, RIGHT_LABEL, ckpt), score_markdown(left),
-            score_markdown(right), info, pending, text, *button_states(pending))
+    return (_chat(text, left.text, "Left", ckpt), _chat(text, right_answer.text, "Right", other), score_markdown(left),
+            score_markdown(right_answer), info, pending, text, *button_states(pending))
 
 
 def _verify(ckpt: str) -> None:
@@ -226,12 +265,12 @@ def _verify(ckpt: str) -> None:
                       else "no earlier checkpoint's actor is intact")
 
 
-def on_resample(pending, run_dir, ckpt, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
+def on_resample(pending, run_dir, ckpt, right, left_hist, right_hist, max_new, temperature, top_p, top_k, seed):
     """The last message again with the next seed, replacing its answers: (send's outputs..., the new seed)."""
     if not pending:
         raise UserError("send a message first")
     seed = int(seed or 0) + 1
-    out = on_send(run_dir, ckpt, pending["prompt"], left_hist, right_hist, max_new, temperature, top_p, top_k, seed)
+    out = on_send(run_dir, ckpt, right, pending["prompt"], left_hist, right_hist, max_new, temperature, top_p, top_k, seed)
     return (*out, seed)
 
 
@@ -247,7 +286,7 @@ def judge(choice: str):
                             "press Resample for another seed, or record a Tie")
         path = preferences.record_preference(
             pending["run_dir"], pending["prompt"], pending["left"], pending["right"], choice,
-            left_source="actor", right_source="reference",
+            left_source="actor", right_source=pending["answers"][1]["source"] if "answers" in pending else "reference",
             left_score=pending["left_score"], right_score=pending["right_score"],
             extra={"checkpoint": pending["checkpoint"], "sampling": pending["sampling"]},
         )
@@ -275,31 +314,53 @@ def follow_checkpoints(run_dir: str, current: str, known: list) -> tuple:
     return gr.update(choices=choices, value=default_checkpoint(choices) if follow else current), paths
 
 
+def follow_both(run_dir: str, current: str, right: str, known: list) -> tuple:
+    """:func:`follow_checkpoints`, and the right side's list with it: (left update, right update, known)."""
+    import gradio as gr
+
+    update, paths = follow_checkpoints(run_dir, current, known)
+    return update, (gr.update() if paths is known else right_update(run_dir, right)), paths
+
+
+def no_checkpoint_note(run_dir: str) -> str:
+    """Why the list is empty: no such directory, a directory that holds no run, or a run without a checkpoint yet."""
+    if not (run_dir or "").strip():
+        return "No run directory: type one, or Start or Attach a run in the Train tab."
+    if not Path(run_dir).is_dir():
+        return f"No run directory at `{run_dir}`: check the path, or Start or Attach a run in the Train tab."
+    if not runs.is_run_dir(Path(run_dir)):
+        return f"`{run_dir}` holds no run (no metrics.jsonl, checkpoints or config): give a run's directory."
+    return ("No checkpoint in this run yet: the trainer saves one every `checkpoint.every` iterations and when "
+            "stopped; the list fills in by itself.")
+
+
 def _wire_checkpoints(panel: EvalPanel, run_dir_shared) -> None:
-    """The run dir follows the Train tab's; the checkpoint list follows the run dir and its new checkpoints.
+    """The run dir follows the Train tab's; the checkpoint lists follow the run dir and its new checkpoints.
     Another run followed clears the exchange on screen (its answers were another policy's)."""
     import gradio as gr
 
     def sync_run(shared, shown):
         choices = checkpoint_choices(shared)
         clear = cleared() if shared != shown else (gr.update(),) * 10
-        return (shared, gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices], *clear)
+        return (shared, gr.update(choices=choices, value=default_checkpoint(choices)), right_update(shared),
+                [p for _, p in choices], *clear)
 
-    run_dir_shared.change(sync_run, [run_dir_shared, panel.run_dir],
-                          [panel.run_dir, panel.checkpoint, panel.known, *panel.exchange, *panel.judge_buttons])
+    run_dir_shared.change(sync_run, [run_dir_shared, panel.run_dir], [panel.run_dir, panel.checkpoint, panel.right,
+                                                                       panel.known, *panel.exchange, *panel.judge_buttons])
 
-    def on_refresh(run_dir, pending):
+    def on_refresh(run_dir, right, pending):
         choices = checkpoint_choices(run_dir)
-        note = "" if choices else "No checkpoint in this run yet (the trainer saves one every `checkpoint.every` iterations and when stopped)."
+        note = "" if choices else no_checkpoint_note(run_dir)
         other = pending and Path(pending["checkpoint"]) not in [Path(p) for _, p in choices]
         clear = cleared(note) if other else (*(gr.update(),) * 4, note, *(gr.update(),) * 5)
-        return (gr.update(choices=choices, value=default_checkpoint(choices)), [p for _, p in choices], *clear)
+        return (gr.update(choices=choices, value=default_checkpoint(choices)), right_update(run_dir, right),
+                [p for _, p in choices], *clear)
 
-    outputs = [panel.checkpoint, panel.known, *panel.exchange, *panel.judge_buttons]
-    panel.refresh_btn.click(on_refresh, [panel.run_dir, panel.last], outputs)
-    panel.run_dir.submit(on_refresh, [panel.run_dir, panel.last], outputs)
-    panel.timer.tick(follow_checkpoints, [panel.run_dir, panel.checkpoint, panel.known],
-                     [panel.checkpoint, panel.known], show_progress="hidden")
+    outputs = [panel.checkpoint, panel.right, panel.known, *panel.exchange, *panel.judge_buttons]
+    panel.refresh_btn.click(on_refresh, [panel.run_dir, panel.right, panel.last], outputs)
+    panel.run_dir.submit(on_refresh, [panel.run_dir, panel.right, panel.last], outputs)
+    panel.timer.tick(follow_both, [panel.run_dir, panel.checkpoint, panel.right, panel.known],
+                     [panel.checkpoint, panel.right, panel.known], show_progress="hidden")
 
 
 def build(run_dir_shared, settings=None, runs_root: str = "runs") -> None:
@@ -308,21 +369,23 @@ def build(run_dir_shared, settings=None, runs_root: str = "runs") -> None:
 
     from homerlhf.app import eval_feedback
 
-    gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the trained actor (left) and "
-                "the reference — the base with the adapter off (right). Pick the better answer, rate one, or ask "
-                "for another draft to pick from; *Train on my feedback* trains this policy on what you gave "
-                "(DPO or KTO). Loading a checkpoint takes a second copy of the base in memory: on a full GPU, "
-                "evaluate after the run stops.")
+    gr.Markdown("### Evaluate\nThe same prompt, sampling settings and seed go to the checkpoint picked (left) and "
+                "what it is compared with (right): the base with the adapter off (the reference), or another "
+                "checkpoint — after *Train on my feedback*, the one it started from. Pick the better answer, rate "
+                "one, ask for another draft, or write the answer you would prefer; *Train on my feedback* trains "
+                "the left policy on what you gave (DPO or KTO). Loading a checkpoint takes a second copy of the "
+                "base in memory: on a full GPU, evaluate after the run stops.")
     panel = _layout()
     _wire_checkpoints(panel, run_dir_shared)
     send = guarded(11, error_index=4)(on_send)
     send_outputs = [*panel.exchange[:5], panel.last, panel.message, *panel.judge_buttons]
-    send_inputs = [panel.run_dir, panel.checkpoint, panel.message, panel.left_chat, panel.right_chat, *panel.sampling]
+    send_inputs = [panel.run_dir, panel.checkpoint, panel.right, panel.message, panel.left_chat, panel.right_chat,
+                   *panel.sampling]
     fb = eval_feedback.build(panel, run_dir_shared, settings, runs_root)
     for event in (panel.send_btn.click, panel.message.submit):
         event(send, send_inputs, send_outputs).then(*fb.after_exchange)
     seed = panel.sampling[-1]
-    panel.resample_btn.click(guarded(12, error_index=4)(on_resample), [panel.last, *send_inputs[:2], *send_inputs[3:]],
+    panel.resample_btn.click(guarded(12, error_index=4)(on_resample), [panel.last, *send_inputs[:3], *send_inputs[4:]],
                              [*send_outputs, seed]).then(*fb.after_exchange)
     for button, choice in ((panel.left_btn, "left"), (panel.right_btn, "right"), (panel.tie_btn, "tie")):
         button.click(judge(choice), panel.last, [panel.info, panel.last, *panel.judge_buttons]).then(*fb.after_record)

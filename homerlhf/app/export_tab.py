@@ -49,6 +49,11 @@ def compute_flag(run_dir: str) -> str:
     from homerlhf.stages.export_plan import FLAGS, compute_dtype_name
 
     cfg = runs.run_config(run_dir) if run_dir else None
+    newest = runs.list_checkpoints(run_dir) if run_dir and cfg is None else []
+    if newest and (newest[0] / "config.yaml").is_file():  # a DPO / KTO run keeps its config per checkpoint
+        from homerlhf.config import from_yaml_file
+
+        cfg = from_yaml_file(newest[0] / "config.yaml")
     if cfg is None:
         return ""
     try:
@@ -154,17 +159,20 @@ def build(run_dir_shared, tab=None) -> None:
 
     from homerlhf.workers.gguf.policy import POLICY_GGUF_TYPES
 
-    gr.Markdown("### Export\nThe checkpoint's actor merged into the dequantized NF4 base it trained on (the "
-                "trained policy, up to the rounding of the dtype it computed in), as a transformers model, GGUFs "
-                "for llama.cpp / Ollama / LM Studio (quantized by llama.cpp) with an Ollama Modelfile each, and a model card. "
-                "`homerlhf export policy` does the same; docs/export.md has the details.")
+    gr.Markdown("### Export\nTurn a checkpoint into a model that runs without homerlhf: a folder that transformers "
+                "loads, GGUF files for llama.cpp, Ollama and LM Studio (with an Ollama Modelfile each), and a model "
+                "card saying how it was trained. It is the model you trained and chatted with in Evaluate: the export "
+                "measures how close its answers' probabilities are and shows the gap. "
+                "`homerlhf export policy` does the same in a terminal; docs/export.md has the details.")
     with gr.Row():
         run_dir = gr.Textbox(label="Run directory", scale=3, elem_id="export-run-dir")
         checkpoint = gr.Dropdown([], label="Checkpoint", allow_custom_value=True, scale=1, elem_id="export-checkpoint")
         refresh = gr.Button("Refresh checkpoints", elem_id="export-refresh")
     with gr.Row():
         out = gr.Textbox(label="Output directory", scale=3, elem_id="export-out")
-        base = gr.Radio(["nf4", "original"], value="nf4", label="Merge into", elem_id="export-base")
+        base = gr.Radio([("what it trained on (nf4)", "nf4"), ("the original weights", "original")], value="nf4",
+                        label="Merge into", elem_id="export-base",
+                        info="nf4 is your trained model; the original is close to it, not the same")
         dtype = gr.Radio(dtype_choices(""), value="auto", label="Save in", elem_id="export-dtype",
                          info="the merged model's dtype; rounding off the policy's costs a measured gap")
         overwrite = gr.Checkbox(False, label="Overwrite", elem_id="export-overwrite")

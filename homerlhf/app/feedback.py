@@ -122,19 +122,45 @@ def counts_markdown(checkpoint: Optional[str]) -> str:
 
 PAIRS_DATA = "pairs.jsonl"
 RATED_DATA = "rated.jsonl"
+HELD_DATA = "held_out.jsonl"
+HELD_FRACTION = 0.2  # of the prompts, held out when there are MIN_PROMPTS_HELD or more
+MIN_PROMPTS_HELD = 3
 
 
-def write_training_data(fb: Feedback, method: str, folder: Path) -> Path:
-    """The rows a feedback run trains on, as one file in ``folder``: DPO the pairs as they are; KTO the
-    rated answers plus each pair as its chosen answer (good) and its rejected one (bad)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def training_rows(fb: Feedback, method: str) -> list[dict]:
+    """The rows a feedback run trains on: DPO the pairs as they are; KTO the rated answers plus each pair as
+    its chosen answer (good) and its rejected one (bad)."""
     if method == "dpo":
-        rows = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in fb.pairs]
-        path = folder / PAIRS_DATA
-    else:
-        rows = [{"prompt": r["prompt"], "completion": r["completion"], "label": bool(r["label"])} for r in fb.ratings]
-        rows += [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
-                 for p in fb.pairs for side in ("chosen", "rejected")]
-        path = folder / RATED_DATA
+        return [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in fb.pairs]
+    rows = [{"prompt": r["prompt"], "completion": r["completion"], "label": bool(r["label"])} for r in fb.ratings]
+    return rows + [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
+                   for p in fb.pairs for side in ("chosen", "rejected")]
+
+
+def held_out_split(rows: list[dict], method: str, min_rows: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held out): whole prompts held out (about :data:`HELD_FRACTION` of the rows) to measure what the run
+    does to feedback it never saw, when the rows hold :data:`MIN_PROMPTS_HELD` prompts or more and the rest still
+    reaches ``min_rows`` (KTO: a pair's two answers count two, as ``kto.min_rows`` counts them); else nothing."""
+    from homerlhf.data.heldout import prompt_key, split_by_prompt
+
+    keys = [prompt_key(r["prompt"]) for r in rows]
+    if len(set(keys)) < MIN_PROMPTS_HELD:
+        return rows, []
+    train, held = split_by_prompt(keys, HELD_FRACTION, seed)
+    if not held or len(train) < min_rows:
+        return rows, []
+    return [rows[i] for i in train], [rows[i] for i in held]
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+def write_training_data(fb: Feedback, method: str, folder: Path, min_rows: int = 0) -> tuple[Path, Optional[Path]]:
+    """The rows a feedback run trains on as one file in ``folder`` (:func:`training_rows`), and the prompts held
+    out of them as another (:func:`held_out_split`; None when none are)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train, held = held_out_split(training_rows(fb, method), method, min_rows)
+    path = _write(folder / (PAIRS_DATA if method == "dpo" else RATED_DATA), train)
+    return path, (_write(folder / HELD_DATA, held) if held else None)

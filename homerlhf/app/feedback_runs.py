@@ -4,10 +4,10 @@ checkpoint on the feedback collected for it, started as a detached run the way *
 
 The run goes beside the run it starts from (``RUNS/<method>-<time>``). Its ``feedback/`` folder holds
 ``feedback.json`` (what it started from, how much feedback) and the rows it trains on, copied when it
-starts (:func:`homerlhf.app.feedback.write_training_data`). Those rows are passed as ``--eval-data``
-too: the run's end-of-run figures (``preference_run.json``: each answer's log-prob under the trained
-policy and under the one it started from) are then on the user's own feedback, the rows it trained
-on, not held out (a handful of clicks leaves nothing to hold out).
+starts (:func:`homerlhf.app.feedback.write_training_data`), with the prompts held out of them when there
+are enough (``held_out.jsonl``, its ``--eval-data``). The run's end-of-run figures
+(``preference_run.json``: each answer's log-prob under the trained policy and under the one it started
+from, on the rows it trained on and on the held-out ones) are what :func:`homerlhf.app.feedback_result.result_markdown` says.
 
 One run at a time: a Start or a feedback run while any run the app can see is running is refused
 with a line naming that run (two runs do not fit one GPU; the second would train unseen).
@@ -53,10 +53,12 @@ def running_run(dirs: Iterable[str | Path]) -> Optional[runs.RunStatus]:
 
 def refuse_if_running(dirs: Iterable[str | Path]) -> None:
     """A one-line refusal naming the running run, if there is one."""
+    from homerlhf.app.common import NotStarted
+
     status = running_run(dirs)
     if status is not None:
-        raise UserError(f"a run is already running: {status.run_dir} (pid {status.pid}); stop it in the Train tab "
-                        "or wait for it to end before starting another (two runs do not fit one GPU)")
+        raise NotStarted(f"a run is already running: {status.run_dir} (pid {status.pid}); stop it in the Train tab "
+                         "or wait for it to end before starting another (two runs do not fit one GPU)")
 
 
 def too_small(fb: feedback.Feedback, method: str, cfg) -> Optional[str]:
@@ -92,14 +94,18 @@ def new_run_dir(parent: Path, method: str) -> Path:
     return path
 
 
-def feedback_argv(method: str, preset: str, overrides: list[str], checkpoint: str, data: Path, out: Path) -> list[str]:
-    """``homerlhf dpo|kto`` from ``checkpoint`` on ``data`` (also its evaluation rows), into ``out``."""
+def feedback_argv(method: str, preset: str, overrides: list[str], checkpoint: str, data: Path, out: Path,
+                  held: Optional[Path] = None) -> list[str]:
+    """``homerlhf dpo|kto`` from ``checkpoint`` on ``data`` into ``out``; ``held``: its held-out rows (None: no
+    split of ``data`` either, ``data.eval_fraction=0``: a handful of rows all train)."""
     keys = {item.split("=", 1)[0] for item in overrides}
     defaults = [f"{method}.{d}" for d in DEFAULTS if f"{method}.{d.split('=')[0]}" not in keys]
+    defaults += ["data.eval_fraction=0"] if held is None and "data.eval_fraction" not in keys else []
     argv = [method, "--preset", preset]
     for item in [*overrides, *defaults]:
         argv += ["--set", item]
-    return argv + ["--model", str(checkpoint), "--data", str(data), "--eval-data", str(data), "--out", str(out)]
+    argv += ["--model", str(checkpoint), "--data", str(data)]
+    return argv + (["--eval-data", str(held)] if held is not None else []) + ["--out", str(out)]
 
 
 @dataclass
@@ -128,9 +134,10 @@ def start_feedback_run(checkpoint: str, method: str, preset: str, overrides: lis
         raise UserError(short)
     method = pick_method(fb, method, cfg)
     out = new_run_dir(start_run.parent, method)
-    data = feedback.write_training_data(fb, method, out / FOLDER)
-    argv = feedback_argv(method, preset, overrides, checkpoint, data, out)
+    data, held = feedback.write_training_data(fb, method, out / FOLDER, getattr(cfg, method).min_rows)
+    argv = feedback_argv(method, preset, overrides, checkpoint, data, out, held)
     info = {"method": method, "start_checkpoint": str(checkpoint), "start_run": str(start_run),
+            "held_out": held is not None, "beta": getattr(cfg, method).beta,
             "pairs": len(fb.pairs), "ratings": len(fb.ratings), "good": fb.good, "bad": fb.bad,
             "epochs": getattr(cfg, method).epochs, "max_steps": getattr(cfg, method).max_steps, "argv": argv}
     (out / FOLDER / INFO_FILE).write_text(json.dumps(info, indent=1))
@@ -180,60 +187,29 @@ def total_steps(run_dir: str | Path, rows: list[dict]) -> Optional[int]:
     return max(int(math.ceil(per_epoch * float(info["epochs"]) - 1e-6)), logged[-1]["step"])
 
 
-def result_markdown(run_dir: str | Path) -> str:
-    """What a finished feedback run did to the feedback it trained on ('' before it ends, or for another run)."""
-    info = info_of(run_dir)
-    try:
-        summary = json.loads((Path(run_dir) / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return ""
-    if info is None:  # a run started elsewhere trained on other data
-        return ""
-    held, start = summary.get("held_out", {}), Path(info["start_checkpoint"]).name
-    head = (f"**{summary['stage'].upper()} run finished**: {summary['steps']} steps on {summary['n_train']} rows; "
-            f"its checkpoint `{Path(summary['checkpoint']).name}` is listed beside `{start}` it started from. "
-            f"On your feedback (the rows it trained on), log-probabilities under the new policy minus under `{start}`:")
-    parts = []
-    if "chosen_logp_change" in held:
-        parts += [f"chosen answers **{held['chosen_logp_change']:+.3f}** nats",
-                  f"rejected answers {held['rejected_logp_change']:+.3f}",
-                  f"margin chosen - rejected {held['margin_before']:+.3f} -> {held['margin_after']:+.3f}"]
-    for name, word in (("good_logp_change", "answers rated up"), ("bad_logp_change", "answers rated down")):
-        if held.get(name) is not None:
-            parts.append(f"{word} {held[name]:+.3f}")
-    return head + " " + "; ".join(parts) + "." if parts else head + " (no figure)."
-
-
 # The monitor's panels for a DPO / KTO run: TRL's logged figures per optimizer step.
 PANELS = [("Loss", ["loss"]), ("Reward margin (chosen - rejected)", ["rewards/margins"]),
           ("Reward accuracy (chosen above rejected)", ["rewards/accuracies"]),
           ("Rewards: chosen and rejected", ["rewards/chosen", "rewards/rejected"]),
           ("Log-probs: chosen and rejected", ["logps/chosen", "logps/rejected"]), ("KL (KTO)", ["kl"])]
-LABELS = {"rewards/chosen": "chosen", "rewards/rejected": "rejected", "logps/chosen": "chosen",
+LABELS = {"loss": "loss", "kl": "KL to the start (TRL's estimate)", "rewards/chosen": "chosen", "rewards/rejected": "rejected", "logps/chosen": "chosen",
           "logps/rejected": "rejected", "rewards/margins": "margin", "rewards/accuracies": "accuracy"}
 
 
 def preference_figure(rows: list[dict]):
     """The monitor figure of a DPO / KTO run: one panel per figure it logs, against the optimizer step
     (TRL's rewards are beta times the log-ratio to the reference: the margin rises as it learns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     from homerlhf.app import monitor
+    from homerlhf.app.monitor_plot import heading, lines_of, panel_figure
 
     steps = [r for r in rows if "loss" in r or "kl" in r]  # the end-of-run totals row aside
-    groups = [(t, keys) for t, keys in PANELS if any(monitor.series(steps, k)[0] for k in keys)]
-    fig = Figure(figsize=(14, 3.4 * max(1, math.ceil(len(groups) / 4))), layout="constrained")
-    axes = fig.subplots(max(1, math.ceil(len(groups) / 4)), 4, squeeze=False).ravel()
-    for key, label in LABELS.items():  # the legend names: the monitor draws with its own table
-        monitor.LABELS.setdefault(key, label)
-    for ax, (title, keys) in zip(axes, groups):
-        monitor._draw_panel(ax, title, keys, steps)
-        ax.set_xlabel("optimizer step", fontsize=8)
-    for ax in axes[len(groups):]:
-        ax.axis("off")
-    fig.suptitle(f"{len(steps)} step(s) logged", fontsize=10)
-    return fig
+    panels = [(title, lines, "") for title, keys in PANELS
+              if (lines := lines_of(keys, steps, lambda key: LABELS.get(key, monitor.label_of(key)), monitor.series))]
+    return panel_figure(panels, heading(len(steps), "step"), "optimizer step")
 
+
+def caption_markdown() -> str:
+    """The *Metric names* of a DPO / KTO run's panels: each line's name and its ``metrics.jsonl`` key (TRL's)."""
+    parts = [f"**{title}**: " + ", ".join(f"{LABELS.get(k, k)} (`{k}`)" for k in keys) for title, keys in PANELS]
+    return ("Metric names of this DPO / KTO run, by panel (TRL's per-step figures; its rewards are beta times the "
+            "log-ratio to the policy it started from): " + "; ".join(parts) + ".")

@@ -1,5 +1,6 @@
 """The live training monitor: read a run's ``metrics.jsonl`` / ``samples.jsonl`` while it grows and
-turn them into plots, a progress line with ETA, the latest samples and worker status.
+turn them into panels of lines (drawn by :mod:`homerlhf.app.monitor_plot`), a progress line with ETA,
+the latest samples, a log tail without library noise and worker status.
 
 Everything here is plain functions over files and dicts, so it is tested without a browser. The
 trainer appends one JSON object per iteration; a line still being written is skipped, never an error.
@@ -59,8 +60,6 @@ LABELS = {
     **{f"{kind}_mem_{phase}_gib": f"{phase} {word}" for kind, word in (("peak", "measured"), ("predicted", "planned"))
        for phase in ("generation", "scoring", "update")},
 }
-STYLES = ["-", "--", "-.", ":"]
-MARKERS = ["o", "s", "^", "D", "v", "P"]
 
 
 def label_of(key: str) -> str:
@@ -168,85 +167,32 @@ def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def metrics_figure(rows: Sequence[dict]):
-    """A matplotlib Figure, one small panel per group in ``PANELS``, points and lines per metric."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+def metric_panels(rows: Sequence[dict]) -> list[tuple[str, list, str]]:
+    """(title, lines, note) of each panel with data, in ``PANELS`` order; a line is (key, legend name, xs, ys)."""
+    from homerlhf.app.monitor_plot import lines_of
 
     kind = next((r.get("peak_mem_kind") for r in reversed(rows) if r.get("peak_mem_kind")), None)
     rows = [flatten(r) for r in rows]
-    groups = [(title, keys) for title, keys in panel_keys(numeric_keys(rows))
-              if title not in OPTIONAL_PANELS or _says_something(keys, rows)]
-    groups = [(memory_title(title, kind), keys) for title, keys in groups]
-    n_cols = 4
-    n_rows = math.ceil(len(groups) / n_cols)
-    fig = Figure(figsize=(14, 3.4 * n_rows), layout="constrained")
-    axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
-    for ax, (title, keys) in zip(axes, groups):
-        _draw_panel(ax, title, keys, rows)
-    for ax in axes[len(groups):]:
-        ax.axis("off")
-    fig.suptitle(f"{len(rows)} iteration(s) logged", fontsize=10)
-    return fig
+    panels = []
+    for title, keys in panel_keys(numeric_keys(rows)):
+        if title in OPTIONAL_PANELS and not _says_something(keys, rows):
+            continue
+        title = memory_title(title, kind)
+        lines = lines_of(keys, rows, lambda key: panel_label(title, key, label_of(key)), series)
+        if lines:
+            panels.append((title, lines, panel_note(title, [y for *_, ys in lines for y in ys])))
+    return panels
 
 
-def figure_svg(fig) -> str:
-    """``fig`` as inline SVG for an HTML box: its text stays text (titles and tick labels a browser,
-    a screen reader and a test can read), and it scales to the box's width."""
-    import io
+def metrics_figure(rows: Sequence[dict]):
+    """The monitor's interactive figure (plotly): one panel per group in ``PANELS`` that has data."""
+    from homerlhf.app.monitor_plot import heading, panel_figure
 
-    import matplotlib
-
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]  # no XML prolog or doctype inside HTML
-    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 width="100%"', svg, count=1)
+    return panel_figure(metric_panels(rows), heading(len(rows), "iteration"), "iteration")
 
 
 def _says_something(keys: Sequence[str], rows: Sequence[dict]) -> bool:
     return any(y != TRIVIAL.get(key) for key in keys for y in series(rows, key)[1])
-
-
-def _draw_panel(ax, title: str, keys: Sequence[str], rows: Sequence[dict]) -> None:
-    from matplotlib.ticker import MaxNLocator, ScalarFormatter
-
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("iteration", fontsize=8)
-    ax.tick_params(labelsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers: never "1e-6 + 2.0705"
-        formatter = ScalarFormatter(useOffset=False)
-        formatter.set_scientific(False)
-        axis.set_major_formatter(formatter)
-    ax.grid(alpha=0.3)
-    xs_all, ys_all = [], []
-    for i, key in enumerate(keys):
-        xs, ys = series(rows, key)
-        if not xs:
-            continue
-        # Dashes and markers differ, so two metrics that agree (score and reward at KL 0) both show.
-        ax.plot(xs, ys, linestyle=STYLES[i % len(STYLES)], marker=MARKERS[i % len(MARKERS)], markersize=4,
-                linewidth=1.4, label=panel_label(title, key, label_of(key)), color=f"C{i}", alpha=0.85, gid=key)
-        xs_all += xs
-        ys_all += ys
-    if not xs_all:
-        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
-        ax.set_xticks([])  # no 0..1 scale that no metric has
-        ax.set_yticks([])
-        return
-    ax.set_xlim(min(xs_all) - 0.5, max(xs_all) + 0.5)
-    low, high = min(ys_all), max(ys_all)
-    if high - low < 1e-9:  # one point, or a flat line: a readable range around it
-        pad = max(abs(low) * 0.1, 1e-3)
-        ax.set_ylim(low - pad, high + pad)
-    note = panel_note(title, ys_all)
-    legend = ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(keys)),
-                       frameon=False, title=note or None, title_fontsize=7)
-    legend.set_gid("legend")
 
 
 def _format_duration(seconds: float) -> str:
@@ -368,6 +314,32 @@ def latest_samples(rows: Sequence[dict], n: int = 8) -> list[list]:
         it = row.get("iteration", row.get("iter", ""))
         out.append([it, re.sub(r"\s+", " ", prompt), str(response), None if score is None else round(score, 4)])
     return list(reversed(out))
+
+
+# Library noise in a run's output: Python warnings (with their source line), llama.cpp's own log lines
+# ("llama_context: n_ctx_seq (2048) > n_ctx_train (512) ..."): true, and nothing a user acts on here.
+_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+_LLAMA = re.compile(r"^(llama_|llm_|ggml_|gguf_|common_|load_tensors|print_info|load)[a-z_]*: ")
+
+
+def quiet_log(text: str) -> str:
+    """A run's log tail as the monitor shows it: each progress bar at its last state (the text after its last
+    carriage return), without library warnings or llama.cpp's log lines (the file keeps everything)."""
+    kept, skip_source = [], False
+    for line in text.split("\n"):
+        redrawn, line = "\r" in line, line.rsplit("\r", 1)[-1]
+        if redrawn and not line.strip():  # a bar that cleared itself when done
+            continue
+        if _WARNING.match(line):
+            skip_source = True  # the next line, indented, is the warning's source line
+            continue
+        if skip_source and line.startswith((" ", "\t")):
+            skip_source = False
+            continue
+        skip_source = False
+        if not _LLAMA.match(line):
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def check_worker(url: str, timeout: float = 2.0, token: Optional[str] = None) -> tuple[bool, Optional[float], str]:

@@ -1,10 +1,11 @@
 """What opening or reloading the page brings back.
 
-A page load re-attaches the newest running run (:func:`homerlhf.app.train_tab.on_page_load`); with none
-running, the newest run of any state is attached instead, so Evaluate and Export have a run after a
-reload too (a Start still goes to a fresh directory). A running run's Plan settings — its preset, model,
-overrides, algorithm and reward boxes — are read back from the command it was launched with
-(``RUN_DIR/app/launch.json``), so *What Start runs* describes that run and not the preset's defaults.
+The page's settings as it left them (:mod:`homerlhf.app.page_settings`: the Plan and Data tabs' choices,
+the run length in the overrides), so *Start* runs what the page showed before. With none saved, a running
+run's Plan settings — its preset, model, overrides, algorithm and reward boxes — are read back from the
+command it was launched with (``RUN_DIR/app/launch.json``). A page load re-attaches the newest running
+run (:func:`homerlhf.app.train_tab.on_page_load`); with none running, the newest run of any state is
+attached instead, so Evaluate and Export have a run after a reload too (a Start goes to a fresh directory).
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from homerlhf.app import runs
+from homerlhf.app import page_settings, runs
+from homerlhf.app.common import log
 
 RESTORED = "Its preset, model and overrides are back in the Plan tab."
+KEPT = ("The Plan tab shows the settings you left, not the ones the running run started with (its command is the "
+        "first line of its log).")
+# The Plan settings the page keeps (page_settings), as named in the saved file.
+PLAN_NAMES = ("preset", "model", "overrides", "algorithm", "reward_function", "reward_components", "typed_models",
+              "gpu_gib")
 
 
 def running_run(runs_root: str) -> Optional[str]:
@@ -72,19 +79,60 @@ def settings_of(run_dir: str) -> Optional[dict]:
 def settings_outputs(settings) -> list:
     """The Plan components :func:`restore_settings` sets (``settings``: :class:`plan_tab.Settings`)."""
     return [settings.preset, settings.model, settings.overrides, settings.preset_model, settings.shown_preset,
-            settings.algorithm, settings.reward_function, settings.reward_components, settings.typed_models]
+            settings.algorithm, settings.reward_function, settings.reward_components, settings.typed_models,
+            settings.gpu_gib]
 
 
-def restore_settings(runs_root: str) -> tuple:
-    """The page's Plan settings: the running run's (:func:`settings_of`), else unchanged."""
+def saved_settings(runs_root: str) -> Optional[dict]:
+    """The Plan settings the page left (:mod:`page_settings`), in :func:`settings_of`'s shape; None for none
+    (or a preset that no longer exists)."""
+    from homerlhf.app.plan_tab import preset_model_of
+    from homerlhf.config import preset_names
+
+    saved = page_settings.load(runs_root)
+    if saved.get("preset") not in preset_names():
+        return None
+    default = preset_model_of(saved["preset"])
+    return {"preset": saved["preset"], "model": saved.get("model") or default, "preset_model": default,
+            "overrides": saved.get("overrides") or "", "algorithm": saved.get("algorithm") or "ppo",
+            "reward_function": saved.get("reward_function") or "", "reward_components": saved.get("reward_components") or "",
+            "typed": saved.get("typed_models") or {}, "gpu_gib": saved.get("gpu_gib") or 0}
+
+
+def restore_settings(runs_root: str, extra_names: tuple = ()) -> tuple:
+    """The page's Plan settings (``settings_outputs``): the ones it left, else the running run's
+    (:func:`settings_of`), else unchanged; then the saved value of each of ``extra_names`` (the Data tab's)."""
     import gradio as gr
 
-    running = running_run(runs_root)
-    found = settings_of(running) if running else None
+    found = saved_settings(runs_root)
     if found is None:
-        return tuple(gr.update() for _ in range(9))
+        running = running_run(runs_root)
+        found = settings_of(running) if running else None
+    extra = list(page_settings.restored(runs_root, list(extra_names)))
+    for i, name in enumerate(extra_names):  # an upload kept no longer there: the box stays empty
+        if name == "data_upload" and isinstance(extra[i], str) and not Path(extra[i]).is_file():
+            extra[i] = gr.update()
+    if found is None:
+        return (*(gr.update() for _ in range(10)), *extra)
     return (found["preset"], found["model"], found["overrides"], found["preset_model"], found["preset"],
-            found["algorithm"], found["reward_function"], found["reward_components"], found["typed"])
+            found["algorithm"], found["reward_function"], found["reward_components"], found["typed"],
+            found.get("gpu_gib", gr.update()), *extra)
+
+
+def _same_as_launched(runs_root: str, launched: dict) -> bool:
+    """Whether the Plan settings the page left would launch what ``launched`` (:func:`settings_of`) did."""
+    from homerlhf.app.plan_tab import run_overrides
+    from homerlhf.errors import UserError
+
+    saved = saved_settings(runs_root)
+    if saved is None:
+        return True  # the page took the run's own settings
+    try:
+        items = run_overrides(saved["model"], saved["overrides"], saved["preset_model"])
+    except UserError:
+        return False
+    return saved["preset"] == launched["preset"] and items == run_overrides(
+        launched["model"], launched["overrides"], launched["preset_model"])
 
 
 def attach_on_load(reattached: tuple, runs_root: str) -> tuple:
@@ -96,8 +144,9 @@ def attach_on_load(reattached: tuple, runs_root: str) -> tuple:
 
     out = list(reattached)
     if out[1]:
-        if settings_of(out[1]) is not None:
-            out[-1] = f"{out[-1]} {RESTORED}"
+        launched = settings_of(out[1])
+        if launched is not None:
+            out[-1] = f"{out[-1]} {RESTORED if _same_as_launched(runs_root, launched) else KEPT}"
         return tuple(out)
     found = runs.list_runs(runs_root)
     if not found:
@@ -111,12 +160,35 @@ def attach_on_load(reattached: tuple, runs_root: str) -> tuple:
     return tuple(out)
 
 
-def wire(blocks, settings, plan_load: tuple, train_loads: list[tuple], runs_root: str) -> None:
-    """The page's load events: the Plan settings restored, then the plan drawn from them and, beside it, the
-    Train tab's re-attach (``train_loads[0]``, the newest run attached when none runs), then the Start command."""
-    chain = blocks.load(lambda: restore_settings(runs_root), None, settings_outputs(settings))
+def wire(blocks, settings, plan_load: tuple, train_loads: list[tuple], runs_root: str, kept: dict) -> None:
+    """The page's load events: the settings restored (the Plan tab's and ``kept``, name -> component: the
+    Data tab's), then the plan drawn from them and, beside it, the Train tab's re-attach (``train_loads[0]``,
+    the newest run attached when none runs), then the Start command. Every change of a setting is saved."""
+    names = tuple(kept)
+    chain = blocks.load(lambda: restore_settings(runs_root, names), None, [*settings_outputs(settings), *kept.values()])
     chain.then(*plan_load)
     reattach, inputs, outputs = train_loads[0]
     attached = chain.then(lambda: attach_on_load(reattach(), runs_root), inputs, outputs)
     for event in train_loads[1:]:  # the Start command: of the restored settings and the run dir box as attached
         attached.then(*event)
+
+
+def keep(settings, kept: dict, runs_root: str) -> None:
+    """Save the page's settings (the Plan tab's and ``kept``) on each change of one of them."""
+    from homerlhf.app.data_tab import keep_upload, uploads_dir
+
+    plan = [getattr(settings, name) for name in PLAN_NAMES]
+    names, components = [*PLAN_NAMES, *kept], [*plan, *kept.values()]
+
+    def save(*values):
+        values = list(values)
+        for i, name in enumerate(names):  # an upload is kept where Gradio does not delete it
+            if name == "data_upload" and values[i] and Path(values[i]).parent != uploads_dir():
+                values[i] = keep_upload(values[i])
+        try:
+            page_settings.save(runs_root, names, tuple(values))
+        except OSError as exc:  # a read-only runs folder: the page works on, its settings are not kept
+            log.warning("cannot keep the page's settings in %s: %s", runs_root, exc.strerror or exc)
+
+    for component in components:
+        component.change(save, components, None, show_progress="hidden")

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from homerlhf.app import runs
 from homerlhf.app.common import guarded, md_text, parse_overrides, set_override
 from homerlhf.app.plan_apply import NO_FIT, apply_choice, on_apply, suggestion_overrides  # noqa: F401 - the tab's API
+from homerlhf.app.plan_time import slowest_phase, time_markdown  # noqa: F401 - the tab's API
 from homerlhf.errors import UserError
 
 
@@ -114,40 +115,15 @@ def compute_plan(cfg, gpu_gib: Optional[float], calibration: str = ""):
     from homerlhf.models.reward_kinds import possible_reward_backends
     from homerlhf.workers.bench import cached_throughputs
 
+    if gpu_gib is not None and gpu_gib < 0:
+        raise UserError(f"'Plan for GPU GiB' is {gpu_gib:g}: give 0 (plan for the preset's card) or your card's "
+                        "memory in GiB, e.g. 24")
     path = Path(calibration.strip()).expanduser() if (calibration or "").strip() else None
     report = read_report(path) if path is not None else None  # a bad report: one line, before anything loads
     shape = shape_for(cfg)
     rewards = possible_reward_backends(cfg.reward.model, cfg.model.name_or_path)
     return calibrated_plan(cfg, shape, cached_throughputs(cfg, shape), float(gpu_gib) if gpu_gib else None,
                            rewards, report, str(path))
-
-
-def time_markdown(plan, reward_model: Optional[str] = None) -> str:
-    """The plan's time section: time per phase, the critical path, the recommendation as overrides, and
-    the placements compared (from `homerlhf bench` figures, or the defaults, marked as such)."""
-    from homerlhf.memory.placement import budget_words, summary_lines
-    from homerlhf.memory.timing import human_seconds, phase_rows
-    from homerlhf.models.reward_kinds import assumed_note
-
-    rec = plan.timing
-    if rec is None:
-        return ""
-    lines = [f"**Time per iteration** ({rec.current.time.placement.label()})", "",
-             "| phase | time | runs on |", "|---|---:|---|"]
-    lines += [f"| {name} | {human_seconds(seconds)} | {where} |" for name, seconds, where in phase_rows(rec.current.time)]
-    lines += [""] + [f"{line}  " for line in summary_lines(rec, app=True)]
-    note = assumed_note(reward_model) if rec.best.time.placement.reward == "adapter" else ""
-    lines += [f"Note: {note}  "] if note else []
-    fits = f"fits {budget_words(rec.budget_gib)}" if rec.budget_gib > 0 else "fits"
-    lines += ["", f"| ref | reward | rollout | per iteration | GPU peak GiB | {fits} |", "|---|---|---|---:|---:|---|"]
-    for c in rec.candidates:
-        p = c.time.placement
-        peak = "-" if c.peak_gib is None else f"{c.peak_gib:.2f}"
-        lines.append(f"| {p.ref} | {p.reward} | {p.engine} | {human_seconds(c.time.total_s)} | {peak} | "
-                     f"{'yes' if c.fits else 'no'} |")
-    lines += ["", "For this machine's own figures run `homerlhf bench` in a terminal (same preset and overrides). "
-                  "Your overrides win over the recommendation, which is advice only."]
-    return "\n".join(lines)
 
 
 def plan_table(plan) -> tuple[list[str], list[list]]:
@@ -234,6 +210,7 @@ class PlanPanel:
     command: Any
     yaml_path: Any
     save_btn: Any
+    save_message: Any  # under Save YAML: its confirmation or error where the button is
     suggestion: Any  # gr.State: what Apply applies for the last plan (apply_choice), {} before one
     time: Any = None  # Markdown: seconds per phase and the placement recommendation
     calibration: Any = None  # Textbox: a `homerlhf check` report's path (empty: the H200's scaled figures)
@@ -273,8 +250,9 @@ def _layout(settings: Settings) -> PlanPanel:
     with gr.Row():
         yaml_path = gr.Textbox("runs/run.yaml", label="Save run config as", scale=3, elem_id="plan-yaml-path")
         save_btn = gr.Button("Save YAML", elem_id="plan-save")
+    save_message = gr.Markdown(elem_id="plan-save-message")
     return PlanPanel(card, plan_btn, apply_btn, message, verdict, chart, table, command, yaml_path, save_btn,
-                     suggestion=gr.State({}), time=time, calibration=calibration)
+                     save_message, suggestion=gr.State({}), time=time, calibration=calibration)
 
 
 def on_algorithm(algorithm: str, overrides: str) -> str:
@@ -375,7 +353,7 @@ def build(settings: Settings):
     panel.apply_btn.click(guarded(3, error_index=0)(on_apply), [panel.suggestion, s.overrides, s.preset],
                           [panel.message, s.overrides, s.applied]).then(replan, inputs, panel.plan_outputs)
     panel.save_btn.click(guarded(1, error_index=0)(on_save),
-                         [s.preset, s.model, s.overrides, s.preset_model, panel.yaml_path], panel.message)
+                         [s.preset, s.model, s.overrides, s.preset_model, panel.yaml_path], panel.save_message)
 
     def on_load(*values):
         """What the page shows when it opens: the card and the plan of the current settings."""

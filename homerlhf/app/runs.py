@@ -1,7 +1,7 @@
 """Training runs as detached processes: start, stop gracefully, attach, list.
 
 A run started from the app is ``homerlhf train ...`` in its own session (``start_new_session``), so
-closing the browser or the app never stops it. A small launcher (``python -m homerlhf.app.runs``)
+closing the browser or the app never stops it. A small launcher (``python -m homerlhf.app.launcher``)
 sits between the app and the trainer: it records the trainer's exit code, because once the app is
 restarted it is no longer the trainer's parent and could not learn it otherwise.
 
@@ -84,6 +84,7 @@ class RunStatus:
     ended_at: Optional[float] = None
     argv: list[str] = field(default_factory=list)
     log_tail: str = ""
+    forced: bool = False  # stopped by Force stop (killed: no checkpoint written at the stop)
 
     @property
     def running(self) -> bool:
@@ -97,12 +98,21 @@ class RunStatus:
             last = last_error_line(self.log_tail)
             return f"crashed (exit code {self.returncode})" + (f": {last}" if last else "")
         if self.state == "stopped":
-            return "stopped by the user"
+            return "stopped by you" + (" with Force stop (no checkpoint at the stop)" if self.forced else "") \
+                + "; " + resume_words(self.run_dir)
         if self.state == "finished":
             return "finished"
         if self.state == "unknown":
             return "started outside the app (no exit code known)"
         return "not started"
+
+
+def resume_words(run_dir: Path) -> str:
+    """Where a stopped run's last checkpoint is and what to do with it, or that there is none."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return "it wrote no checkpoint, so there is nothing to resume: Start a new run"
+    return f"its last checkpoint is {found[0]}: Resume continues from it"
 
 
 def _read_json(path: Path) -> Optional[dict]:
@@ -171,6 +181,7 @@ def run_status(run_dir: str | Path) -> RunStatus:
         started_at=launch.get("started_at"),
         argv=list(launch.get("argv", [])),
         log_tail=log_tail,
+        forced=bool(launch.get("force")),
     )
     ended = _read_json(app_dir / EXIT_FILE)
     if ended is not None:
@@ -183,7 +194,8 @@ def run_status(run_dir: str | Path) -> RunStatus:
         else:
             status.state = "crashed"
     elif status.pid is None or not _alive(status.pid, launch.get("launcher_started_at")):
-        status.state = "crashed"  # the launcher died without writing the exit code (killed)
+        # The launcher died without writing the exit code: killed by Force stop (asked), else crashed.
+        status.state = "stopped" if launch.get("stop_requested") else "crashed"
     return status
 
 
@@ -212,7 +224,7 @@ def start_run(
     app_dir.mkdir(parents=True, exist_ok=True)
     (app_dir / EXIT_FILE).unlink(missing_ok=True)
     command = [*(program or homerlhf_program()), *argv]
-    launcher = [sys.executable, "-m", "homerlhf.app.runs", str(app_dir), "--", *command]
+    launcher = [sys.executable, "-m", "homerlhf.app.launcher", str(app_dir), "--", *command]
     with open(app_dir / LOG_FILE, "ab") as log:
         shown = format_command(argv) if program is None else shlex.join(command)
         log.write(f"\n$ {shown}\n".encode())
@@ -265,6 +277,8 @@ def stop_run(run_dir: str | Path, force: bool = False) -> str:
     launch = _read_json(launch_path) or {}
     again = "stop_requested" in launch
     launch["stop_requested"] = time.time()
+    if force:
+        launch["force"] = True
     _write_json_atomic(launch_path, launch)
     sig = signal.SIGKILL if force else signal.SIGINT
     try:
@@ -272,7 +286,7 @@ def stop_run(run_dir: str | Path, force: bool = False) -> str:
     except ProcessLookupError:
         return "the run had already ended"
     if force:
-        return "killed the run (no final checkpoint)"
+        return "Force stop: the run was killed at once, without a checkpoint at the stop"
     if again:
         return "asked again: the run aborts at once (resume from its last checkpoint)"
     return "asked the run to stop; it saves a checkpoint first (Stop again aborts at once)"
@@ -329,29 +343,6 @@ def checkpoint_label(label: str, problem: str) -> str:
 def checkpoint_entries(run_dir: str | Path, files: Sequence[str] = ()) -> list[tuple[str, Path]]:
     """(label, dir) of the run's checkpoints newest first, as every tab names them (``iter_000003``, marked)."""
     return [(checkpoint_label(p.name, why), p) for p, why in checkpoint_states(run_dir, files)] if run_dir else []
-
-
-def _launcher_main(args: list[str]) -> int:
-    """``python -m homerlhf.app.runs APP_DIR -- COMMAND...``: run it, record its exit code."""
-    app_dir, sep, command = Path(args[0]), args[1], args[2:]
-    assert sep == "--", "usage: python -m homerlhf.app.runs APP_DIR -- COMMAND..."
-    # The stop signal goes to the whole group; the launcher must outlive the trainer to record
-    # its exit code. A Python-level handler (not SIG_IGN) is reset to default in the child on exec.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    proc = subprocess.Popen(command)
-    while True:
-        try:
-            returncode = proc.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-            continue
-    _write_json_atomic(app_dir / EXIT_FILE, {"returncode": returncode, "ended_at": time.time()})
-    return returncode
-
-
-if __name__ == "__main__":
-    sys.exit(_launcher_main(sys.argv[1:]))
 
 
 CONFIG_NAMES = ("config.yaml", "run_config.yaml", "resolved_config.yaml", "run.yaml")

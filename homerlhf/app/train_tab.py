@@ -10,6 +10,7 @@ from typing import Any
 from homerlhf.app import feedback_runs, monitor, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
+from homerlhf.app.run_controls import on_resume, resume_argv, with_iterations  # noqa: F401 - the tab's API
 from homerlhf.app.train_status import (  # noqa: F401 (worker_table and the rest: the tab's, re-exported)
     default_run_dir, holds_run, is_default_run_dir, status_markdown, total_iterations, worker_table,
 )
@@ -26,7 +27,7 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
     workers, log, n_rows, state). The figure and samples are None when the row count is still
     ``last_n`` (nothing new to draw)."""
     if not run_dir:
-        return (NO_RUN, "", "", [], [], "", 0, "")
+        return (NO_RUN, "", None, [], [], "", 0, "")
     path = Path(run_dir)
     status = runs.run_status(path)
     rows = monitor.read_jsonl(path / runs.METRICS_FILE)
@@ -38,11 +39,11 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
         prog.eta_s = None  # no time is left to estimate (a run started elsewhere may still be going)
     changed = len(rows) != last_n
     draw = feedback_runs.preference_figure if preference else monitor.metrics_figure
-    figure = monitor.figure_svg(draw(rows)) if changed else None
+    figure = draw(rows) if changed else None
     samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
     line = prog.line().replace("iteration", "step", 1) if preference else prog.line()
     return (status_markdown(status), f"**Progress:** {line}", figure, samples,
-            worker_table(path, status), status.log_tail[-3000:], len(rows), status.state)
+            worker_table(path, status), monitor.quiet_log(status.log_tail)[-3000:], len(rows), status.state)
 
 
 @dataclass
@@ -55,6 +56,8 @@ class TrainPanel:
     start_btn: Any
     stop_btn: Any
     kill_btn: Any
+    resume_btn: Any
+    iterations: Any  # Number: ppo.iterations of the next Start, written into the Plan tab's overrides
     runs_dd: Any
     refresh_btn: Any
     attach_btn: Any
@@ -78,6 +81,7 @@ class TrainPanel:
                 self.state, self.message]
 
 
+COMMAND_LABEL = "What Start training runs: a new run of the Plan tab's settings"
 PAUSED = -2  # n_rows while a Start is under way: the timer leaves the cleared monitor alone
 SAMPLE_WIDTHS = ["120px", "30%", "50%", "100px"]  # iteration and score always in view (1400 px wide)
 
@@ -86,14 +90,17 @@ def _layout(runs_root: str) -> TrainPanel:
     import gradio as gr
 
     with gr.Row():
+        iterations = gr.Number(label="Iterations", precision=0, scale=1, elem_id="train-iterations",
+                               info="How long it trains: rounds of sample, score, update (ppo.iterations)")
         run_dir = gr.Textbox(default_run_dir(runs_root), label="Run directory", scale=3, elem_id="train-run-dir",
                              info="A new runs/app-<time> for each Start unless you type one")
         overwrite = gr.Checkbox(False, label="Overwrite an old run there", elem_id="train-overwrite")
-    command = gr.Code(label="What Start runs (the Plan tab's settings)", language="shell", interactive=False, lines=2, elem_id="train-command")
+    command = gr.Code(label=COMMAND_LABEL, language="shell", interactive=False, lines=2, elem_id="train-command")
     with gr.Row():
         start_btn = gr.Button("Start training", variant="primary", elem_id="train-start")
         stop_btn = gr.Button("Stop (checkpoint first)", variant="stop", elem_id="train-stop")
-        kill_btn = gr.Button("Force stop", elem_id="train-kill")
+        kill_btn = gr.Button("Force stop (no checkpoint)", elem_id="train-kill")
+        resume_btn = gr.Button("Resume", elem_id="train-resume")
     with gr.Row():
         runs_dd = gr.Dropdown([], label="Existing runs", allow_custom_value=True, scale=3, elem_id="train-runs")
         refresh_btn = gr.Button("Refresh list", elem_id="train-refresh")
@@ -101,8 +108,8 @@ def _layout(runs_root: str) -> TrainPanel:
     message = gr.Markdown(elem_id="train-message")
     status_md = gr.Markdown(NO_RUN, elem_id="train-status")
     progress_md = gr.Markdown(elem_id="train-progress")
-    # Inline SVG, not an image: its titles and tick labels stay text.
-    plot = gr.HTML("", label="Metrics", elem_id="train-plot", js_on_load=None, min_height=200)
+    # Interactive panels (plotly: hover for values, drag to zoom); their titles and legends stay text.
+    plot = gr.Plot(label="Metrics", show_label=False, elem_id="train-plot")
     with gr.Accordion("Metric names", open=False):
         plot_caption = gr.Markdown(monitor.caption_markdown(), elem_id="train-plot-caption")
     samples = gr.Dataframe(headers=["iteration", "prompt", "response", "score"], label="Latest samples",
@@ -111,10 +118,25 @@ def _layout(runs_root: str) -> TrainPanel:
                            interactive=False, elem_id="train-workers")
     with gr.Accordion("Training log (tail)", open=False):
         log_box = gr.Textbox(lines=12, max_lines=30, show_label=False, elem_id="train-log")
-    return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, runs_dd, refresh_btn, attach_btn,
+    return TrainPanel(run_dir, overwrite, command, start_btn, stop_btn, kill_btn, resume_btn, iterations,
+                      runs_dd, refresh_btn, attach_btn,
                       message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
                       attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S),
                       starts=gr.State(0))
+
+
+def describe_attached(run_dir: str) -> tuple:
+    """What names the attached run's lines (*Metric names*: PPO's, or a DPO / KTO run's) and what *Start* would
+    start beside it (always a new PPO run, also while a feedback run from Evaluate is attached)."""
+    import gradio as gr
+
+    argv = runs.run_status(run_dir).argv if run_dir else []
+    if not (run_dir and feedback_runs.is_preference_run(run_dir, argv)):
+        return monitor.caption_markdown(), gr.update(label=COMMAND_LABEL)
+    method = (argv[0] if argv[:1] and argv[0] in ("dpo", "kto") else
+              (feedback_runs.info_of(run_dir) or {}).get("method", "DPO / KTO")).upper()
+    return feedback_runs.caption_markdown(), gr.update(
+        label=f"What Start training runs: a new PPO run of the Plan tab's settings (the run attached is a {method} run)")
 
 
 def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> str:
@@ -169,7 +191,7 @@ def new_watch(request=None) -> int:
 def pause_monitor(request=None):
     """The monitor cleared at once when Start is pressed: never the previous run's plot under the new one.
     Returns ``monitor_outputs`` and this page's count of Starts."""
-    return ("Starting a run…", "", "", [], [], "", PAUSED, "", "", new_watch(request))
+    return ("Starting a run…", "", None, [], [], "", PAUSED, "", "", new_watch(request))
 
 
 def redraw(run_dir, last_n, last_state="", starts=0, request=None):
@@ -207,9 +229,19 @@ def runs_list(run_dir: str, runs_root: str):
     return gr.update(choices=found, value=run_dir if run_dir in found else (found[0] if found else None))
 
 
-def on_attach(choice) -> tuple:
-    """Watch an existing run: (message, attached, shared run dir, rows drawn = -1 to redraw, run dir
-    box, state)."""
+def attach_choice(choice: str, typed: str, attached: str) -> str:
+    """What *Attach* attaches: the *Existing runs* pick, or (when that is still the attached run) a run
+    directory typed in the *Run directory* box instead."""
+    typed = (typed or "").strip()
+    if (not choice or choice == attached) and typed and typed != attached and runs.is_run_dir(Path(typed)):
+        return typed
+    return choice
+
+
+def on_attach(choice, typed: str = "", attached: str = "") -> tuple:
+    """Watch an existing run (:func:`attach_choice`): (message, attached, shared run dir, rows drawn = -1 to
+    redraw, run dir box, state)."""
+    choice = attach_choice(choice, typed, attached)
     if not (choice or "").strip():
         raise UserError("pick a run from the list (Refresh list) or type its directory")
     path = Path(choice.strip())
@@ -274,22 +306,30 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
     (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
 
-    @guarded(6, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
-    def start(preset, model, overrides, preset_model, run_dir, overwrite):
-        return on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root)
+    @guarded(7, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
+    def start(preset, model, overrides, preset_model, run_dir, overwrite, iterations):
+        overrides = with_iterations(iterations, preset, model, overrides, preset_model)  # the field as shown
+        return (*on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root), overrides)
 
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
+    overrides_box = cmd_inputs[2]
     panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
                           cancels=[tick]).then(
-        start, cmd_inputs, [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state]
+        start, [*cmd_inputs, panel.iterations],
+        [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state, overrides_box]
     ).then(refresh, monitor_inputs, panel.monitor_outputs).then(
         lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
+    panel.resume_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
+                           cancels=[tick]).then(
+        guarded(5, error_index=0, on_error={3: -1})(lambda run_dir: on_resume(run_dir, runs_root)), panel.attached,
+        [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.state]
+    ).then(refresh, monitor_inputs, panel.monitor_outputs)
     panel.stop_btn.click(guarded(1, error_index=0)(on_stop), panel.attached, panel.message)
     panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
 
     panel.refresh_btn.click(lambda run_dir: runs_list(run_dir, runs_root), panel.run_dir, panel.runs_dd)
     panel.attach_btn.click(new_watch, None, panel.starts, queue=False, cancels=[tick]).then(
-        guarded(6, error_index=0)(on_attach), panel.runs_dd,
+        guarded(6, error_index=0)(on_attach), [panel.runs_dd, panel.run_dir, panel.attached],
         [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
     ).then(redraw, monitor_inputs, panel.monitor_outputs)
 
@@ -302,19 +342,30 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
 
     gr.Markdown("### Train\nStarts `homerlhf train` as its own process: closing the browser or the app "
                 "never stops it. Stop asks it to save a checkpoint, then exit.")
+    from homerlhf.app.page_settings import iterations_of
+
     panel = _layout(runs_root)
     cmd_inputs = [preset, model, overrides, preset_model_state, panel.run_dir, panel.overwrite]
     for comp in (preset, model, overrides, panel.run_dir, panel.overwrite):
         comp.change(show_command, cmd_inputs, panel.command)
+    settings_inputs = cmd_inputs[:4]
+    for comp in (preset, model, overrides):
+        comp.change(iterations_of, settings_inputs, panel.iterations, show_progress="hidden")
+    def typed(n, *values):  # the field into the overrides (unchanged when they give that length already)
+        return "", with_iterations(n, *values)
+
+    for event in (panel.iterations.submit, panel.iterations.blur):
+        event(guarded(2, error_index=0)(typed), [panel.iterations, *settings_inputs], [panel.message, overrides])
     for handler in (refresh, pause_monitor, follow_shared, new_watch, redraw):  # Gradio hands its request to a parameter annotated so
         handler.__annotations__["request"] = gr.Request
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
+    panel.attached.change(describe_attached, panel.attached, [panel.plot_caption, panel.command], show_progress="hidden")
     run_dir_shared.change(follow_shared, [run_dir_shared, panel.attached, panel.starts],
                           [panel.attached, panel.run_dir, *panel.monitor_outputs], show_progress="hidden")
     def reattach():
         return on_page_load(runs_root)
 
     return [(reattach, None, [panel.runs_dd, panel.attached, run_dir_shared, panel.run_dir, *panel.monitor_outputs]),
-            (show_command, cmd_inputs, panel.command)]
+            (show_command, cmd_inputs, panel.command), (iterations_of, settings_inputs, panel.iterations)]

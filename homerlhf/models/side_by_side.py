@@ -1,5 +1,6 @@
 """Side-by-side answers: the trained actor (a checkpoint's ``actor`` adapter) and the reference (the
-same base with the adapter off), on the same prompt, sampling settings and seed, each scored by a
+same base with the adapter off) or another checkpoint's actor on the same base (``right``: e.g. the
+checkpoint a DPO run started from), on the same prompt, sampling settings and seed, each scored by a
 reward model.
 
 The base is loaded the way training loads it (:func:`homerlhf.models.policy.load_base`, 4-bit when
@@ -54,15 +55,19 @@ def answer_text(tokenizer, response_ids: list[int], stop_ids) -> str:
     return text.strip()
 
 
+RIGHT = "right"  # the adapter name of the checkpoint compared on the right
+
+
 class EvalModels:
     """One run checkpoint loaded for chatting: base + ``actor`` adapter, tokenizer, reward model.
 
     ``cfg``: the run's config; ``reward``: builds the reward model from ``(cfg, tokenizer)``
-    (None: answers go unscored).
+    (None: answers go unscored); ``right``: another checkpoint of the same base whose actor answers on
+    the right (None: the base with the adapter off).
     """
 
     def __init__(self, cfg: RunConfig, checkpoint: str | Path,
-                 reward: Optional[Callable[[RunConfig, Any], Any]] = None):
+                 reward: Optional[Callable[[RunConfig, Any], Any]] = None, right: Optional[str | Path] = None):
         from peft import PeftModel
 
         from homerlhf.config import check_device
@@ -82,6 +87,11 @@ class EvalModels:
         base = load_base(model_path, cfg)
         self.stop_ids = stop_token_ids(self.tokenizer, base.generation_config)
         self.model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
+        self.right = Path(right) if right else None
+        if self.right is not None:
+            if not (self.right / ACTOR / "adapter_config.json").is_file():
+                raise UserError(f"checkpoint {self.right} has no '{ACTOR}' adapter; compare with another checkpoint")
+            self.model.load_adapter(str(self.right / ACTOR), adapter_name=RIGHT)
         self.model.set_adapter(ACTOR)
         self.model.eval()
         self.reward = reward(cfg, self.tokenizer) if reward is not None else None
@@ -103,11 +113,29 @@ class EvalModels:
             raise UserError(f"the chat template alone is longer than rollout.max_prompt_len={limit} tokens; raise it")
         return ids
 
-    def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool) -> list[int]:
-        """Response ids up to and including the first stop token: the shape PPO and its reward
-        model score (:func:`homerlhf.data.replies.reward_sequence_ids`)."""
+    def _side(self, adapter_on: bool | str):
+        """The block's model: the actor (True), the base with adapters off (False), or the adapter named."""
         import contextlib
 
+        from homerlhf.models.policy import ACTOR
+
+        if adapter_on is False:
+            return self.model.disable_adapter()
+        name = ACTOR if adapter_on is True else adapter_on
+
+        @contextlib.contextmanager
+        def switched():
+            self.model.set_adapter(name)
+            try:
+                yield
+            finally:
+                self.model.set_adapter(ACTOR)
+
+        return switched()
+
+    def _generate(self, prompt: list[int], sampling: Sampling, adapter_on: bool | str) -> list[int]:
+        """Response ids up to and including the first stop token: the shape PPO and its reward
+        model score (:func:`homerlhf.data.replies.reward_sequence_ids`). ``adapter_on``: see :meth:`_side`."""
         import torch
 
         from homerlhf.models.generation import build_generation_config, checkpoint_defaults_off
@@ -120,21 +148,21 @@ class EvalModels:
         config.top_p, config.top_k = float(sampling.top_p), int(sampling.top_k)
         # Same seed for both sides: differences come from the weights, not the dice.
         torch.manual_seed(int(sampling.seed))
-        ctx = contextlib.nullcontext() if adapter_on else self.model.disable_adapter()
-        with torch.no_grad(), ctx, checkpoint_defaults_off(self.model.get_base_model(), config):
+        with torch.no_grad(), self._side(adapter_on), checkpoint_defaults_off(self.model.get_base_model(), config):
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         response = out[0, ids.shape[1]:].tolist()
         ends = [i for i, token in enumerate(response) if token in self.stop_ids]
         return response[: ends[0] + 1] if ends else response
 
     def answer_both(self, text: str, sampling: Sampling) -> tuple[Answer, Answer]:
-        """(actor answer, reference answer) to one user message, each with its reward score."""
+        """(actor answer, right answer: the reference's, or the ``right`` checkpoint's) to one user
+        message, each with its reward score."""
         if not text.strip():
             raise UserError("type a message first")
         prompt = self.prompt_ids(text)
         with self.lock:
             actor_ids = self._generate(prompt, sampling, adapter_on=True)
-            ref_ids = self._generate(prompt, sampling, adapter_on=False)
+            ref_ids = self._generate(prompt, sampling, adapter_on=RIGHT if self.right is not None else False)
         answers = [Answer(answer_text(self.tokenizer, r, self.stop_ids), prompt, r) for r in (actor_ids, ref_ids)]
         if self.reward is not None:
             scores = self.reward.score([prompt, prompt], [actor_ids, ref_ids])

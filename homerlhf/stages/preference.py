@@ -215,7 +215,7 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
     from homerlhf.memory.peaks import PhaseMeter
     from homerlhf.memory.preference import HELD_OUT, TRAINING
     from homerlhf.stages.common import Timer, on_cuda
-    from homerlhf.stages.preference_eval import held_out_figures
+    from homerlhf.stages.preference_eval import held_out_figures, trained_figures
     from homerlhf.tracking import hf
     from homerlhf.tracking.settings import tracking_line
 
@@ -229,13 +229,15 @@ def _train(method: str, cfg, out: Path, start: Start, base_path: str, tokenizer,
                 trainer._total_train_tokens = _logged_tokens(out / LOG)
             with Timer() as timer, meter.phase(TRAINING):
                 result = trainer.train(resume_from_checkpoint=_hf_resume_dir(out, resume_from) if resume_from else None)
-        with Timer() as held_timer, meter.phase(HELD_OUT):
-            figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
+        with meter.phase(HELD_OUT):  # the rows it trained on measured as the held-out ones, in the same batches
+            with Timer() as held_timer:
+                figures = held_out_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
+            trained = trained_figures(trainer.model, data, tokenizer.pad_token_id, cfg)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": result.global_step, "train_loss": float(losses[-1]) if losses else float(result.training_loss),
             "batch_size": trainer.state.train_batch_size, "seconds": timer.seconds,
-            "held_out_seconds": held_timer.seconds, "held_out": figures,
+            "held_out_seconds": held_timer.seconds, "held_out": figures, "trained_rows": trained,
             "peak_mem_gib": {k: round(v, 4) for k, v in meter.peaks().items()}, "peak_mem_kind": meter.kind}
 
 

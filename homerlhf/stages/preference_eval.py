@@ -8,6 +8,8 @@ policy and under the reference (the policy it started from), on the same base in
 
 The pass never builds the full logits (:mod:`homerlhf.models.sequence_logprobs`), takes the rows and the
 chunk its plan counts (:func:`homerlhf.memory.preference.held_out_batch`) and backs off out of memory.
+
+Both on the held-out rows and (:func:`trained_figures`) on the rows it trained on.
 """
 
 from __future__ import annotations
@@ -95,14 +97,30 @@ def rated_changes(model, rated: Sequence[dict], pad_id: int, **batching) -> dict
     return result
 
 
+TRAINED_ROWS = 256  # the training rows measured at the end (the first ones, in training order): a bounded pass
+
+
+def _batching(cfg, method: str) -> dict[str, Any]:
+    """How the end-of-run passes batch their rows: as the run's plan counts the held-out pass."""
+    from homerlhf.memory.preference import held_out_batch
+
+    rows, chunk = held_out_batch(cfg, method)
+    return {"batch_size": rows, "chunk_per_row": chunk // rows,
+            "fix": f"lower {method}.max_len or ppo.logprob_chunk_size, or hold out shorter rows"}
+
+
+def trained_figures(model, data, pad_id: int, cfg) -> dict[str, Any]:
+    """The same figures on (the first :data:`TRAINED_ROWS` of) the rows it trained on: pairs for DPO, rated
+    answers for KTO. What the run did to the data it saw, beside what it did to the held-out rows."""
+    rows, batching = data.train[:TRAINED_ROWS], _batching(cfg, data.method)
+    return (pair_margins(model, rows, pad_id, **batching) if data.method == "dpo"
+            else rated_changes(model, rows, pad_id, **batching))
+
+
 def held_out_figures(model, data, pad_id: int, cfg) -> dict[str, Any]:
     """:func:`pair_margins` on the held-out pairs and, for KTO, :func:`rated_changes` on the rated answers,
     batched as the run's plan counts the pass (:func:`homerlhf.memory.preference.held_out_batch`)."""
-    from homerlhf.memory.preference import held_out_batch
-
-    rows, chunk = held_out_batch(cfg, data.method)
-    batching = {"batch_size": rows, "chunk_per_row": chunk // rows,
-                "fix": f"lower {data.method}.max_len or ppo.logprob_chunk_size, or hold out shorter rows"}
+    batching = _batching(cfg, data.method)
     figures = pair_margins(model, data.eval_pairs, pad_id, **batching)
     if data.method == "kto":
         figures.update(rated_changes(model, data.eval_rated, pad_id, **batching))

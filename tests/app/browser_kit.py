@@ -100,5 +100,11 @@ def choose(page, elem_id: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-def svg_texts(page, elem_id: str, selector: str = "text") -> list[str]:
-    return [t.strip() for t in page.locator(f"#{elem_id} svg {selector}").all_text_contents()]
+PLOT_TEXTS = """([id, selector]) => [...document.querySelectorAll(`#${id} svg ${selector}`)].map(text => {
+    const lines = text.querySelectorAll("tspan.line");  // a wrapped text: one tspan per line
+    return (lines.length ? [...lines].map(line => line.textContent).join(" ") : text.textContent).trim(); })"""
+
+
+def plot_texts(page, elem_id: str, selector: str = "text") -> list[str]:
+    """The texts of a plot as a person reads them: titles, legend names, notes, ticks (a wrapped one whole)."""
+    return page.evaluate(PLOT_TEXTS, [elem_id, selector])

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from browser_kit import (
-    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, svg_texts, value_of, wait_text, wait_value,
+    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, plot_texts, value_of, wait_text, wait_value,
 )
 
 pytestmark = BROWSER_MARKS
@@ -126,14 +126,14 @@ def check_monitor(page, run_dir):
     assert "ETA" not in page.locator("#train-progress").inner_text()
     # Item 8: the monitor's one point reads on integer iteration ticks, under human titles.
     deadline = time.monotonic() + 10
-    while "1 iteration(s) logged" not in svg_texts(page, "train-plot") and time.monotonic() < deadline:
+    while "1 iteration(s) logged" not in plot_texts(page, "train-plot") and time.monotonic() < deadline:
         time.sleep(0.25)
-    texts = svg_texts(page, "train-plot")
+    texts = plot_texts(page, "train-plot")
     assert "1 iteration(s) logged" in texts
     for title in ("Score and reward", "KL to the reference (nats)", "Policy and value loss", "KL penalty coefficient"):
         assert title in texts
     assert not [t for t in texts if "_" in t]  # no metric's internal name on the figure
-    xticks = svg_texts(page, "train-plot", "g[id^=xtick] text")
+    xticks = plot_texts(page, "train-plot", "g.xtick text")
     assert xticks and set(xticks) == {"1"}, xticks
     last_sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[-1])
     prompt_text = re.sub(r"<\|[a-z]+\|>", "", last_sample["prompt"]).strip()

@@ -14,7 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from browser_kit import ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, svg_texts, value_of, wait_text
+from browser_kit import ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, plot_texts, value_of, wait_text
 
 pytestmark = BROWSER_MARKS
 
@@ -24,6 +24,7 @@ def start_reload_and_see_its_settings(page, runs_root: Path, reward_dir: Path) -
     overrides = cheap_overrides(reward_dir)
     open_tab(page, "Plan")
     fill(page, "plan-overrides", overrides)
+    model = value_of(page, "plan-model")
     open_tab(page, "Train")
     wait_text(page, "train-command", re.escape("rollout.max_new_tokens=6"))
     page.locator("#train-start").click()
@@ -39,7 +40,7 @@ def start_reload_and_see_its_settings(page, runs_root: Path, reward_dir: Path) -
     assert shown == [argv[i + 1] for i, word in enumerate(argv) if word == "--set"] == overrides.splitlines()
     open_tab(page, "Plan")
     assert value_of(page, "plan-overrides").splitlines() == overrides.splitlines()
-    assert value_of(page, "plan-model") == "builtin:tiny-llama"
+    assert value_of(page, "plan-model") == model  # the page as it was left (the overrides name the run's model)
     return run_dir
 
 
@@ -117,9 +118,9 @@ def cpu_memory_panel_says_what_it_measures(page, run_dir: Path) -> None:
     assert "finished" in status, (status, (run_dir / "app" / "train.log").read_text()[-2000:])
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["peak_mem_kind"] == "cpu_rss"
     deadline = time.monotonic() + 10
-    while "1 iteration(s) logged" not in svg_texts(page, "train-plot") and time.monotonic() < deadline:
+    while "1 iteration(s) logged" not in plot_texts(page, "train-plot") and time.monotonic() < deadline:
         time.sleep(0.25)
-    texts = svg_texts(page, "train-plot")
+    texts = plot_texts(page, "train-plot")
     assert "CPU memory (GiB): process RSS and the plan's tensors" in texts, texts
     assert {"generation: process RSS", "generation: plan, tensors only"} <= set(texts)
     assert not [t for t in texts if t.endswith(" measured") or t.endswith(" planned")]
@@ -176,9 +177,9 @@ def negative_kl_is_explained(page, run_dir: Path, tmp_path: Path) -> None:
     page.locator("#train-attach").click()  # draws the copy whatever a poll sent before it left (train_tab.redraw)
     wait_text(page, "train-status", re.escape(str(copy)))
     deadline = time.monotonic() + 30
-    while note not in svg_texts(page, "train-plot") and time.monotonic() < deadline:
+    while note not in plot_texts(page, "train-plot") and time.monotonic() < deadline:
         time.sleep(0.25)
-    texts = svg_texts(page, "train-plot")
+    texts = plot_texts(page, "train-plot")
     assert "KL to the reference (nats)" in texts and note in texts, texts
     page.screenshot(path=str(ARTIFACTS / "6e-train-kl-note.png"), full_page=True)
 

@@ -18,11 +18,16 @@ and the newest answers are in view. Screenshots go to ``test-artifacts/app/``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
+from pathlib import Path
 
 import pytest
-from browser_kit import ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, svg_texts, wait_text
+
+from browser_kit import (
+    ARTIFACTS, BROWSER_MARKS, cheap_overrides, choose, fill, open_tab, plot_texts, value_of, wait_text,
+)
 
 pytestmark = BROWSER_MARKS
 
@@ -121,12 +126,37 @@ def collect(page, run) -> None:
     pick(page, 3)
     page.locator("#eval-best").click()
     wait_text(page, "eval-feedback-message", r"Recorded answer 3 as better than [23] other answer")
+    write_a_better_answer(page, run)
     pairs = [json.loads(line) for line in (run / "preferences.jsonl").read_text().splitlines()]
-    assert len(pairs) >= 3 and {p["prompt"] for p in pairs} == {PROMPT}
+    assert len(pairs) >= 4 and {p["prompt"] for p in pairs} == {PROMPT}
     rating = json.loads((run / "ratings.jsonl").read_text())
     visible = lambda text: re.sub(r"[\x00-\x1f]", "", text).strip()  # noqa: E731 - the page drops control bytes
     assert (visible(rating["completion"]), rating["label"], rating["completion_source"]) == (visible(left), True, "actor")
     page.screenshot(path=str(ARTIFACTS / "7a-feedback-collected.png"), full_page=True)
+
+
+MINE = "Tea is a drink made by steeping leaves in hot water."
+
+
+def write_a_better_answer(page, run) -> None:
+    """Issue 62 item 2: the answer a person writes (here an edit of the picked one, rewritten) is saved as the
+    chosen side of a pair against the model's answer picked, its origin marked."""
+    pick(page, 2)
+    page.locator("#eval-edit").click()  # the picked answer's text, to edit
+    right = messages(page, "eval-right", "bot")[0]
+    page.wait_for_function("() => document.querySelector('#eval-your-answer textarea')?.value.length > 0")
+    edited = page.locator("#eval-your-answer textarea").input_value()  # the answer's own text, to edit
+    visible = lambda text: re.sub(r"\s+", " ", re.sub(r"[\x00-\x08\x0b-\x1f]", "", text)).strip()  # noqa: E731 - as the page shows it
+    assert visible(edited) == visible(right)
+    fill(page, "eval-your-answer", MINE)
+    page.locator("#eval-save-mine").click()
+    wait_text(page, "eval-feedback-message", r"Saved your answer \(answer \d+\) as better than answer 2: a pair in "
+                                             r".*marked chosen_source: human")
+    last = json.loads((run / "preferences.jsonl").read_text().splitlines()[-1])
+    assert (last["chosen"], last["chosen_source"], last["rejected_source"]) == (MINE, "human", "reference")
+    assert last["rejected"] == edited and last["prompt"] == PROMPT
+    assert MINE in page.locator("#eval-left").inner_text()  # shown with the answers, numbered
+    page.screenshot(path=str(ARTIFACTS / "9a-your-answer.png"), full_page=True)
 
 
 def train_on_feedback(page, run):
@@ -148,9 +178,9 @@ def train_on_feedback(page, run):
     steps = re.search(r"step (\d+)/(\d+)", progress).groups()
     assert steps[0] == steps[1], progress
     deadline = time.monotonic() + 10
-    while "KL (KTO)" not in svg_texts(page, "train-plot") and time.monotonic() < deadline:
+    while "KL (KTO)" not in plot_texts(page, "train-plot") and time.monotonic() < deadline:
         time.sleep(0.25)
-    texts = svg_texts(page, "train-plot")
+    texts = plot_texts(page, "train-plot")
     for title in ("Loss", "Rewards: chosen and rejected", "Log-probs: chosen and rejected", "KL (KTO)"):
         assert title in texts, texts
     page.screenshot(path=str(ARTIFACTS / "7b-feedback-run.png"), full_page=True)
@@ -162,8 +192,21 @@ def new_beside_old(page, run, trained) -> None:
     summary = json.loads((trained / "preference_run.json").read_text())
     new = f"iter_{summary['steps']:06d}"
     result = wait_text(page, "eval-feedback-result", r"KTO run finished", timeout_s=20)
-    change = float(re.search(r"answers rated up ([-+]\d+\.\d+)", result).group(1))  # the chosen ones, the thumb up
-    assert change > 0 and change == round(summary["held_out"]["good_logp_change"], 3), result
+    figures = summary["trained_rows"]
+    said = re.search(r"On your feedback it trained on: (.*)", result).group(1)
+    up, down, shown = re.search(r"answers rated up ([-+]\d+\.\d+); answers rated down ([-+]\d+\.\d+); preference for "
+                                r"the answers you rated up over those rated down 50% -> (\d+\.\d)%", said).groups()
+    assert (float(up), float(down)) == (round(figures["good_logp_change"], 3), round(figures["bad_logp_change"], 3))
+    # The preference KTO's implicit reward gives the answers rated up over those rated down, sigmoid(kto.beta 0.5 *
+    # (up - down)); under 55% the line says the run was too little to matter (whether this tiny walk's 6 steps move
+    # it depends on the answers the tiny model drew: 82.2% in the walks looked at, 50.0% in one).
+    implied = 100 / (1 + math.exp(-0.5 * (figures["good_logp_change"] - figures["bad_logp_change"])))
+    assert float(shown) == round(implied, 1), result
+    assert ("Too little to matter" in result) == (implied < 55), result
+    assert "No held-out figure" in result  # one prompt: nothing to hold out
+    # Compared with where it started, by default: the new policy on the left, its start on the right.
+    start = f"iter_000001 of {run.name} (where this run started)"
+    page.wait_for_function(f"() => document.querySelector('#eval-right-side input')?.value === '{start}'")
     assert "already running" not in page.locator("#eval-feedback-message").inner_text()  # the start's lines went
     page.wait_for_function(f"() => document.querySelector('#eval-checkpoint input')?.value === '{new}'")
     page.locator("#eval-checkpoint input").first.click()
@@ -171,9 +214,31 @@ def new_beside_old(page, run, trained) -> None:
     assert new in options and f"iter_000001 of {run.name} (where this run started)" in options, options
     page.keyboard.press("Escape")
     send(page, PROMPT, who=f"{new} of {trained.name}")  # the same prompt, the new policy
+    assert f"Right: iter_000001 of {run.name}" in page.locator("#eval-right").inner_text()  # against its start
     page.screenshot(path=str(ARTIFACTS / "7c-feedback-new-policy.png"), full_page=True)
     choose(page, "eval-checkpoint", f"iter_000001 of {run.name} (where this run started)")
     send(page, PROMPT, who=f"iter_000001 of {run.name}")  # and the old one
+
+
+def the_model_card_names_what_trained_it(page, run, trained, reward_dir) -> None:
+    """Issue 62 item 8: the exported feedback policy's card is tagged with its method, not ppo, says it used no
+    reward model, and names the PPO run it started from (whose reward model is named there only)."""
+    open_tab(page, "Export")
+    page.wait_for_function("() => document.querySelector('#export-checkpoint input')?.value.startsWith('iter_')")
+    for box in page.locator("#export-gguf input:checked").all():  # no GGUF: the card is what this checks
+        box.uncheck()
+    page.locator("#export-start").click()
+    wait_text(page, "export-result", r"Exported|Error", timeout_s=120)
+    out = Path(value_of(page, "export-out"))
+    card = (out / "README.md").read_text()
+    front = card.split("---")[1].splitlines()
+    assert "- kto" in front and "- ppo" not in front, card
+    assert "(KTO, a LoRA actor on a 4-bit NF4 base)" in card
+    assert "- reward model: none (KTO learns from the answers rated good or bad themselves)" in card
+    assert [line for line in card.splitlines() if str(reward_dir) in line] == [
+        line for line in card.splitlines() if line.startswith(f"- started from: `iter_000001` of `{run.name}` (ppo run)")]
+    assert f"`{trained / 'feedback' / 'rated.jsonl'}`" in card
+    page.screenshot(path=str(ARTIFACTS / "9b-export-card.png"), full_page=True)
 
 
 def test_from_a_chat_to_a_better_policy(page, app_url, reward_dir, moved_run):
@@ -197,3 +262,4 @@ def test_from_a_chat_to_a_better_policy(page, app_url, reward_dir, moved_run):
     collect(page, moved_run)
     trained = train_on_feedback(page, moved_run)
     new_beside_old(page, moved_run, trained)
+    the_model_card_names_what_trained_it(page, moved_run, trained, reward_dir)

@@ -70,7 +70,7 @@ def test_a_checkpoint_switched_away_from_is_freed_before_the_next_loads(monkeypa
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     class Loaded:  # what EvalModels holds that matters here: a 4-bit policy and a close()
-        def __init__(self, run_dir, checkpoint):
+        def __init__(self, run_dir, checkpoint, right=None):
             quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
             self.model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, quantization_config=quant, device_map="cpu")
             self.closed = False

@@ -59,3 +59,31 @@ def test_train_on_too_little_feedback_says_what_is_needed(tmp_path):
                        "needs at least 4 rated answers, a pair counting as two (kto.min\\_rows): 1 collected, 3 more: "
                        "Thumbs up/down, or pairs.")
     assert shared == {"__type__": "update"}
+
+
+def test_your_own_answer_is_the_chosen_side_against_the_picked_one(tmp_path):
+    """*Your answer*: saved as chosen (``chosen_source: human``) against the picked model answer (the left one when
+    none is picked), added to the answers on screen, never twice; the DPO loader reads it as a pair."""
+    from homerlhf.app.common import guarded
+    from homerlhf.data.load import load_preferences
+
+    pending = _pending(tmp_path)
+    assert eval_feedback.on_edit(pending, 2) == "Tea is made from leaves." and eval_feedback.on_edit(pending, None) == "Tea."
+    write = guarded(5, error_index=0)(eval_feedback.on_write)
+    message, pending, picks, count, chat = write(pending, None, "  Tea is a drink made from leaves.  ", [])
+    path = tmp_path / "run" / preferences.PAIRS_FILE
+    assert message == (f"Saved your answer (answer 4) as better than answer 1: a pair in `{path}`, marked "
+                       "`chosen_source: human`.")
+    row = json.loads(path.read_text())
+    assert (row["chosen"], row["rejected"], row["chosen_source"], row["rejected_source"], row["checkpoint"]) == (
+        "Tea is a drink made from leaves.", "Tea.", "human", "actor", pending["checkpoint"])
+    assert picks["choices"][-1] == ("4 · your answer", 3) and chat[-1]["content"].startswith("*Your answer* (answer 4")
+    assert "1 preference pair(s)" in count
+    records, report = load_preferences(str(path))
+    assert report.n_usable == 1 and records[0]["chosen"][-1]["content"] == "Tea is a drink made from leaves."
+    again = write(pending, 0, "Tea is a drink made from leaves.", [])[0]
+    assert again == "**Error:** already saved as better than answer 1; pick another answer, or change yours"
+    assert write(pending, 3, "Something else.", [])[0].startswith("**Error:** pick an answer of the model")
+    assert write(pending, 1, "Go away.", [])[0].startswith("**Error:** your answer is answer 2 as it is")
+    assert write(pending, 1, " ", [])[0].startswith("**Error:** write your answer in 'Your answer' first")
+    assert preferences.count(tmp_path / "run") == (1, 0)

@@ -92,7 +92,8 @@ def test_a_changed_checkpoint_is_marked_not_selected_and_refused_before_it_loads
 
     loads = []
     monkeypatch.setattr(chat, "get_models", lambda *a: loads.append(a))
-    outputs = guarded(11, error_index=4)(eval_tab.on_send)(str(tmp_path), str(second), "Hi", [], [], 8, 1.0, 1.0, 0, 0)
+    outputs = guarded(11, error_index=4)(eval_tab.on_send)(str(tmp_path), str(second), eval_tab.BASE, "Hi", [], [], 8, 1.0,
+                                                             1.0, 0, 0)
     assert outputs[4] == error_box(f"checkpoint {second}: actor/adapter_model.safetensors does not match its "
                                    "MANIFEST.json sha256 (changed after it was written); pick iter_000001 instead")
     assert loads == []
@@ -114,6 +115,12 @@ def test_a_feedback_run_lists_the_checkpoint_it_started_from_after_its_own(tmp_p
     update, known = eval_tab.follow_checkpoints(str(run), str(start), [str(start)])
     assert update["choices"] == [("iter_000004", str(own)), ("iter_000001 of app-1 (where this run started)", str(start))]
     assert update["value"] == str(own) and known == [str(own), str(start)]  # the new policy, the old beside it
+    # The right side compares with where it started by default (either side can be the base or any checkpoint).
+    assert eval_tab.default_right(str(run)) == str(start)
+    assert eval_tab.right_choices(str(run)) == [(eval_tab.BASE_LABEL, eval_tab.BASE), *update["choices"]]
+    left, right, _ = eval_tab.follow_both(str(run), str(own), str(start), known)
+    assert (left, right) == ({"__type__": "update"},) * 2  # nothing new: nothing moves
+    assert eval_tab.default_right(str(tmp_path / "app-1")) == eval_tab.BASE  # a PPO run: the reference
 
 
 def test_another_run_followed_clears_the_exchange():
@@ -135,3 +142,27 @@ def test_kl_so_far_says_why_a_k1_mean_can_be_negative(tmp_path):
     assert kl_so_far(str(tmp_path)) == f"KL to the reference so far: -0.0180 nats per response at iteration 2 ({NEGATIVE_KL})"
     metrics.write_text(json.dumps({"iteration": 3, "kl_mean": 0.25}) + "\n")
     assert kl_so_far(str(tmp_path)) == "KL to the reference so far: 0.2500 nats per response at iteration 3"
+
+
+def test_a_send_names_both_sides_and_keeps_what_answered_on_the_right(tmp_path, monkeypatch):
+    """Each window says who answered: the checkpoint picked on the left; on the right the base (adapter off) or the
+    checkpoint compared, whose answers are marked so (not "reference") in what the feedback rows record."""
+    from homerlhf.app import chat
+    from homerlhf.models.side_by_side import Answer
+
+    first, second = _checkpoint(tmp_path / "ppo", 1), _checkpoint(tmp_path / "dpo", 2)
+    loaded = []
+
+    class Models:
+        def answer_both(self, text, sampling):
+            return Answer("Tea is a drink.", [1], [2], 0.5), Answer("Go away.", [1], [3], -0.5)
+
+    monkeypatch.setattr(chat, "get_models", lambda *a: loaded.append(a) or Models())
+    out = eval_tab.on_send(str(tmp_path / "dpo"), str(second), str(first), "Tea?", [], [], 8, 1.0, 1.0, 0, 0)
+    left, right, pending = out[0], out[1], out[5]
+    assert (left["label"], right["label"]) == ("Left: iter_000002 of dpo", "Right: iter_000001 of ppo")
+    assert loaded == [(str(tmp_path / "dpo"), str(second), str(first))]
+    assert [a["source"] for a in pending["answers"]] == ["actor", "compared"] and pending["right_checkpoint"] == str(first)
+    out = eval_tab.on_send(str(tmp_path / "dpo"), str(second), eval_tab.BASE, "Tea?", [], [], 8, 1.0, 1.0, 0, 0)
+    assert out[1]["label"] == f"Right: {eval_tab.BASE_LABEL}" and out[5]["answers"][1]["source"] == "reference"
+    assert loaded[-1] == (str(tmp_path / "dpo"), str(second), None)

@@ -45,6 +45,10 @@ def test_the_dtype_defaults_to_the_one_the_policy_computed_in(tmp_path):
     assert export_tab.dtype_choices(str(tmp_path))[0] == ("as the policy computed (fp32)", "auto")
     (tmp_path / "config.yaml").write_text(to_yaml(load_config("cpu-tiny", None, ["quant.compute_dtype=bf16"])))
     assert export_tab.compute_flag(str(tmp_path)) == "bf16"
+    feedback_run = tmp_path / "dpo-1" / "checkpoints" / "iter_000002"  # a DPO / KTO run: a config per checkpoint
+    feedback_run.mkdir(parents=True)
+    (feedback_run / "config.yaml").write_text(to_yaml(load_config("cpu-tiny")))
+    assert export_tab.compute_flag(str(tmp_path / "dpo-1")) == "fp32"
 
 
 def _refusal(run, out, **options) -> str:

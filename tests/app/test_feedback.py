@@ -68,11 +68,25 @@ def test_the_count_is_of_this_policy_and_the_training_files_load(tmp_path):
         f"(1 up, 0 down), in `{run / 'preferences.jsonl'}` and `{run / 'ratings.jsonl'}`.")
     assert feedback.counts_markdown(None) == "Feedback for this policy: pick a checkpoint first."
 
-    pairs_file = feedback.write_training_data(fb, "dpo", tmp_path / "out")
+    pairs_file, held = feedback.write_training_data(fb, "dpo", tmp_path / "out")
+    assert held is None  # two prompts: none held out
     records, report = load_preferences(str(pairs_file))
     assert report.n_usable == 2 and [r["prompt"][0]["content"] for r in records] == ["Tell me about tea.",
                                                                                       "Tell me about cats."]
-    rated_file = feedback.write_training_data(fb, "kto", tmp_path / "out")
+    # Three prompts, but holding one out would leave fewer than kto.min_rows = 5 to train on: all of them train.
+    rated_file, held = feedback.write_training_data(fb, "kto", tmp_path / "out", min_rows=5)
+    assert held is None
     rated, report, pairs = load_rated(str(rated_file))
     assert report.n_usable == 5 and pairs is None  # 1 rating + 2 pairs as one good and one bad answer each
     assert [r["label"] for r in rated] == [True, True, False, True, False]
+
+
+def test_a_fifth_of_the_prompts_is_held_out_when_there_are_three_or_more():
+    """Whole prompts go to the held-out side (a pair's two answers together, for KTO), about a fifth of the rows,
+    only when the rows hold 3 prompts or more and the rest still reaches the method's min_rows."""
+    rows = [{"prompt": f"p{i}", "completion": c, "label": c == "good"} for i in range(5) for c in ("good", "bad")]
+    train, held = feedback.held_out_split(rows, "kto", min_rows=4)
+    assert len(held) == 2 and held[0]["prompt"] == held[1]["prompt"]  # round(10 * 0.2) = 2 rows: one prompt
+    assert len(train) == 8 and held[0]["prompt"] not in {r["prompt"] for r in train}
+    assert feedback.held_out_split(rows, "kto", min_rows=9) == (rows, [])  # 8 left would be too few
+    assert feedback.held_out_split(rows[:4], "kto", min_rows=1) == (rows[:4], [])  # 2 prompts: none held out

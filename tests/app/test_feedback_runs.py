@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from homerlhf.app import feedback, feedback_runs, runs, train_tab
+from homerlhf.app.feedback_result import result_markdown
 from homerlhf.config import load_config
 from homerlhf.errors import UserError
 
@@ -45,9 +46,13 @@ def test_a_too_small_collection_starts_nothing(tmp_path):
 def test_the_feedback_run_command_adds_the_small_data_defaults_unless_set(tmp_path):
     argv = feedback_runs.feedback_argv("dpo", "cpu-tiny", ["dpo.lr=1e-2", "dpo.grad_accum=2"], "C", tmp_path / "d.jsonl",
                                        tmp_path / "out")
+    # No held-out rows: no split of the few rows either (all of them train).
     assert argv == ["dpo", "--preset", "cpu-tiny", "--set", "dpo.lr=1e-2", "--set", "dpo.grad_accum=2",
-                    "--set", "dpo.warmup_ratio=0", "--model", "C", "--data", str(tmp_path / "d.jsonl"),
-                    "--eval-data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out")]
+                    "--set", "dpo.warmup_ratio=0", "--set", "data.eval_fraction=0", "--model", "C",
+                    "--data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out")]
+    held = feedback_runs.feedback_argv("kto", "cpu-tiny", [], "C", tmp_path / "d.jsonl", tmp_path / "out", tmp_path / "h.jsonl")
+    assert held[-4:] == ["--eval-data", str(tmp_path / "h.jsonl"), "--out", str(tmp_path / "out")]
+    assert "data.eval_fraction=0" not in held
 
 
 def test_a_second_start_while_a_run_runs_is_refused_naming_it(tmp_path):
@@ -83,16 +88,39 @@ def test_progress_in_steps_the_panels_and_the_result_of_a_feedback_run(tmp_path)
     assert feedback_runs.start_checkpoint(run) == start
     status, progress, figure, *_ = train_tab.poll(str(run))
     assert progress.startswith("**Progress:** step 2/6 · 33%")
+    from homerlhf.app.monitor_plot import figure_texts
+
+    texts = figure_texts(figure)
     for title in ("Loss", "Reward margin (chosen - rejected)", "Reward accuracy (chosen above rejected)",
-                  "2 step(s) logged", "optimizer step"):
-        assert f">{title}<" in figure, title
-    assert feedback_runs.result_markdown(run) == ""  # not finished
+                  "2 step(s) logged"):
+        assert title in texts, title
+    assert figure.to_plotly_json()["layout"]["xaxis"]["title"]["text"] == "optimizer step"
+    assert result_markdown(run) == ""  # not finished
+    trained = {"eval_pairs": 4, "margin_before": -0.25, "margin_after": 3.5, "chosen_logp_change": 1.25,
+               "rejected_logp_change": -2.5, "accuracy_before": 0.5, "accuracy_after": 1.0}
     summary = {"stage": "dpo", "steps": 6, "n_train": 4, "checkpoint": str(run / "checkpoints" / "iter_000006"),
-               "held_out": {"eval_pairs": 4, "margin_before": -0.25, "margin_after": 3.5, "chosen_logp_change": 1.25,
-                            "rejected_logp_change": -2.5, "accuracy_before": 0.5, "accuracy_after": 1.0}}
+               "held_out": {}, "trained_rows": trained}
     (run / feedback_runs.RESULT_FILE).write_text(json.dumps(summary))
-    assert feedback_runs.result_markdown(run) == (
-        "**DPO run finished**: 6 steps on 4 rows; its checkpoint `iter_000006` is listed beside `iter_000001` it "
-        "started from. On your feedback (the rows it trained on), log-probabilities under the new policy minus under "
-        "`iter_000001`: chosen answers **+1.250** nats; rejected answers -2.500; margin chosen - rejected -0.250 -> "
-        "+3.500.")
+    head = ("**DPO run finished**: 6 optimizer step(s) on 4 row(s). Evaluate compares its checkpoint `iter_000006` "
+            "(left) with `iter_000001` of `ppo`, where it started (right): send one of your prompts to see the change.")
+    # sigmoid(0.1 * (3.5 + 0.25)) = 1 / (1 + e^-0.375) = 0.5927: the preference DPO's implicit reward gives.
+    assert result_markdown(run) == "\n\n".join([
+        head, "On your feedback it trained on: margin log p(chosen) - log p(rejected) -0.250 -> +3.500 nats (chosen "
+              "answers **+1.250**, rejected -2.500); preference for your chosen answers 50% -> 59.3%.",
+        "No held-out figure: from 3 prompts with feedback on, a fifth of them is held out to show what the run does "
+        "to prompts it never saw."])
+    # Half a nat of margin at beta 0.1: sigmoid(0.05) = 0.5125, too little to matter, with the loss it logged.
+    info.update(held_out=True, beta=0.1)
+    (run / feedback_runs.FOLDER / feedback_runs.INFO_FILE).write_text(json.dumps(info))
+    summary.update(trained_rows=dict(trained, margin_after=0.25), held_out=dict(trained, margin_after=0.0))
+    (run / feedback_runs.RESULT_FILE).write_text(json.dumps(summary))
+    lines = result_markdown(run).split("\n\n")
+    assert lines[1].endswith("-0.250 -> +0.250 nats (chosen answers **+1.250**, rejected -2.500); preference for your "
+                             "chosen answers 50% -> 51.2%.")
+    assert lines[2].startswith("On your held-out feedback (prompts it never saw): margin log p(chosen) - log "
+                               "p(rejected) -0.250 -> +0.000 nats")  # sigmoid(0.025) = 0.5062
+    assert lines[2].endswith("50% -> 50.6%.")
+    assert lines[3] == ("**Too little to matter:** 6 step(s) on 4 row(s) left the preference for your chosen answers "
+                        "at 51.2% (50% is no change, loss 0.5900 -> 0.4900). Give more feedback (tens of pairs), or "
+                        "train longer: raise `dpo.epochs` (now 3.0) or `dpo.lr` in the Plan tab's overrides, then "
+                        "train again.")

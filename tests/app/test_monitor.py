@@ -1,9 +1,8 @@
-"""The monitor's parsing, panel grouping, ETA and worker checks, without a browser."""
+"""The monitor's parsing, panel grouping, figure layout, log filter, ETA and worker checks, without a browser."""
 
 from __future__ import annotations
 
 import json
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -52,39 +51,112 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     assert "importance weight, max (`is_weight_max`)" in caption and "`predicted_mem_update_gib`" in caption
 
 
+def _layout(fig) -> dict:
+    return fig.to_plotly_json()["layout"]
+
+
+def _panel_of(fig, title: str) -> str:
+    """The axis suffix ('' or 'N') of the panel titled ``title``."""
+    annotations = [a for a in _layout(fig)["annotations"] if a["text"].replace("<br>", " ").replace("<b>", "")
+                   .replace("</b>", "").replace("  ", " ") == title]
+    assert annotations, title
+    x = annotations[0]["x"]
+    for key, axis in _layout(fig).items():
+        if key.startswith("xaxis") and abs(sum(axis["domain"]) / 2 - x) < 1e-9:
+            y_top = _layout(fig)["yaxis" + key[5:]]["domain"][1]
+            if abs(y_top - annotations[0]["y"]) < 1e-9:
+                return key[5:]
+    raise AssertionError(title)
+
+
 def test_one_point_reads_as_plain_numbers_on_an_integer_iteration_axis():
     rows = [{"iteration": 1, "score_mean": -2.0705, "reward_mean": -2.0705, "kl_mean": 1e-6, "kl_coef": 0.15}]
     fig = monitor.metrics_figure(rows)
-    fig.canvas.draw()
-    for ax in [a for a in fig.axes if a.axison and a.get_lines()]:
-        low, high = ax.get_xlim()
-        shown = [t.get_text() for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if low <= x <= high]
-        assert shown == ["1"], ax.get_title()
-        assert ax.yaxis.get_offset_text().get_text() == "" and ax.xaxis.get_offset_text().get_text() == ""
-        # The legend sits under the panel, off the data.
-        legend = ax.get_legend().get_window_extent()
-        assert legend.y1 <= ax.get_window_extent().y0
-    score = next(a for a in fig.axes if a.get_title() == "Score and reward")
-    low, high = score.get_ylim()
-    assert low < -2.0705 < high and high - low == pytest.approx(2 * 0.20705)
+    layout = _layout(fig)
+    xaxes = {k: v for k, v in layout.items() if k.startswith("xaxis")}
+    assert len(xaxes) == 3  # one panel per group with data: score and reward, KL, KL coefficient
+    for key, axis in xaxes.items():
+        # Whole iterations, one tick per iteration around the one point; plain numbers on both axes.
+        assert (axis["range"], axis["tick0"], axis["dtick"], axis["tickformat"]) == ([0.5, 1.5], 1, 1, "d"), key
+        assert layout["yaxis" + key[5:]]["exponentformat"] == "none"
+    score = _panel_of(fig, "Score and reward")
+    low, high = layout[f"yaxis{score}"]["range"]  # a flat line gets a readable range around it: +-10%
+    assert (low, high) == pytest.approx((-2.0705 - 0.20705, -2.0705 + 0.20705))
     # Two metrics that agree still draw as two lines, told apart by dashes and markers.
-    styles = {(line.get_linestyle(), line.get_marker()) for line in score.get_lines()}
-    assert len(styles) == 2
+    lines = [t for t in fig.data if t.xaxis == f"x{score}"]
+    assert [t.meta for t in lines] == ["score_mean", "reward_mean"]
+    assert len({(t.line.dash, t.marker.symbol) for t in lines}) == 2
+
+
+def test_every_panel_has_its_legend_whole_under_it():
+    """Each panel's legend sits under its plot, and its row is as tall as its longest legend: no legend reaches
+    the panel below it (the CPU memory panel has six lines and a two-line note)."""
+    from homerlhf.app import monitor_plot as mp
+
+    memory = {f"{kind}_mem_{phase}_gib": 0.5 for kind in ("peak", "predicted") for phase in ("generation", "scoring", "update")}
+    rows = [{"iteration": i, "score_mean": 0.1 * i, "kl_mean": -0.01, "entropy": 6.0, "policy_loss": 0.1,
+             "tokens_per_s_generation": 100.0, "approx_kl": 0.01, **memory, "peak_mem_kind": "cpu_rss"} for i in (1, 2)]
+    fig = monitor.metrics_figure(rows)
+    layout = _layout(fig)
+    plot_px = layout["height"] - mp.MARGIN["t"] - mp.MARGIN["b"]
+    for key, legend in layout.items():
+        if not key.startswith("legend"):
+            continue
+        suffix = key[6:]
+        items = sum(1 for t in fig.data if t.legend == key) + legend["title"]["text"].count("<br>") + bool(legend["title"]["text"])
+        bottom_px = legend["y"] * plot_px - items * mp.ITEM_PX
+        assert legend["y"] < layout[f"yaxis{suffix}"]["domain"][0]  # under its own plot
+        below = [a["domain"][1] for k, a in layout.items() if k.startswith("yaxis") and a["domain"][1] < legend["y"]]
+        next_row_top_px = (max(below) * plot_px + mp.TITLE_PX) if below else 0  # the next row's title above its plot
+        assert bottom_px >= next_row_top_px, key
+    texts = mp.figure_texts(fig)
+    assert "RSS counts the whole process (Python, torch, data); the plan counts tensors only" in texts
 
 
 def test_the_rollout_engine_panel_only_when_it_says_more_than_the_trainer_sampled():
-    titles = lambda fig: {ax.get_title() for ax in fig.axes if ax.axison}  # noqa: E731
+    from homerlhf.app.monitor_plot import figure_texts
+
     hf = [{"iteration": 1, "score_mean": 0.1, "is_weight_mean": 1.0, "is_weight_max": 1.0, "policy_version_lag_mean": 0}]
-    assert "Rollout engine vs trainer" not in titles(monitor.metrics_figure(hf))
+    assert "Rollout engine vs trainer" not in figure_texts(monitor.metrics_figure(hf))
     engine = [{**hf[0], "is_weight_max": 1.7}]
-    assert "Rollout engine vs trainer" in titles(monitor.metrics_figure(engine))
+    assert "Rollout engine vs trainer" in figure_texts(monitor.metrics_figure(engine))
 
 
-def test_the_figure_is_inline_svg_whose_text_stays_text():
-    svg = monitor.figure_svg(monitor.metrics_figure([{"iteration": i, "score_mean": 0.1 * i} for i in (1, 2, 3)]))
-    assert svg.startswith("<svg") and 'width="100%"' in svg.split(">", 1)[0]
-    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
-    assert "Score and reward" in texts and {"1", "2", "3"} <= set(texts)
+def test_the_figure_is_plotly_and_reaches_the_browser_as_json():
+    """The page gets the figure as plotly JSON (Gradio serves plotly.js itself: it draws offline)."""
+    fig = monitor.metrics_figure([{"iteration": i, "score_mean": 0.1 * i} for i in (1, 2, 3)])
+    data = json.loads(fig.to_json())
+    assert data["layout"]["title"]["text"] == "3 iteration(s) logged"
+    assert [trace["x"] for trace in data["data"]] == [[1, 2, 3]]
+    empty = monitor.metrics_figure([])
+    assert not empty.data and "nothing logged yet" in [a["text"] for a in _layout(empty)["annotations"]]
+
+
+def test_ticks_are_whole_iterations_at_a_readable_step():
+    from homerlhf.app.monitor_plot import nice_step
+
+    assert [nice_step(span) for span in (0, 9, 10, 11, 40, 100, 999, 5000)] == [1, 1, 1, 2, 5, 20, 200, 1000]
+
+
+def test_the_log_tail_is_free_of_library_noise():
+    """Python warnings (with their source line) and llama.cpp's own log lines go; a progress bar shows its last
+    state; the trainer's own lines and errors stay."""
+    log = "\n".join([
+        "[homerlhf] placement auto: ref llamacpp",
+        "/usr/lib/python3.11/site-packages/transformers/training_args.py:1541: FutureWarning: `gradient_checkpointing` "
+        "is deprecated",
+        '  warnings.warn(f"`{old}` is deprecated", FutureWarning)',
+        "llama_context: n_ctx_seq (512) > n_ctx_train (256) -- possible training context overflow",
+        "llama_model_loader: loaded meta data with 24 key-value pairs",
+        "ggml_backend_cpu: using 1 thread",
+        "\rLoading weights:   0%|  | 0/39\rLoading weights: 100%|##| 39/39",
+        "\rexport ref.gguf:   0%|  | 0/39\r                      ",
+        "iteration 1/2 score_mean=-4.9",
+        "error: reward.model 'x' is not a directory",
+    ])
+    assert monitor.quiet_log(log).splitlines() == [
+        "[homerlhf] placement auto: ref llamacpp", "Loading weights: 100%|##| 39/39", "iteration 1/2 score_mean=-4.9",
+        "error: reward.model 'x' is not a directory"]
 
 
 def test_series_skips_missing_and_non_finite_values():
@@ -98,11 +170,12 @@ def test_series_skips_missing_and_non_finite_values():
 def test_figure_draws_one_point_per_logged_iteration():
     rows = [{"iteration": i, "score_mean": i * 0.1, "kl_mean": 0.01 * i, "policy_loss": 1.0 / i} for i in (1, 2, 3)]
     fig = monitor.metrics_figure(rows)
-    lines = {line.get_gid(): line for ax in fig.axes for line in ax.get_lines()}  # gid: the metric's name
+    lines = {trace.meta: trace for trace in fig.data}  # meta: the metric's metrics.jsonl name
     assert set(lines) == {"score_mean", "kl_mean", "policy_loss"}
-    assert list(lines["score_mean"].get_xdata()) == [1, 2, 3]
-    assert list(lines["policy_loss"].get_ydata()) == pytest.approx([1.0, 0.5, 1 / 3])
-    assert monitor.metrics_figure([]).axes  # an empty run still draws the empty panels
+    assert list(lines["score_mean"].x) == [1, 2, 3]
+    assert list(lines["policy_loss"].y) == pytest.approx([1.0, 0.5, 1 / 3])
+    assert [lines[k].name for k in ("score_mean", "kl_mean", "policy_loss")] == [
+        "score (reward model)", "KL per response", "policy"]
 
 
 def test_progress_eta_from_iteration_times():
@@ -170,26 +243,27 @@ def test_each_reward_component_is_drawn_in_its_own_panel_without_its_none_fracti
     assert panels["Score and reward"] == ["score_mean", "reward_mean"]
     assert panels["Reward components"] == ["reward_reverse", "reward_reverse_positions"]
     fig = monitor.metrics_figure(rows)
-    ax = next(a for a in fig.axes if a.get_title() == "Reward components")
-    assert [line.get_ydata().tolist() for line in ax.get_lines()] == [[0.2, 0.4], [0.5, 0.5]]
-    lone = monitor.metrics_figure([{"iteration": 1, "score_mean": 0.1}])
-    assert "Reward components" not in {a.get_title() for a in lone.axes if a.axison}
+    panel = _panel_of(fig, "Reward components")
+    assert [list(t.y) for t in fig.data if t.xaxis == f"x{panel}"] == [[0.2, 0.4], [0.5, 0.5]]
+    from homerlhf.app.monitor_plot import figure_texts
+
+    assert "Reward components" not in figure_texts(monitor.metrics_figure([{"iteration": 1, "score_mean": 0.1}]))
 
 
 def test_group_panel_only_for_runs_that_log_groups():
     ppo = [{"iteration": 1, "score_mean": 0.1}]
     grpo = [{"iteration": 1, "score_mean": 0.1, "group_zero_spread_fraction": 0.25, "group_reward_std": 0.3}]
-    titles = lambda fig: {ax.get_title() for ax in fig.axes if ax.axison}  # noqa: E731
-    assert "Groups (GRPO / RLOO)" not in titles(monitor.metrics_figure(ppo))
-    assert "Groups (GRPO / RLOO)" in titles(monitor.metrics_figure(grpo))
+    from homerlhf.app.monitor_plot import figure_texts
+
+    assert "Groups (GRPO / RLOO)" not in figure_texts(monitor.metrics_figure(ppo))
+    assert "Groups (GRPO / RLOO)" in figure_texts(monitor.metrics_figure(grpo))
 
 
 def _texts(rows) -> list[str]:
-    """The text of the monitor's SVG (titles, legends, notes), as a browser shows it."""
-    import html
+    """The text of the monitor's figure (titles, legends, notes), as a browser shows it."""
+    from homerlhf.app.monitor_plot import figure_texts
 
-    svg = monitor.figure_svg(monitor.metrics_figure(rows))
-    return [html.unescape(re.sub(r"\s+", " ", t)).strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+    return figure_texts(monitor.metrics_figure(rows))
 
 
 def test_a_cpu_runs_memory_panel_says_what_each_line_measures():

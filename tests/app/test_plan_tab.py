@@ -101,6 +101,18 @@ def test_the_plan_shows_seconds_per_phase_and_the_placement_recommendation():
     best = plan.timing.best
     assert best.fits and all(best.time.total_s <= c.time.total_s for c in plan.timing.candidates if c.fits)
     assert "--set" in text or "is the fastest that fits" in text
+    # An hour-long placement says why: the phase that takes most of it, on llama.cpp on the CPU.
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line.split("|")[5].strip()
+            for line in text.splitlines() if line.startswith("| adapter_off |") or line.startswith("| llamacpp |")}
+    for c in plan.timing.candidates:
+        p = c.time.placement
+        name = max(c.time.phases, key=c.time.phases.get)
+        on_cpu = {"generation": p.engine, "reference": p.ref, "reward": p.reward}.get(name) == "llamacpp"
+        assert rows[(p.ref, p.reward, p.engine)].endswith("(llama.cpp, CPU)" if on_cpu else "(trainer)")
+    slow = [c for c in plan.timing.candidates if c.time.total_s > 10 * best.time.total_s]
+    assert slow and all("llamacpp" in (c.time.placement.ref, c.time.placement.reward, c.time.placement.engine)
+                        for c in slow)
+    assert "put a model on llama.cpp on the CPU (*most of it* says which phase)" in text
 
 
 def test_a_preset_change_resets_the_model_and_takes_out_the_old_cards_suggestion():

@@ -94,9 +94,15 @@ def test_force_stop_kills_a_run_that_ignores_sigint(tmp_path):
     assert ready.exists()
     runs.stop_run(run_dir)
     assert runs.wait_for(run_dir, timeout=1.5).running
-    assert "killed" in runs.stop_run(run_dir, force=True)
+    assert "killed at once" in runs.stop_run(run_dir, force=True)
     status = runs.wait_for(run_dir, timeout=10)
-    assert status.state == "crashed"  # killed: no exit code was recorded by the launcher
+    # Killed (no exit code recorded by the launcher), as asked: stopped by you, not a crash, and where to go on.
+    assert status.state == "stopped" and status.forced
+    assert status.message() == ("stopped by you with Force stop (no checkpoint at the stop); it wrote no checkpoint, "
+                                "so there is nothing to resume: Start a new run")
+    (run_dir / "checkpoints" / "iter_000002").mkdir(parents=True)
+    assert runs.run_status(run_dir).message().endswith(
+        f"; its last checkpoint is {run_dir / 'checkpoints' / 'iter_000002'}: Resume continues from it")
 
 
 def test_list_runs_and_checkpoints(tmp_path):

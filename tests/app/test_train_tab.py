@@ -41,7 +41,7 @@ def test_poll_reads_progress_plot_and_samples(tmp_path):
     status, progress, figure, samples, workers, log, n_rows, state = train_tab.poll(str(tmp_path))
     assert "started outside the app" in status
     assert progress == "**Progress:** iteration 2/4 · 50% · elapsed 0m04s · ETA 0m04s"
-    assert figure.startswith("<svg") and n_rows == 2 and state == "unknown"
+    assert [list(trace.x) for trace in figure.data] == [[1, 2]] and n_rows == 2 and state == "unknown"
     assert samples == [[2, "Hi", "Hello", 0.5]]
     assert workers[0][:3] == ["ref", "adapter_off", "(in the trainer process)"]
     # Nothing new since the last poll: no figure to redraw.
@@ -95,7 +95,7 @@ def test_a_stopped_run_shows_no_eta(tmp_path):
                                                               "stop_requested": 1010.0}))
     (tmp_path / "app" / "exit.json").write_text(json.dumps({"returncode": 130, "ended_at": 1012.0}))
     status, progress, *_, state = train_tab.poll(str(tmp_path))
-    assert state == "stopped" and "stopped by the user" in status
+    assert state == "stopped" and "stopped by you; it wrote no checkpoint, so there is nothing to resume" in status
     assert progress == "**Progress:** iteration 1/4 · 25% · elapsed 0m12s"  # ETA 0m06s before the Stop
 
 
@@ -121,8 +121,8 @@ def test_a_poll_from_before_the_last_start_draws_nothing(tmp_path):
     stale = train_tab.refresh(str(tmp_path), -1, "running", starts - 1, page)
     assert all(getattr(out, "__class__", None) is dict and out.get("__type__") == "update" for out in stale[:6])
     fresh = train_tab.refresh(str(tmp_path), -1, "running", starts, page)
-    assert fresh[2].startswith("<svg")
-    assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].startswith("<svg")
+    assert fresh[2].data  # drawn: a figure with the row's line
+    assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].data
 
 
 def test_an_attach_draws_the_run_whatever_a_poll_from_before_it_left(tmp_path):
@@ -140,7 +140,7 @@ def test_an_attach_draws_the_run_whatever_a_poll_from_before_it_left(tmp_path):
     assert all(out == {"__type__": "update"} for out in stale[:6])
     assert train_tab.refresh(str(tmp_path), 1, "finished", after, page)[2] == {"__type__": "update"}  # "drawn"
     drawn = train_tab.redraw(str(tmp_path), 1, "finished", after, page)  # 1: what the stale poll left
-    assert drawn[2].startswith("<svg") and drawn[6] == 1
+    assert drawn[2].data and drawn[6] == 1
 
 
 def test_the_monitor_follows_the_run_the_other_tabs_moved_to(tmp_path):
@@ -151,3 +151,32 @@ def test_the_monitor_follows_the_run_the_other_tabs_moved_to(tmp_path):
                                                        f"Attached to `{tmp_path}`.")
     assert str(tmp_path) in status
     assert train_tab.follow_shared(str(tmp_path), str(tmp_path)) == ({"__type__": "update"},) * 11  # already attached
+
+
+def test_a_feedback_run_attached_names_its_own_metrics_and_what_start_would_start(tmp_path):
+    """While a DPO / KTO run is attached, *Metric names* lists its figures (not PPO's), and the command's label says
+    that *Start training* starts a new PPO run beside it."""
+    from homerlhf.app import feedback_runs
+
+    run = tmp_path / "dpo-1"
+    (run / feedback_runs.FOLDER).mkdir(parents=True)
+    (run / feedback_runs.FOLDER / feedback_runs.INFO_FILE).write_text(json.dumps({"method": "dpo", "start_checkpoint": "c"}))
+    caption, command = train_tab.describe_attached(str(run))
+    assert "Reward margin (chosen - rejected)" in caption and "`rewards/margins`" in caption and "kl_coef" not in caption
+    assert command["label"].endswith("a new PPO run of the Plan tab's settings (the run attached is a DPO run)")
+    caption, command = train_tab.describe_attached(str(tmp_path))  # any other run: PPO's names
+    assert "`kl_coef`" in caption and command["label"] == train_tab.COMMAND_LABEL
+
+
+def test_attach_takes_a_directory_typed_in_the_run_directory_box(tmp_path):
+    """*Attach* attaches what *Existing runs* names, or — while that still names the attached run — a run typed in
+    the *Run directory* box (it was ignored); a typed path that holds no run is not taken."""
+    first, typed = tmp_path / "first", tmp_path / "typed"
+    for run in (first, typed):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
+    assert train_tab.attach_choice(str(first), str(typed), str(first)) == str(typed)
+    assert train_tab.attach_choice(str(typed), str(first), str(first)) == str(typed)  # a new pick wins
+    assert train_tab.attach_choice(str(first), str(tmp_path / "nothing"), str(first)) == str(first)
+    message, attached, *_ = train_tab.on_attach(str(first), str(typed), str(first))
+    assert (message, attached) == (f"Attached to `{typed}`.", str(typed))

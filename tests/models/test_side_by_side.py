@@ -75,6 +75,36 @@ def test_actor_and_reference_answer_with_scores(run_dir):
         models.answer_both("  ", sampling)
 
 
+def test_the_right_side_can_be_another_checkpoint_of_the_same_base(run_dir, tmp_path):
+    """``right``: a second checkpoint's actor answers on the right, in the same model: exactly (same seed, same
+    ids) what that checkpoint answers as the actor on its own; the left stays the first checkpoint's actor."""
+    import shutil
+
+    from homerlhf.config import from_yaml_file
+    from homerlhf.errors import UserError
+
+    cfg = from_yaml_file(run_dir / "config.yaml")
+    first = run_dir / "checkpoints" / "iter_000001"
+    second = tmp_path / "checkpoints" / "iter_000002"
+    shutil.copytree(first, second)
+    from safetensors.torch import load_file, save_file
+
+    weights = second / "actor" / "adapter_model.safetensors"
+    tensors = {name: (-t if "lora_B" in name else t) for name, t in load_file(weights).items()}  # another policy
+    save_file(tensors, weights)
+    sampling = Sampling(max_new_tokens=6, temperature=1.0, seed=5)
+    both = EvalModels(cfg, first, right=second)
+    left, right = both.answer_both("Tell me about tea.", sampling)
+    alone_first = EvalModels(cfg, first).answer_both("Tell me about tea.", sampling)[0]
+    alone_second = EvalModels(cfg, second).answer_both("Tell me about tea.", sampling)[0]
+    assert left.response_ids == alone_first.response_ids
+    assert right.response_ids == alone_second.response_ids != left.response_ids
+    # The actor is switched back after the right side answered: a draft is the first checkpoint's again.
+    assert both.answer_actor("Tell me about tea.", sampling).response_ids == left.response_ids
+    with pytest.raises(UserError, match="has no 'actor' adapter"):
+        EvalModels(cfg, first, right=tmp_path)
+
+
 def test_without_a_reward_model_answers_are_unscored(run_dir):
     from homerlhf.config import from_yaml_file
 

@@ -275,7 +275,8 @@ def test_files_card_generation_config_and_modelfile(exports, trained_run):
     assert "TEMPLATE" not in modelfile.replace("No TEMPLATE", "")
     card = (out / "README.md").read_text()
     last = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()][-1]
-    for fragment in ("library_name: transformers", "algorithm: ppo, 2 of 2 iterations", "many_e",
+    for fragment in ("library_name: transformers", "tags:\n- homerlhf\n- rlhf\n- ppo\n", "- reward: the ",
+                     "algorithm: ppo, 2 of 2 iterations", "many_e",
                      f"{last['score_mean']:.4f}", f"{last['kl_mean']:.4f}", "ollama create policy"):
         assert fragment in card, fragment
 

@@ -184,6 +184,9 @@ def test_dpo_from_an_sft_run_raises_the_held_out_margin(dpo_from_sft, sft_run, d
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert all("rewards/margins" in r for r in rows if "loss" in r)
+    # The same figures on the 8 pairs it trained on (what the app's Evaluate says a feedback run did).
+    trained = summary["trained_rows"]
+    assert trained["eval_pairs"] == 8 and trained["margin_after"] > trained["margin_before"], trained
 
 
 def test_dpo_resume_redoes_the_steps_bit_for_bit(dpo_from_sft, tmp_path):
@@ -266,6 +269,9 @@ def test_kto_from_an_sft_run_raises_good_answers_and_lowers_bad_ones(sft_run, da
     assert summary["start"]["kind"] == "sft run" and (summary["n_good"], summary["n_bad"]) == (8, 8)
     assert held["eval_rated"] == 8 and held["good_logp_change"] > 0 > held["bad_logp_change"], held
     assert held["margin_after"] > held["margin_before"], held
+    # The same figures on the 16 rated answers it trained on (what the app's Evaluate says a feedback run did).
+    trained = summary["trained_rows"]
+    assert trained["eval_rated"] == 16 and trained["good_logp_change"] > trained["bad_logp_change"], trained
 
 
 def test_a_dpo_checkpoint_exports_as_the_trained_policy(dpo_from_sft, tmp_path):
@@ -280,7 +286,14 @@ def test_a_dpo_checkpoint_exports_as_the_trained_policy(dpo_from_sft, tmp_path):
     assert 0 <= result["gap"]["max_abs"] < fp32_bound(20) and result["gap"]["tokens"] > 10  # |log p| <= 20
     card = (tmp_path / "export" / "README.md").read_text()
     assert "(DPO, a LoRA actor on a 4-bit NF4 base)" in card
-    assert "- algorithm: dpo (TRL), 4 optimizer steps (checkpoint `iter_000004`) from `" in card
+    assert "- algorithm: dpo (TRL), 4 optimizer steps (checkpoint `iter_000004`)\n" in card
+    # Tagged and described as what trained it: no PPO tag, no reward model it never used (the preset's demo-rm).
+    front = card.split("---")[1]
+    assert "- dpo" in front.splitlines() and "- ppo" not in front.splitlines()
+    assert "- reward model: none (DPO learns from the preference pairs themselves)" in card and "demo-rm" not in card
+    summary = json.loads((out / "preference_run.json").read_text())
+    assert f"- started from: `{summary['start']['name']}` (sft run)" in card
+    assert f"({summary['n_train']} training rows)" in card and "- training pairs: margin" in card
     assert "iterations" not in card
 
 
