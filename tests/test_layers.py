@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "homerlhf"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "paths", "hub"),  # hub: whether the model/dataset hub can be reached
+    ("errors", "paths", "hub", "presets"),  # hub: whether the model/dataset hub can be reached; presets: YAML only
     ("config",),
     ("data", "tiny"),  # tiny builds its tokenizer from the builtin task's corpus (data.builtin)
     ("models",),  # incl. models.registry: model names resolved to directories

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.resources
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import yaml
 from pydantic import ValidationError
@@ -12,20 +12,21 @@ from pydantic import ValidationError
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
-def presets_dir() -> Path:
-    """The folder holding ``*.yaml`` presets: the repo's ``presets/``, shipped as ``homerlhf.presets``."""
-    checkout = Path(__file__).resolve().parents[2] / "presets"
-    if checkout.is_dir():  # a source checkout or an editable install
-        return checkout
-    return Path(str(importlib.resources.files("homerlhf.presets")))
+
+def presets_dir() -> Traversable:
+    """The ``homerlhf.presets`` package holding one ``<name>.yaml`` per preset, as a resource folder
+    (a plain directory in a checkout or an unpacked wheel; read it through the Traversable API)."""
+    return files("homerlhf.presets")
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+    return sorted(p.name.removesuffix(".yaml") for p in presets_dir().iterdir() if p.name.endswith(".yaml"))
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+def _read_yaml(path: Path | Traversable, what: str) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -46,10 +47,9 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_preset_dict(name: str) -> dict[str, Any]:
-    path = presets_dir() / f"{name}.yaml"
-    if not path.is_file():
+    if name not in preset_names():
         raise UserError(f"unknown preset '{name}'; choose one of: {', '.join(preset_names())}")
-    data = _read_yaml(path, "preset")
+    data = _read_yaml(presets_dir() / f"{name}.yaml", "preset")
     data.setdefault("preset", name)
     return data
 

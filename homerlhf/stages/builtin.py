@@ -23,7 +23,7 @@ from homerlhf.models.registry import PREFIX, register_builtin, tiny_recipe
 TASK_FILES = {"demo": "builtin.py", "reverse": "builtin_reverse.py"}  # in homerlhf/data/
 
 
-def _recipe_files(rm: bool, task: str = "demo") -> list[Path]:
+def _recipe_files(rm: bool, task: str = "demo") -> list:
     """The files whose content determines the build of demo-sft (and, with ``rm``, demo-rm), or with
     ``task="reverse"`` of reverse-sft: the loaders and that task's own file, not the other task's
     (though :func:`tiny_recipe` keys every build by the demo task's file, the tokenizer's corpus)."""

@@ -1,5 +1,6 @@
 """`homerlhf demo --fast` as a user runs it: a subprocess, offline, CPU, real llama.cpp workers, under the
-default kernels and under AVX2 ones (another CPU's numerics)."""
+default kernels (from the installed wheel, outside the checkout: tests/wheel_venv.py) and under AVX2 ones
+(another CPU's numerics)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,11 @@ def _worker_processes(*markers: str):
 
 
 @pytest.mark.slow
-def test_demo_fast_end_to_end(tmp_path):
+def test_demo_fast_end_to_end(tmp_path, installed_wheel):
     out = tmp_path / "demo"
     markers = (str(tmp_path), os.environ.get("HOMERLHF_CACHE", str(tmp_path)))
     before = {p.pid for p in _worker_processes(*markers)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--seed", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = installed_wheel.run("demo", "--fast", "--seed", "0", "--out", str(out), cwd=tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 
@@ -84,8 +82,7 @@ def test_demo_fast_end_to_end(tmp_path):
     assert {p.pid for p in _worker_processes(*markers)} - before == set()
 
     # A second demo into the same directory refuses to overwrite it, in one line.
-    again = subprocess.run([sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
-                           capture_output=True, text=True, timeout=300)
+    again = installed_wheel.run("demo", "--fast", "--out", str(out), cwd=tmp_path, timeout=300)
     assert again.returncode != 0 and "--overwrite" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
 
