@@ -151,3 +151,19 @@ def test_the_monitor_follows_the_run_the_other_tabs_moved_to(tmp_path):
                                                        f"Attached to `{tmp_path}`.")
     assert str(tmp_path) in status
     assert train_tab.follow_shared(str(tmp_path), str(tmp_path)) == ({"__type__": "update"},) * 11  # already attached
+
+
+def test_start_on_a_gpu_preset_without_prompts_says_where_to_give_them(tmp_path):
+    """The GPU presets carry no prompts: Start names the Data tab (the CLI names --data), with every other
+    problem found on the same line, and starts nothing."""
+    import torch
+
+    from homerlhf.errors import UserError
+
+    root = tmp_path / "runs"
+    with pytest.raises(UserError) as caught:
+        train_tab.on_start("4090", "Qwen/Qwen2.5-0.5B", "", "Qwen/Qwen2.5-7B-Instruct", "", False, str(root))
+    message = str(caught.value)
+    assert message.startswith(train_tab.NO_PROMPTS_HERE) and "--data" not in message
+    assert ("needs a CUDA GPU" in message) == (not torch.cuda.is_available())
+    assert not root.exists()
