@@ -17,7 +17,7 @@ import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, whi
 from homerlhf.cli_check import check
 from homerlhf.cli_export import export_app
 from homerlhf.cli_preference import dpo, kto
-from homerlhf.cli_train import config_cmd, train
+from homerlhf.cli_train import VerboseOpt, config_cmd, train
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -158,10 +158,14 @@ def demo(
     method: Optional[str] = typer.Option(
         None, "--method", help="dpo or kto: train the SFT model on the builtin preference pairs directly (TRL, no "
         "reward model) instead of RL, with the same held-out evaluation and verdict."),
+    verbose: bool = VerboseOpt,
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers.
 
     Measured on a quiet 2-core machine: 82 s the first time (models built), 60 s once cached."""
+    from homerlhf.workers.llama_log import set_verbose
+
+    set_verbose(verbose)
     if method is not None:
         if algorithm is not None:
             raise UserError("--method (dpo, kto) and --algorithm (RL on the verifiable task) are two demos; give one")
@@ -281,13 +285,22 @@ def app_cmd(
     launch(host=host, port=port, share=share, default_preset=preset, runs_root=str(runs_root))
 
 
+LIBRARY_DEPRECATIONS = ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: every user error is one line on stderr and a non-zero exit, never a traceback."""
     import logging
+    import warnings
 
     # bitsandbytes warns at import on every CPU without the optional hub kernel; its fallback is
     # correct (DESIGN.md), and the line would precede every one-line error of sft/reward/train.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # peft and TRL still read transformers' old checkpointing names (`is_gradient_checkpointing`, ...), which
+    # transformers 5.24+ warns about once per process; our own calls use the current names
+    # (tests/models/test_activations.py, tests/stages/test_stage_precision.py).
+    for name in LIBRARY_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="homerlhf", standalone_mode=False)

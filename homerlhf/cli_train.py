@@ -16,6 +16,10 @@ SetOpt = typer.Option([], "--set", "-s", help="Dotted override, e.g. ppo.kl_coef
                       "`homerlhf config` lists every key).")
 
 
+VerboseOpt = typer.Option(False, "--verbose", help="llama.cpp's own warnings on the terminal too (by default they go "
+                          "to RUN_DIR/llama.log; its errors show either way).")
+
+
 def _load(preset: str, config: Optional[Path], overrides: List[str]):
     from homerlhf.config import load_config
 
@@ -90,6 +94,7 @@ def train(
                                        "(sets distributed.gpus; launched through accelerate)."),
     help_config: bool = typer.Option(False, "--help-config", help="List every setting of this run (key, type, "
                                      "value, description) and exit: `homerlhf config` for this command line."),
+    verbose: bool = VerboseOpt,
 ) -> None:
     """PPO (or GRPO, RLOO) on your prompts: LoRA actor + critic on a shared 4-bit base, the reference and
     reward models as llama.cpp CPU workers or on that base."""
@@ -114,6 +119,9 @@ def train(
     check_train(cfg)  # its prompts and its device, before torch loads
     from homerlhf.stages.data_parallel import launched, relaunch
     from homerlhf.stages.ppo import run_ppo  # torch and the trainer: only once the config checked out
+    from homerlhf.workers.llama_log import set_verbose
+
+    set_verbose(verbose)
 
     if cfg.distributed.gpus > 1 and not launched():
         relaunch(cfg, _train_args(preset, config, set_, out, resume, overwrite, cfg.distributed.gpus))

@@ -69,6 +69,8 @@ def test_train_export_and_reward_from_the_wheel(installed_wheel, tmp_path):
     train = installed_wheel.run("train", "--preset", "cpu-tiny", *tiny, "--out", "run", cwd=tmp_path)
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
     assert "PPO done: 1 iterations" in train.stdout
+    assert [line for line in (train.stdout + train.stderr).splitlines() if "llama_" in line] == []
+    assert "n_ctx_seq" in (tmp_path / "run" / "llama.log").read_text()  # the engine's warning, kept in the run dir
     export = installed_wheel.run("export", "policy", "run", "--out", "exported", "--gguf", "f16", cwd=tmp_path)
     assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-3000:]
     assert (tmp_path / "exported" / "config.json").is_file()

@@ -22,7 +22,9 @@ from homerlhf.ppo.backends import RewardBackend
 from homerlhf.stages.data_parallel import build_scorers, watch_launcher
 from homerlhf.stages.scorers import build_engine
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
+from homerlhf.workers import llama_log
 
+LLAMA_LOG = "llama.log"  # llama.cpp's own warnings and errors of the run's process (the workers: workers/*.log)
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
 
@@ -34,7 +36,7 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     return claim_run_dir(run_dir, RUN_MARKERS, overwrite,
                          f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
                          "--overwrite to replace it, or choose another --out",
-                         removals=("samples.jsonl", *TRACKER_DIRS))
+                         removals=("samples.jsonl", LLAMA_LOG, *TRACKER_DIRS))
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
@@ -160,6 +162,8 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
+        # llama.cpp's warnings in this process (the engine's, a reference on the GPU): the run dir, not the terminal
+        stack.callback(llama_log.log_to, llama_log.log_to(run_dir / LLAMA_LOG))
         stack.enter_context(trainer_threads(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         reference, reward = build_scorers(cfg, policy, model_path, run_dir, ranks, stack, reward)
         engine = build_engine(cfg, policy, model_path, run_dir)
