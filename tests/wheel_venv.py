@@ -10,12 +10,16 @@ checkout off the import path (no ``PYTHONPATH``) from a folder outside the check
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the build reads: the project metadata, the long description and the package.
@@ -59,6 +63,37 @@ class Installed:
     def run(self, *args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin / "homerlhf"), *args], capture_output=True, text=True, cwd=cwd,
                               timeout=timeout, env=self.env(**env))
+
+    @contextlib.contextmanager
+    def app(self, *args: str, cwd: Path, timeout: float = 300) -> Iterator[str]:
+        """``homerlhf app ARGS`` on a free port, yielded as its URL once it answers ``GET /``; stopped after."""
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen([str(self.bin / "homerlhf"), "app", *args, "--port", str(port)], cwd=cwd,
+                                env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
+        try:
+            while True:  # wait for the state (it answers), not a time: gradio imports and builds its page first
+                assert proc.poll() is None, proc.stdout.read()
+                try:
+                    if httpx.get(url + "/", timeout=10).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, f"homerlhf app did not answer in {timeout:.0f} s"
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def python(self, code: str, cwd: Path) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin / "python"), "-c", code], capture_output=True, text=True, cwd=cwd,

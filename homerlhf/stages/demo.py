@@ -16,7 +16,7 @@ from typing import Any
 from homerlhf.config import RunConfig, load_config
 from homerlhf.errors import UserError
 
-# The demo's RL recipe on top of the cpu-tiny preset (docs/ppo_details.md, detail 20 has what each
+# The demo's RL recipe on top of the cpu-tiny preset (docs/demo.md, "The RL recipe", has what each
 # setting gave): GRPO, 4 samples per prompt (8 prompts x 4 per iteration), the k3 KL to the reference
 # in the loss at 0.3, rollouts sampled at temperature 0.85 (the held-out evaluation at 0.7, below).
 # Dr. GRPO advantages (the group's mean taken off, not divided by its spread: replies the reward model
@@ -42,7 +42,7 @@ RECIPE = [
 ]
 # --fast changes nothing here: the recipe is already 16 short iterations (about 16 s), and fewer fall
 # short of the verdict's +0.25 (measured, seed 0-1, both CPU settings: 8 iterations +0.21 to +0.24,
-# 12 iterations +0.21 to +0.30; docs/ppo_details.md, detail 20). It still shortens --algorithm runs.
+# 12 iterations +0.21 to +0.30; docs/demo.md). It still shortens --algorithm runs.
 N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
 EVAL_SAMPLES = 8  # answers per held-out prompt and side: 320 replies, so +-0.1 is not sampling noise
 # The held-out evaluation samples both sides at 0.7, below the rollouts' 0.85: what a user of the
@@ -263,7 +263,7 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
 
     import torch
 
-    # Float results, and so the tiny models and the outcome, depend on these (README, the demo's table).
+    # Float results, and so the tiny models and the outcome, depend on these (docs/demo.md, the demo's table).
     _log(f"torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads")
     _log("1/4 tokenizer + tiny Llama + SFT on the builtin polite/on-topic task")
     t0 = time.perf_counter()

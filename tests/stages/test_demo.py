@@ -55,7 +55,7 @@ def test_demo_fast_end_to_end(tmp_path, installed_wheel):
     assert (out / "reward_curve.png").stat().st_size > 10_000
     # The rollouts came from the engine the preset's rollout.engine auto took (no bench figures here: the
     # defaults, which on a CPU with llama-cpp-python take llama.cpp), said in the run's first lines; its
-    # samples are the trainer's to float error (README: IS weights 0.99997-1.00003 on every measured run).
+    # samples are the trainer's to float error (docs/demo.md: IS weights 0.99997-1.00003 on every measured run).
     from homerlhf.config import from_yaml_file
 
     assert from_yaml_file(out / "config.yaml").rollout.engine == "llamacpp"
@@ -70,7 +70,7 @@ def test_demo_fast_end_to_end(tmp_path, installed_wheel):
     # checker up by 0.25 on 8 answers to each of the 40 held-out prompts, replies as whole task
     # sentences down by at most 0.05, none cut by the cap, KL within 4 nats/response. The recipe's
     # margin over the verdict's line: +0.30, which every measured run cleared (seeds 0-4, default and
-    # AVX2 kernels, AMD EPYC Zen 4: +0.38 to +0.45, either engine; README), so a CPU whose kernels land elsewhere
+    # AVX2 kernels, AMD EPYC Zen 4: +0.38 to +0.45, either engine; docs/demo.md), so a CPU whose kernels land elsewhere
     # still passes and a recipe that lost its margin does not.
     def mean(key):
         return sum(float(p[key]) for p in pairs) / len(pairs)
