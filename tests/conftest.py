@@ -168,3 +168,13 @@ def tiny_lora_rm_dir(tiny_llama_dir, tmp_path_factory):
         "data.eval_fraction=0.25", "logging.progress=false", "rm.export_gguf=false"])
     run_reward(cfg, root / "rm", data=str(pairs), base=str(tiny_llama_dir))
     return root / "rm"
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory):
+    """The checkout's sdist and wheel, the wheel installed (not editable) into a fresh virtual environment:
+    ``.run("demo", "--fast", cwd=...)`` runs its ``homerlhf`` as a user of the package would
+    (tests/wheel_venv.py). About 10 s, once per test process."""
+    from wheel_venv import install
+
+    return install(tmp_path_factory.mktemp("wheel"))
