@@ -48,6 +48,9 @@ class QuantConfig(_Section):
         False, description="With a 4-bit base, keep its other weights (embeddings, LM head, norms) in fp32, and with "
         "them hidden states, KV cache and attention (peft's prepare_model_for_kbit_training: twice the bytes). Off: "
         "all of them in compute_dtype; norms still compute in fp32 inside, log-probs come from fp32 logits.")
+    expert_chunk_mib: float = Field(
+        256, gt=0, description="Mixture of experts with a 4-bit base: the most MiB of expert weights dequantized at "
+        "once; the forward dequantizes the routed experts in chunks of as many as fit (at least one).")
 
 
 class PPOConfig(_Section):

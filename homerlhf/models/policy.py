@@ -39,7 +39,7 @@ from homerlhf.models.static_decode import StaticDecoder
 # The base's loaders live below this module and critic_model's; re-exported here for their old importers.
 from homerlhf.models.base_loading import (  # noqa: F401
     ACTOR, _DTYPES, _keep_cpu_4bit_differentiable, check_logits_path, compute_dtype, kernels_for, load_base,
-    load_tokenizer, peft_lora_config, quantization_config,
+    load_tokenizer, moe_layout, peft_lora_config, quantization_config,
 )
 
 class PolicyModel:
@@ -89,9 +89,10 @@ class PolicyModel:
             install_fp32_logits(base)  # a 16-bit head: fp32 logits for sampling and scoring alike
         kernels = kernels_for(cfg, base.device)  # TF32 and SDPA backends, on and off (process-wide)
         check_logits_path(base, model_path)
-        model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
+        layout = moe_layout(model_path, cfg)
+        model = get_peft_model(base, peft_lora_config(cfg.actor.lora, layout=layout), adapter_name=ACTOR)
         if cfg.has_critic and not cfg.critic.shared_adapter and not own_critic:
-            model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
+            model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora, layout=layout))
         model.set_adapter(ACTOR)
         adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
         critic = CriticModel.from_config(cfg, critic_src) if own_critic else None

@@ -93,13 +93,15 @@ def load_nf4_model(model_dir: Path, quant: Optional["QuantConfig"] = None, devic
     from transformers import AutoModelForCausalLM
 
     from homerlhf.config.schema import QuantConfig
+    from homerlhf.models.moe import check_moe, experts_in_4bit
     from homerlhf.models.policy import compute_dtype, quantization_config
 
     quant = quant or QuantConfig()
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, quantization_config=quantization_config(quant, device),
-        dtype=compute_dtype(quant, device), device_map="cpu",
-    )
+    with experts_in_4bit(check_moe(read_config(model_dir), str(model_dir)), quant.expert_chunk_mib):
+        return AutoModelForCausalLM.from_pretrained(
+            model_dir, quantization_config=quantization_config(quant, device),
+            dtype=compute_dtype(quant, device), device_map="cpu",
+        )
 
 
 def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu",

@@ -1,0 +1,113 @@
+"""A mixture-of-experts policy on the 4-bit base: its experts really 4-bit (bytes counted), LoRA where
+it is set, the router frozen; MoEs homerlhf does not know refused before a weight is read."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from homerlhf.config import load_config
+from homerlhf.errors import UserError
+from homerlhf.models import moe
+from homerlhf.models.experts4bit import Experts4bit
+
+PPO = ["ref.backend=adapter_off", "reward.backend=hf"]
+
+
+def nf4_expert_bytes(n: int) -> int:
+    """One expert's matrix of ``n`` weights under double quant, by hand: 4-bit codes (n / 2 bytes), an
+    8-bit absmax per 64 weights, a fp32 second-level constant per 256 absmax and the fp32 offset."""
+    blocks = math.ceil(n / 64)
+    return math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / 256) + 4
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_policy(tiny_qwen3_moe_dir):
+    from homerlhf.models.policy import PolicyModel
+
+    cfg = load_config("cpu-tiny", overrides=PPO + ["actor.lora.experts=true"])
+    return PolicyModel.from_config(cfg, str(tiny_qwen3_moe_dir))
+
+
+def test_the_experts_are_4bit_in_memory(qwen3_moe_policy, tiny_qwen3_moe_dir):
+    """Every experts module holds 4-bit codes and statistics, no 16/32-bit 3-D weight is left, and the
+    bytes are the hand count: 4 layers x 8 experts x (gate_up 128 x 128 + down 128 x 64)."""
+    config = json.loads((tiny_qwen3_moe_dir / "config.json").read_text())
+    model = qwen3_moe_policy.model
+    modules = [m for m in model.modules() if isinstance(m, Experts4bit)]
+    assert len(modules) == config["num_hidden_layers"] == 4
+    float_3d = [n for n, p in model.named_parameters() if p.dim() == 3 and p.is_floating_point()]
+    assert not float_3d
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    experts = config.get("num_experts") or config["num_local_experts"]  # transformers 5 writes the latter
+    per_layer = experts * (nf4_expert_bytes(2 * inter * hidden) + nf4_expert_bytes(hidden * inter)) + 256 * 4
+    assert sum(m.storage_bytes() for m in modules) == 4 * per_layer
+    dense = 4 * experts * 3 * inter * hidden * 4  # what the experts hold in fp32
+    assert 4 * per_layer < dense / 7
+
+
+def test_lora_reaches_the_experts_and_the_router_stays_frozen(qwen3_moe_policy):
+    policy = qwen3_moe_policy
+    ids = torch.randint(3, 500, (2, 12))
+    for name, param in policy.model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    policy.train()
+    logprobs, _ = policy.actor_logprobs(ids, torch.ones_like(ids), 4)
+    logprobs.sum().backward()
+    grads = {n: p.grad for n, p in policy.model.named_parameters() if p.grad is not None}
+    assert any("mlp.experts" in n and ".actor." in n for n in grads)
+    assert any("self_attn" in n for n in grads)
+    assert not any("mlp.gate" in n for n in grads)
+    routers = [m for m in policy.model.modules() if type(m).__name__ == "Qwen3MoeTopKRouter"]
+    assert routers and not any(p.requires_grad for r in routers for p in r.parameters())
+    assert not any("lora" in n for r in routers for n, _ in r.named_parameters())
+    assert policy.model.get_base_model().config.output_router_logits is False
+    policy.model.zero_grad(set_to_none=True)
+
+
+def test_without_lora_experts_only_attention_is_adapted(tiny_gpt_oss_dir):
+    from homerlhf.models.policy import PolicyModel
+
+    policy = PolicyModel.from_config(load_config("cpu-tiny", overrides=PPO), str(tiny_gpt_oss_dir))
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in policy.model.named_parameters() if "lora_" in n}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert all(isinstance(m, Experts4bit) for m in policy.model.modules() if "Experts" in type(m).__name__)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "mixtral", "num_local_experts": 8}, "mixture of experts 'mixtral' is not supported"),
+    ({"model_type": "qwen2_moe", "num_experts": 60}, "supported MoE: qwen3_moe, gpt_oss"),
+    ({"model_type": "gpt_oss", "num_local_experts": 32, "quantization_config": {"quant_method": "mxfp4"}},
+     "stored mxfp4-quantized"),
+])
+def test_moes_it_does_not_know_are_refused_from_their_config(config, message):
+    with pytest.raises(UserError, match=message) as err:
+        moe.check_moe(config, "some/model")
+    assert "\n" not in str(err.value)
+    assert moe.check_moe({"model_type": "llama"}, "x") is None
+
+
+def test_an_unknown_expert_layout_is_refused_before_a_weight_is_read(tiny_qwen3_moe_dir, tmp_path, monkeypatch):
+    """The skeleton's experts are not the class the layout names: refused while it is built. The
+    checkpoint is cut short, so reading any weight would fail otherwise (it does, with the known layout)."""
+    from homerlhf.models.base_loading import load_base
+
+    for item in tiny_qwen3_moe_dir.iterdir():
+        if item.suffix == ".json":
+            shutil.copy(item, tmp_path / item.name)
+    (tmp_path / "model.safetensors").write_bytes((tiny_qwen3_moe_dir / "model.safetensors").read_bytes()[:2000])
+    cfg = load_config("cpu-tiny")
+    with pytest.raises(Exception) as err:
+        load_base(str(tmp_path), cfg)
+    assert not isinstance(err.value, UserError) or "layout" not in str(err.value)
+    monkeypatch.setitem(moe.LAYOUTS, "qwen3_moe", moe.ExpertsLayout("OtherExperts", "Qwen3MoeTopKRouter", False))
+    with pytest.raises(UserError, match="in a layout homerlhf does not know"):
+        load_base(str(tmp_path), cfg)
+    monkeypatch.setitem(moe.LAYOUTS, "qwen3_moe", moe.ExpertsLayout("Qwen3MoeExperts", "OtherRouter", False))
+    with pytest.raises(UserError, match="router Qwen3MoeTopKRouter is not the OtherRouter"):
+        load_base(str(tmp_path), cfg)
