@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.cards import MEASURED, CardSpec, card_spec
+from homerlhf.memory.experts import active_expert_params, decode_experts
 from homerlhf.memory.recompute import checkpointing_seconds
 from homerlhf.memory.shapes import ModelShape, critic_shape, resolve_shape
 from homerlhf.memory.threads import split_threads
@@ -138,9 +139,9 @@ DECODE_BYTES_PER_HEAD_PARAM = 2.0
 
 
 def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
-    """Parameters one token multiplies through: every decoder linear layer and (``lm_head``) the
-    output projection (the embedding matrix when tied)."""
-    return shape.linear_weight_params + (shape.vocab_size * shape.hidden_size if lm_head else 0)
+    """Parameters one token multiplies through: every decoder linear layer, its routed experts (a MoE) and
+    (``lm_head``) the output projection (the embedding matrix when tied)."""
+    return shape.linear_weight_params + active_expert_params(shape) + shape.vocab_size * shape.hidden_size * lm_head
 
 
 def decode_step_s(shape: ModelShape, card: CardSpec = MEASURED) -> float:
@@ -148,9 +149,10 @@ def decode_step_s(shape: ModelShape, card: CardSpec = MEASURED) -> float:
     kernel launches (:data:`GPU_DECODE_S_PER_LAYER` per layer, what bound it on the H200, taken as the
     same on any card), the bytes it moves at the card's bandwidth, and its FLOPs at the H200's
     measured forward efficiency scaled by the card's FLOP/s."""
-    launches = shape.num_layers * GPU_DECODE_S_PER_LAYER
+    launch_share, expert_params = decode_experts(shape, GPU_MEASURED_CHUNK)  # (0, 0) for a dense model
+    launches = shape.num_layers * GPU_DECODE_S_PER_LAYER * (1 + launch_share)
     head = shape.vocab_size * shape.hidden_size
-    moved = DECODE_BYTES_PER_LINEAR_PARAM * shape.linear_weight_params + DECODE_BYTES_PER_HEAD_PARAM * head
+    moved = DECODE_BYTES_PER_LINEAR_PARAM * (shape.linear_weight_params + expert_params) + DECODE_BYTES_PER_HEAD_PARAM * head
     compute = GPU_MEASURED_CHUNK * 2.0 * matmul_params(shape) / (GPU_FLOPS["forward"] * card.flops / MEASURED.flops)
     return max(launches, moved / card.bandwidth, compute)
 

@@ -132,12 +132,20 @@ class Experts4bit(nn.Module):
             for j, expert in enumerate(chunk):
                 slots = order[starts[expert]:starts[expert + 1]]
                 tokens = slots // k
-                h = self._project(hidden_states[tokens], gate_up, expert, weights[0][j])
-                y = self._project(self._gate(self, h), down, expert, weights[1][j])
-                y = y * top_k_weights[tokens, slots % k, None]
-                out.index_add_(0, tokens, y.to(out.dtype))
+                y = self._expert(hidden_states, tokens, expert, weights[0][j], weights[1][j])
+                out.index_add_(0, tokens, (y * top_k_weights[tokens, slots % k, None]).to(out.dtype))
+                del y  # not held while the next expert runs
             del weights
         return out
+
+    def _expert(self, hidden_states: Tensor, tokens: Tensor, expert: int, gate_up: Tensor, down: Tensor) -> Tensor:
+        """One expert's MLP on its routed tokens (n,): each intermediate is let go as soon as it is used."""
+        x = hidden_states[tokens]
+        h = self._project(x, self.weight_names[0], expert, gate_up)
+        del x
+        gated = self._gate(self, h)
+        del h
+        return self._project(gated, self.weight_names[1], expert, down)
 
     def _project(self, x: Tensor, name: str, expert: int, weight: Tensor) -> Tensor:
         """x (n, in) through expert ``expert``'s weight ``name`` (+ bias, + the active LoRA), in x's dtype."""

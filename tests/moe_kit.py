@@ -57,3 +57,39 @@ def tolerance(dtype, reduction: int, magnitude: float) -> float:
     """Two summation orders of the same products, accumulated in fp32 (fp32 eps x reduction length),
     each op's result rounded to ``dtype`` once (its eps), 10x margin, relative to the output's magnitude."""
     return 10 * (torch.finfo(torch.float32).eps * reduction + torch.finfo(dtype).eps) * magnitude
+
+
+def moe_block(arch: str, a: int, c: int, lora: bool, seed: int = 0) -> nn.Module:
+    """Layer 0's MoE block of a tiny ``arch`` as the policy runs it: hidden states and router in ``a``
+    bytes (fp32 under the upcast), its experts 4-bit in compute dtype ``c`` (one expert per chunk), and with
+    ``lora`` peft LoRA (r 8, its B random) on the experts through homerlhf's wrapper."""
+    from peft import LoraConfig, get_peft_model
+
+    from homerlhf.models.expert_lora import register_experts
+    from transformers import AutoModelForCausalLM
+
+    dtypes = {4: torch.float32, 2: torch.bfloat16}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(model_config(arch, 512, hidden=128, layers=1), dtype=dtypes[a])
+    block = model.model.layers[0].mlp
+    block.experts = quantized(block.experts, arch, compute=dtypes[c], chunk_bytes=1)
+    for p in block.parameters():
+        p.requires_grad_(False)
+    if lora:
+        config = LoraConfig(r=8, target_parameters=[f"mlp.experts.{n}" for n in LAYOUTS[arch].weights])
+        register_experts(config)
+        outer = nn.Module()
+        outer.mlp = block
+        get_peft_model(outer, config)
+        for name, p in outer.named_parameters():
+            if "lora_B" in name:
+                nn.init.normal_(p, std=0.02)
+    return block
+
+
+def busiest_expert(block: nn.Module, hidden: torch.Tensor) -> int:
+    """The most tokens any one expert of ``block`` gets of ``hidden`` (T, h)."""
+    router = getattr(block, "gate", None) or block.router
+    with torch.no_grad():
+        index = router(hidden)[2]
+    return int(torch.bincount(index.reshape(-1)).max())
