@@ -89,3 +89,35 @@ def lora_targets(lora, layout) -> dict:
 def register_experts(peft_config) -> None:
     """Make peft wrap 4-bit experts with :class:`ParamWrapper` (its custom-module dispatch)."""
     peft_config._register_custom_module({Experts4bit: ParamWrapper})
+
+
+def expert_factors(wrapper, adapter: str) -> tuple:
+    """One fused expert weight's LoRA of ``adapter`` per expert: (A (E, r, in), scaling x B (E, out, r)),
+    float32 numpy, from peft's layout (A's rows expert-major, B's columns expert-minor)."""
+    experts = wrapper.num_experts
+    a = wrapper.lora_A[adapter].weight.detach().float().cpu()
+    b = wrapper.lora_B[adapter].weight.detach().float().cpu() * float(wrapper.scaling[adapter])
+    return (a.reshape(experts, -1, a.shape[-1]).numpy(), b.reshape(b.shape[0], -1, experts).permute(2, 0, 1).numpy())
+
+
+def expert_lora_weights(model, adapter: str) -> dict[str, tuple]:
+    """HF weight name (``...mlp.experts.gate_up_proj``) -> :func:`expert_factors`, for every fused expert
+    weight of the peft ``model`` that carries ``adapter`` (peft's wrapper or ours)."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, _PeftParamWrapper) and adapter in module.lora_A:
+            experts = name.replace(".base_layer", "")
+            base = experts[len("base_model.model."):] if experts.startswith("base_model.model.") else experts
+            out[f"{base}.{module.parameter_name}"] = expert_factors(module, adapter)
+    return out
+
+
+def adapter_config(adapter_dir, model):
+    """The peft config saved in ``adapter_dir``, with :func:`register_experts` when ``model`` holds 4-bit
+    experts (the wrapper is code, not in the saved config)."""
+    from peft import PeftConfig
+
+    config = PeftConfig.from_pretrained(str(adapter_dir))
+    if any(isinstance(m, Experts4bit) for m in model.modules()):
+        register_experts(config)
+    return config
