@@ -111,3 +111,30 @@ def test_an_unknown_expert_layout_is_refused_before_a_weight_is_read(tiny_qwen3_
     monkeypatch.setitem(moe.LAYOUTS, "qwen3_moe", moe.ExpertsLayout("Qwen3MoeExperts", "OtherRouter", False))
     with pytest.raises(UserError, match="router Qwen3MoeTopKRouter is not the OtherRouter"):
         load_base(str(tmp_path), cfg)
+
+
+def test_the_static_decoder_declines_4bit_experts(qwen3_moe_policy):
+    """Each decode step's routing is read on the host, which a CUDA graph cannot hold: HF generate samples."""
+    from homerlhf.models.static_refusal import refusal
+
+    assert "4-bit experts" in refusal(qwen3_moe_policy.model.get_base_model())
+
+
+@pytest.mark.parametrize("config", ["MixtralConfig", "Qwen2MoeConfig"])
+def test_train_and_plan_refuse_a_moe_it_does_not_know_in_one_line(config, tmp_path):
+    """From its config.json alone: the directory holds no weights at all."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    getattr(transformers, config)(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path / "moe")
+    for args in (["train", "--preset", "cpu-tiny", "--set", f"model.name_or_path={tmp_path / 'moe'}",
+                  "--out", str(tmp_path / "run")], ["plan", "--preset", "4090", "--model", str(tmp_path / "moe")]):
+        proc = subprocess.run([sys.executable, "-m", "homerlhf.cli", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is not supported" in lines[0] and "supported MoE: qwen3_moe, gpt_oss" in lines[0]
+    assert not (tmp_path / "run").exists()
