@@ -80,6 +80,10 @@ class PPOConfig(_Section):
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0, description="Mixture of experts: weight of its routers' load-balancing loss (transformers' own) in "
+        "the actor's loss. 0: off, as RL leaves the routing alone (the routers stay frozen; the loss reaches the "
+        "adapters through the hidden states).")
     group_size: int = Field(
         1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
     )

@@ -138,3 +138,33 @@ def test_train_and_plan_refuse_a_moe_it_does_not_know_in_one_line(config, tmp_pa
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "is not supported" in lines[0] and "supported MoE: qwen3_moe, gpt_oss" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_router_loss_is_off_unless_set_then_transformers_own(qwen3_moe_policy):
+    """ppo.router_aux_loss_coef 0 (the default): no router loss is computed. Set: the actor's forward with
+    grad keeps coef x transformers' own load-balancing loss of that forward (its CausalLM's aux_loss), once;
+    it reaches the adapters, not the frozen routers."""
+    from homerlhf.ppo.update import with_router_aux
+
+    policy = qwen3_moe_policy
+    ids = torch.randint(3, 500, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    policy.train()
+    policy.actor_logprobs(ids, mask, 4)
+    assert policy.take_router_aux_loss() is None
+    policy.router_aux_coef = 0.01
+    try:
+        policy.actor_logprobs(ids, mask, 4)
+        with torch.no_grad():
+            want = policy.model(input_ids=ids, attention_mask=mask, output_router_logits=True).aux_loss
+        aux = policy.router_aux_loss
+        assert aux is not None and aux.item() == pytest.approx(0.01 * want.item(), rel=1e-6)
+        loss = with_router_aux(policy, torch.zeros(()))
+        assert policy.take_router_aux_loss() is None and loss is not None
+        loss.backward()
+        grads = {n for n, p in policy.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+        assert any(".lora_" in n for n in grads) and not any("mlp.gate" in n for n in grads)
+    finally:
+        policy.router_aux_coef = 0.0
+        policy.model.zero_grad(set_to_none=True)
