@@ -168,3 +168,11 @@ def test_the_router_loss_is_off_unless_set_then_transformers_own(qwen3_moe_polic
     finally:
         policy.router_aux_coef = 0.0
         policy.model.zero_grad(set_to_none=True)
+
+
+def test_a_moe_critic_of_its_own_is_refused_before_it_loads(tiny_qwen3_moe_dir):
+    from homerlhf.models.critic_model import CriticModel
+
+    cfg = load_config("cpu-tiny", overrides=PPO + [f"critic.model={tiny_qwen3_moe_dir}"])
+    with pytest.raises(UserError, match="a mixture of experts; the critic on a base of its own is a dense model"):
+        CriticModel.from_config(cfg, str(tiny_qwen3_moe_dir))
