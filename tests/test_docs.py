@@ -96,7 +96,7 @@ def test_every_referenced_function_exists():
     assert _missing(refs) == []
 
 
-@pytest.mark.parametrize("name", ["rewards.md", "data.md", "time.md", "app.md", "export.md", "demo.md"])
+@pytest.mark.parametrize("name", ["rewards.md", "data.md", "time.md", "app.md", "export.md", "demo.md", "moe.md"])
 def test_functions_named_in_other_docs_exist(name):
     refs = sorted(set(REFERENCE.findall((ROOT / "docs" / name).read_text())))
     assert refs and _missing(refs) == []

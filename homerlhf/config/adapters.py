@@ -17,8 +17,11 @@ class LoraConfig(Section):
         0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
     )
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
-        "all-linear", description="Module names to adapt, or 'all-linear'."
+        "all-linear", description="Module names to adapt, or 'all-linear' (on a mixture of experts: the attention)."
     )
+    experts: bool = Field(
+        False, description="Mixture of experts: also adapt every expert's fused weights (gate_up_proj, down_proj; "
+        "peft's target_parameters, r x (in + out) per expert). The router stays frozen.")
 
 
 class ActorConfig(Section):

@@ -48,6 +48,9 @@ class QuantConfig(_Section):
     upcast_non_quantized: bool = Field(
         False, description="With a 4-bit base, keep embeddings, LM head and norms (and so activations) in fp32, at twice "
         "their bytes; off: all in compute_dtype (docs/memory.md).")
+    expert_chunk_mib: float = Field(
+        256, gt=0, description="Mixture of experts with a 4-bit base: the most MiB of expert weights dequantized at "
+        "once; the forward dequantizes the routed experts in chunks of as many as fit (at least one).")
 
 
 class PPOConfig(_Section):
@@ -77,6 +80,10 @@ class PPOConfig(_Section):
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0, description="Mixture of experts: weight of its routers' load-balancing loss (transformers' own) in "
+        "the actor's loss. 0: off, as RL leaves the routing alone (the routers stay frozen; the loss reaches the "
+        "adapters through the hidden states).")
     group_size: int = Field(
         1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
     )

@@ -49,6 +49,13 @@ def build_optimizer(name: str, params: Sequence[torch.nn.Parameter], lr: float, 
     raise UserError(f"unknown optimizer '{name}'; use adamw, adamw_8bit or paged_adamw_8bit")
 
 
+def with_router_aux(policy, loss: Tensor) -> Tensor:
+    """The actor's loss plus its routers' weighted load-balancing loss (``ppo.router_aux_loss_coef`` of a
+    mixture of experts), when its forward computed one."""
+    aux = policy.take_router_aux_loss() if hasattr(policy, "take_router_aux_loss") else None
+    return loss if aux is None else loss + aux
+
+
 def _losses(pg: tuple[Tensor, Tensor, Tensor], vf: tuple[Tensor, Tensor], entropy: Tensor,
             mask: Tensor) -> dict[str, Tensor]:
     """``policy_loss``'s and ``value_loss``'s results and the entropy, under their metric names."""
@@ -65,8 +72,9 @@ def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, T
     input_ids, attention_mask = micro.sequences()
     logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, micro.response_len)
     mask = micro.response_mask
-    return _losses(weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
-                                        ppo.clip_range),
+    pg_loss, *pg_stats = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
+                                              ppo.clip_range)
+    return _losses((with_router_aux(policy, pg_loss), *pg_stats),
                    value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
 
 
@@ -98,7 +106,7 @@ def group_micro_losses(policy, micro: Experience, group: GroupLoss) -> dict[str,
     loss, stats = clipped_group_loss(logprobs, micro.logprobs, micro.ref_logprobs, sequence_advantages(micro), mask,
                                      clip_range=group.clip_range, kl_coef=group.kl_coef, mode=group.mode,
                                      max_len=group.max_len, weights=micro.is_weights)
-    return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
+    return {"policy_loss": with_router_aux(policy, loss), "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
             "kl_ref_loss": stats["kl_ref"], "kl_clamped_frac_loss": stats["kl_clamped"],
             "entropy": masked_mean(entropy, mask)}
 
@@ -113,7 +121,9 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     input_ids, attention_mask = micro.sequences()
     mask = micro.response_mask
     logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
-    pg = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+    pg_loss, *pg_stats = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
+                                              ppo.clip_range)
+    pg = (with_router_aux(policy, pg_loss), *pg_stats)
     backward(pg[0] * share)
     values = policy.critic_values(input_ids, attention_mask, micro.response_len)
     vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
