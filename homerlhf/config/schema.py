@@ -49,8 +49,8 @@ class QuantConfig(_Section):
         False, description="With a 4-bit base, keep embeddings, LM head and norms (and so activations) in fp32, at twice "
         "their bytes; off: all in compute_dtype (docs/memory.md).")
     expert_chunk_mib: float = Field(
-        256, gt=0, description="Mixture of experts with a 4-bit base: the most MiB of expert weights dequantized at "
-        "once; the forward dequantizes the routed experts in chunks of as many as fit (at least one).")
+        256, gt=0, description="4-bit mixture of experts: the most MiB of expert weights dequantized at once; routed "
+        "experts go in chunks of as many as fit (docs/moe.md).")
 
 
 class PPOConfig(_Section):
@@ -81,9 +81,8 @@ class PPOConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
     router_aux_loss_coef: float = Field(
-        0.0, ge=0, description="Mixture of experts: weight of its routers' load-balancing loss (transformers' own) in "
-        "the actor's loss. 0: off, as RL leaves the routing alone (the routers stay frozen; the loss reaches the "
-        "adapters through the hidden states).")
+        0.0, ge=0, description="Mixture of experts: weight of the routers' load-balancing loss in the actor's loss; 0 "
+        "(off) leaves the frozen routing alone (docs/moe.md).")
     group_size: int = Field(
         1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
     )
