@@ -66,7 +66,7 @@ def measure(model_dir: str, upcast: bool, fp32_logits: bool, prompts: int, new: 
     policy.train()
     new_lp, _ = policy.actor_logprobs(*exp.sequences(), exp.response_len)
     rmask = exp.response_mask.bool()
-    ratio = (torch.exp(new_lp - exp.logprobs)[rmask] - 1).abs().max()
+    ratio = (torch.exp(new_lp - exp.old_logprobs)[rmask] - 1).abs().max()
     return {"max": gap.abs().max().item(), "mean": gap.abs().mean().item(),
             "k3": (torch.exp(-gap) - 1 + gap).mean().item(), "tokens": int(mask.sum()), "kl0": kl0.item(),
             "ratio": ratio.item()}

@@ -38,7 +38,7 @@ def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: 
     """KL-shaped rewards -> GAE -> (optional) whitening. ``scores``: (B,) as they enter the rewards.
     ``reduce``: a sum over data-parallel ranks; the whitening then uses every rank's advantages."""
     mask = exp.response_mask
-    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, ppo.kl_estimator)
+    rewards, kl = kl_penalized_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, kl_coef, ppo.kl_estimator)
     advantages, returns = gae(rewards, exp.values, mask, ppo.gamma, ppo.lam)
     if ppo.whiten_advantages:
         advantages = (masked_whiten(advantages, mask) if reduce is None
@@ -61,7 +61,7 @@ def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, sc
     the loss penalises, kept for the metrics and the KL controller.
     """
     mask = exp.response_mask
-    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask,
+    rewards, kl = kl_penalized_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask,
                                        0.0 if cfg.kl_in_loss else kl_coef, experience_kl_estimator(cfg))
     sequence_rewards = rewards.sum(dim=1)
     if cfg.algorithm == "grpo":
@@ -69,7 +69,7 @@ def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, sc
     else:
         advantages = rloo_advantages(sequence_rewards, cfg.ppo.group_size)
     return replace(exp, rewards=rewards, kl=kl, returns=None,
-                   advantages=token_advantages(advantages, mask).to(exp.logprobs.dtype))
+                   advantages=token_advantages(advantages, mask).to(exp.old_logprobs.dtype))
 
 
 def sequence_advantages(exp: Experience) -> Tensor:

@@ -186,7 +186,7 @@ def build_experience(batch: RolloutBatch, logprobs: Tensor, values: Tensor, ref_
     return Experience(
         prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
         response_ids=batch.response_ids, response_mask=mask,
-        logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=to_trainer(values, device) * mask,
+        old_logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask, values=to_trainer(values, device) * mask,
         scores=apply_truncation_penalty(raw_scores, batch, cfg.rollout), raw_scores=raw_scores,
         truncated=batch.truncated, behaviour_logprobs=behaviour * mask,
         is_weights=truncated_importance_weights(logprobs, behaviour, mask, cfg.rollout.is_cap),

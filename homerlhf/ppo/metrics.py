@@ -153,7 +153,7 @@ def sampler_metrics(exp: Experience) -> dict[str, float]:
     none for an experience without behaviour log-probs."""
     if exp.behaviour_logprobs is None or exp.is_weights is None:
         return {}
-    stats = importance_metrics(exp.logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
+    stats = importance_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
     return {key: float(value) for key, value in stats.items()}
 
 
@@ -170,8 +170,8 @@ def kl_clamp_metrics(exp: Experience) -> dict[str, float]:
     """Where ``exp.kl`` is k3: the fraction of response tokens whose k3 was capped
     (:func:`homerlhf.ppo.math.k3_kl`, the function that computed it)."""
     mask = exp.response_mask
-    _, clamped = k3_kl(exp.logprobs, exp.ref_logprobs, mask)
-    return {"kl_clamped_frac": float(masked_mean(clamped.to(exp.logprobs.dtype), mask))}
+    _, clamped = k3_kl(exp.old_logprobs, exp.ref_logprobs, mask)
+    return {"kl_clamped_frac": float(masked_mean(clamped.to(exp.old_logprobs.dtype), mask))}
 
 
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
@@ -183,7 +183,7 @@ def kl_ref_start(exp: Experience) -> float:
     update, it measures how far the reference is from the actor's starting weights. In float64 and
     unbounded on purpose (not :func:`homerlhf.ppo.math.k3_kl`): a diagnostic, in no reward or gradient."""
     mask = exp.response_mask.bool()
-    log_ratio = (exp.ref_logprobs - exp.logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
+    log_ratio = (exp.ref_logprobs - exp.old_logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
     return float(masked_mean(log_ratio.expm1() - log_ratio, mask))
 
 

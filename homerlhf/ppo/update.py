@@ -65,7 +65,7 @@ def micro_batch_losses(policy, micro: Experience, ppo: PPOConfig) -> dict[str, T
     input_ids, attention_mask = micro.sequences()
     logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, micro.response_len)
     mask = micro.response_mask
-    return _losses(weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask,
+    return _losses(weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask,
                                         ppo.clip_range),
                    value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value), entropy, mask)
 
@@ -95,7 +95,7 @@ def group_micro_losses(policy, micro: Experience, group: GroupLoss) -> dict[str,
     input_ids, attention_mask = micro.sequences()
     logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
     mask = micro.response_mask
-    loss, stats = clipped_group_loss(logprobs, micro.logprobs, micro.ref_logprobs, sequence_advantages(micro), mask,
+    loss, stats = clipped_group_loss(logprobs, micro.old_logprobs, micro.ref_logprobs, sequence_advantages(micro), mask,
                                      clip_range=group.clip_range, kl_coef=group.kl_coef, mode=group.mode,
                                      max_len=group.max_len, weights=micro.is_weights)
     return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
@@ -113,7 +113,7 @@ def backward_separate_adapters(policy, micro: Experience, ppo: PPOConfig, backwa
     input_ids, attention_mask = micro.sequences()
     mask = micro.response_mask
     logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, micro.response_len)
-    pg = weighted_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+    pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
     backward(pg[0] * share)
     values = policy.critic_values(input_ids, attention_mask, micro.response_len)
     vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)

@@ -25,7 +25,7 @@ def _experience(response_ids, mask, logprobs):
     rows = len(response_ids)
     return Experience(prompt_ids=torch.ones(rows, 2, dtype=torch.long), prompt_mask=torch.ones(rows, 2, dtype=torch.long),
                       response_ids=torch.tensor(response_ids), response_mask=torch.tensor(mask),
-                      logprobs=torch.tensor(logprobs), ref_logprobs=torch.zeros(rows, len(mask[0])),
+                      old_logprobs=torch.tensor(logprobs), ref_logprobs=torch.zeros(rows, len(mask[0])),
                       values=torch.zeros(rows, len(mask[0])), scores=torch.zeros(rows),
                       truncated=torch.zeros(rows, dtype=torch.bool))
 

@@ -17,7 +17,7 @@ def _experience() -> Experience:
     return Experience(
         prompt_ids=torch.tensor([[5]]), prompt_mask=torch.tensor([[1]]),
         response_ids=torch.tensor([[8, 2]]), response_mask=torch.tensor([[1, 1]]),
-        logprobs=torch.tensor([[-1.0, -2.0]]), ref_logprobs=torch.tensor([[-1.5, -2.0]]),
+        old_logprobs=torch.tensor([[-1.0, -2.0]]), ref_logprobs=torch.tensor([[-1.5, -2.0]]),
         values=torch.tensor([[0.5, 1.0]]), scores=torch.tensor([2.0]), truncated=torch.tensor([False]),
     )
 
@@ -63,7 +63,7 @@ def test_default_score_normalisation_keeps_value_clipping_alive_on_a_reward_mode
     exp = Experience(
         prompt_ids=torch.full((n, 1), 5), prompt_mask=torch.ones(n, 1, dtype=torch.long),
         response_ids=torch.full((n, 1), 2), response_mask=torch.ones(n, 1, dtype=torch.long),
-        logprobs=torch.full((n, 1), -1.0), ref_logprobs=torch.full((n, 1), -1.0),
+        old_logprobs=torch.full((n, 1), -1.0), ref_logprobs=torch.full((n, 1), -1.0),
         values=torch.zeros(n, 1), scores=raw, truncated=torch.zeros(n, dtype=torch.bool),
     )
     # By hand: mean 108 / 8 = 13.5; deviations -21.5 -16.5 -13.5 -8.5 -1.5 6.5 19.5 35.5, squares

@@ -70,14 +70,14 @@ def test_ahead_then_taken_equals_the_synchronous_experience(setup, tmp_path, ref
     assert exp.policy_version.tolist() == [4] * 6
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "scores"):
         assert torch.equal(getattr(exp, name), getattr(sync, name)), name
-    for name in ("logprobs", "ref_logprobs", "values"):  # scored in other chunks (tests/tolerances.py)
+    for name in ("old_logprobs", "ref_logprobs", "values"):  # scored in other chunks (tests/tolerances.py)
         want = getattr(sync, name)
         assert torch.allclose(getattr(exp, name), want, atol=fp32_bound(want.abs().max()), rtol=0), name
     # The engine's behaviour log-probs are the trainer's (HF generate on the same module), not taken as equal;
     # an importance weight exp(old - behaviour) is 1 within the same bound (its log-probs' difference).
     mask = exp.response_mask.bool()
-    bound = fp32_bound(exp.logprobs[mask].abs().max())
-    assert float((exp.behaviour_logprobs - exp.logprobs).abs()[mask].max()) < bound
+    bound = fp32_bound(exp.old_logprobs[mask].abs().max())
+    assert float((exp.behaviour_logprobs - exp.old_logprobs).abs()[mask].max()) < bound
     assert float((exp.is_weights - 1).abs()[mask].max()) < 2 * bound
 
 

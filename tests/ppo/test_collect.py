@@ -80,7 +80,7 @@ def test_oom_in_generation_and_in_scoring_halves_the_chunk_and_keeps_every_sampl
     mask = clean.response_mask.bool()
     width = mask.shape[1]
     # Scored in other chunks: other batch shapes (tests/tolerances.py).
-    for name in ("logprobs", "values"):
+    for name in ("old_logprobs", "values"):
         want = getattr(clean, name)[mask]
         assert torch.allclose(getattr(again, name)[:, :width][mask], want, atol=fp32_bound(want.abs().max()), rtol=0)
     assert torch.equal(again.scores, clean.scores)

@@ -286,7 +286,7 @@ def _experience(cfg, policy, generator, whiten: bool = True):
                      to_trainer([1.0, 0.0, 0.5], device), truncated, behaviour_logprobs=logprobs - 0.01,
                      policy_version=torch.full((3,), 2, dtype=torch.long, device=device))
     exp = compute_advantages(exp, cfg.ppo.model_copy(update={"whiten_advantages": whiten}), 0.02, exp.scores)
-    exp.is_weights = truncated_importance_weights(exp.logprobs, exp.behaviour_logprobs, response_mask, 2.0)
+    exp.is_weights = truncated_importance_weights(exp.old_logprobs, exp.behaviour_logprobs, response_mask, 2.0)
     order = torch.randperm(len(exp), generator=generator, device=generator.device)  # minibatches' draw
     return exp, exp.select(order.to(exp.device)[:2]).rows(0, 2)
 

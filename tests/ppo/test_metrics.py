@@ -24,7 +24,7 @@ def _experience() -> Experience:
         prompt_mask=torch.tensor([[1, 1], [0, 1]]),
         response_ids=torch.tensor([[8, 9, 2], [8, 2, 0]]),
         response_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
-        logprobs=torch.zeros(2, 3), ref_logprobs=torch.zeros(2, 3),
+        old_logprobs=torch.zeros(2, 3), ref_logprobs=torch.zeros(2, 3),
         values=torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, PAD]]),
         scores=torch.tensor([1.0, 3.0]),
         truncated=torch.tensor([True, False]),
@@ -103,7 +103,7 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     entropy = torch.ones(2, 3)
     exp = _experience()
     # Sampled by an engine that is not the trainer: its log-probs differ by ln 3 on one token (capped at 2).
-    exp.behaviour_logprobs = exp.logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
+    exp.behaviour_logprobs = exp.old_logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
     exp.is_weights = torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
     exp.policy_version = torch.tensor([2, 3])  # sampled ahead by version 2 (lag 1) and by version 3
     row = iteration_metrics(4, exp, torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),

@@ -53,7 +53,7 @@ def test_kl_ref_start_warns_in_one_line_above_1e_3(caplog):
 
     ones = torch.ones(1, 2)
     exp = Experience(prompt_ids=torch.tensor([[5]]), prompt_mask=torch.tensor([[1]]), response_ids=torch.tensor([[8, 2]]),
-                     response_mask=torch.tensor([[1, 1]]), logprobs=-ones, ref_logprobs=-ones, values=0 * ones,
+                     response_mask=torch.tensor([[1, 1]]), old_logprobs=-ones, ref_logprobs=-ones, values=0 * ones,
                      scores=torch.zeros(1), truncated=torch.tensor([False]), rewards=0 * ones, kl=0 * ones,
                      advantages=0 * ones, returns=0 * ones)
     with caplog.at_level(logging.WARNING, logger="homerlhf.ppo.trainer"):

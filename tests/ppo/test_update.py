@@ -253,7 +253,7 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     # What peft's own training mode would do: dropout on, the ratio is off 1 before any step.
     policy.model.train()
     with_dropout, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
-    assert (with_dropout - exp.logprobs)[mask].abs().max() > 1e-3
+    assert (with_dropout - exp.old_logprobs)[mask].abs().max() > 1e-3
 
     policy.train()
     layers = [m for m in policy.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
@@ -263,7 +263,7 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     logprobs, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
     values = policy.critic_values(input_ids, attention_mask, exp.response_len)
     assert logprobs.requires_grad
-    assert torch.equal(torch.exp(logprobs - exp.logprobs)[mask], torch.ones(int(mask.sum())))
+    assert torch.equal(torch.exp(logprobs - exp.old_logprobs)[mask], torch.ones(int(mask.sum())))
     assert torch.equal(values[mask], exp.values[mask])
     # And through the update stage itself: no clipping and zero approx KL on the first mini-batch.
     actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.1)

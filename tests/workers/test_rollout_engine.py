@@ -59,7 +59,7 @@ from homerlhf.ppo.update import micro_batch_losses
 engine.sync(policy)
 exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward, engine=engine)
 cap = float(is_cap)
-expected = torch.clamp(torch.exp(exp.logprobs - exp.behaviour_logprobs), max=cap) * exp.response_mask
+expected = torch.clamp(torch.exp(exp.old_logprobs - exp.behaviour_logprobs), max=cap) * exp.response_mask
 out["weights_exact"] = bool(torch.equal(exp.is_weights, expected))
 exp = compute_advantages(exp, cfg.ppo, 0.0, exp.scores)
 with torch.no_grad():
