@@ -59,7 +59,7 @@ def measure(model_dir: str, upcast: bool, fp32_logits: bool, prompts: int, new: 
     mask = batch.response_mask.bool()
     gap = (batch.behaviour_logprobs - old)[mask]
     start, _ = collect_experience(policy, ids, cfg, AdapterOffReference(policy), reward)
-    kl0 = (start.logprobs - start.ref_logprobs)[start.response_mask.bool()].abs().max()
+    kl0 = (start.old_logprobs - start.ref_logprobs)[start.response_mask.bool()].abs().max()
     for p in policy.actor_parameters() + policy.critic_parameters():
         torch.nn.init.normal_(p, std=0.05)
     exp, _ = collect_experience(policy, ids, cfg, AdapterOffReference(policy), reward)

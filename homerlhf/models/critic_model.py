@@ -212,11 +212,11 @@ class CriticModel:
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return self.value_head(response_hidden(out.last_hidden_state, response_len))
 
-    def train(self, mode: bool) -> None:
-        """Eval mode but for the modules that checkpoint activations (as the policy's ``train``)."""
+    def checkpoint_activations(self, on: bool) -> None:
+        """Eval mode but, with ``on``, for the modules that checkpoint activations (as the policy's)."""
         self.model.eval()
         self.value_head.eval()
-        for module in self.model.modules() if mode else ():
+        for module in self.model.modules() if on else ():
             if getattr(module, "gradient_checkpointing", False) is True:
                 module.training = True
 

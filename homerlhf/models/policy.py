@@ -141,27 +141,23 @@ class PolicyModel:
         """The peft model that holds ``adapter``: the critic's own with ``critic.model``, else the policy's."""
         return self.critic_model.model if adapter == CRITIC and self.critic_model is not None else self.model
 
-    def train(self, mode: bool = True) -> None:
-        """The update's mode: the forward of eval mode, with activation checkpointing.
+    def checkpoint_activations(self, on: bool = True) -> None:
+        """Every module in eval mode (no dropout), and with ``on`` those set to checkpoint activations
+        (``training.gradient_checkpointing``) in training mode, the only mode HF checkpoints in.
 
-        PPO's ratio compares the update's forward with the rollout's, taken in eval mode; anything
-        random in training mode (LoRA dropout whatever ``actor.lora.dropout`` says, attention
-        dropout, router jitter) would move it off 1 before any step. So every module stays in eval
-        mode except those that checkpoint activations, which HF does only in training mode.
-        (SFT and RM train through TRL and keep their dropout.)
+        The update calls it with ``on`` and the rollout without: PPO's ratio compares the update's
+        forward with the rollout's, so nothing random (LoRA or attention dropout, router jitter) may
+        move it off 1 before a step. (SFT and RM train through TRL and keep their dropout.)
         """
         self.model.eval()
         if self.has_critic:
             self.value_head.eval()
         if self.critic_model is not None:
-            self.critic_model.train(mode)
-        if mode:
+            self.critic_model.checkpoint_activations(on)
+        if on:
             for module in self.model.modules():
                 if getattr(module, "gradient_checkpointing", False) is True:
                     module.training = True
-
-    def eval(self) -> None:
-        self.train(False)
 
     @contextmanager
     def use_adapter(self, adapter: str) -> Iterator[None]:

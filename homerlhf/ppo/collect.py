@@ -79,7 +79,7 @@ def phase(meter, name: str):
 @torch.no_grad()
 def score_with_policy(policy, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
     """Old log-probs, entropy and values of a rollout batch, each (B, T), without graphs."""
-    policy.eval()
+    policy.checkpoint_activations(False)
     input_ids, attention_mask = batch.sequences()
     logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, batch.response_ids.shape[1])
     return logprobs.detach(), entropy.detach(), values.detach()

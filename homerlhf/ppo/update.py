@@ -278,7 +278,7 @@ def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, a
     ``group``: the GRPO / RLOO loss (``critic_opt`` None); None for PPO. ``ranks``: data parallel:
     ``exp`` is this rank's slice of the global batch (see :mod:`homerlhf.ppo.distributed`).
     """
-    policy.train()
+    policy.checkpoint_activations(True)
     early_stopped = False
     steps = []
     for _ in range(cfg.ppo.epochs):
@@ -290,7 +290,7 @@ def ppo_update(policy, exp: Experience, cfg: RunConfig, actor_opt, critic_opt, a
                 break
         if early_stopped:
             break
-    policy.eval()
+    policy.checkpoint_activations(False)
     taken = [s for s in steps if not s.get("skipped")] or steps  # skipped steps' stats are NaN/inf
     out = {key: float(np.mean([s[key] for s in taken])) for key in steps[0] if key != "skipped"}
     out["optimizer_steps"] = len(steps)

@@ -193,7 +193,7 @@ def test_rollout_pieces_and_the_static_decode_step_on_cuda(cuda_policy):
     cfg, policy, fake = cuda_policy
     inner, pad = policy.model.get_base_model(), policy.tokenizer.pad_token_id
     assert resolve_decoder("auto", policy.device) == "static"
-    policy.eval()
+    policy.checkpoint_activations(False)
     with fake, torch.no_grad():
         prompt_ids, prompt_mask = pad_sequences(PROMPTS, pad, device=policy.device)
         sampler = PerSampleSampler([1, 2, 3], 1.0, policy.device)
@@ -246,7 +246,7 @@ def test_static_generate_runs_every_step_on_cuda_up_to_its_one_host_read(cuda_po
     config = build_generation_config(max_new_tokens=3, temperature=1.0, stop_ids=policy.stop_ids,
                                      pad_id=policy.tokenizer.pad_token_id)
     policy.static_decoder.graphs = graphs = EagerGraphs(CUDA)
-    policy.eval()
+    policy.checkpoint_activations(False)
     try:
         with fake:
             prompt_ids, prompt_mask = pad_sequences(PROMPTS, policy.tokenizer.pad_token_id, device=policy.device)
@@ -297,7 +297,7 @@ def test_experience_selection_and_the_losses_on_cuda(cuda_policy):
     from homerlhf.ppo.update import GroupLoss, group_micro_losses, micro_batch_losses
 
     cfg, policy, fake = cuda_policy
-    policy.train()
+    policy.checkpoint_activations(True)
     with fake:
         exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
         assert exp.select(torch.tensor([2, 0])).device == CUDA  # a CPU index, moved by select
@@ -334,7 +334,7 @@ def test_the_losses_backward_under_bf16_compute(bf16_policy_dir, tmp_path):
     from homerlhf.ppo.update import backward_separate_adapters
 
     cfg, policy = _policy(bf16_policy_dir)
-    policy.train()
+    policy.checkpoint_activations(True)
     _, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0))
     stats = backward_separate_adapters(policy, micro, cfg.ppo, lambda loss: loss.backward(), torch.tensor(1.0))
     grads = [p.grad for p in policy.actor_parameters() + policy.critic_parameters()]
@@ -405,7 +405,7 @@ def test_a_critic_of_its_own_scores_and_its_losses_run_on_cuda(cuda_critic_polic
     from homerlhf.ppo.update import micro_batch_losses
 
     cfg, policy, fake = cuda_critic_policy
-    policy.train()
+    policy.checkpoint_activations(True)
     with fake:
         exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
         losses = micro_batch_losses(policy, micro, cfg.ppo)
@@ -442,7 +442,7 @@ def test_every_nth_layer_checkpointed_offloads_its_inputs_from_cuda_and_nothing_
     assert checkpointing_report(policy.model.get_base_model())["offloaded"] == [0, 2]
     assert checkpointing_report(policy.critic_model.backbone)["offloaded"] == [0]
     kept: list[torch.device] = []
-    policy.train()
+    policy.checkpoint_activations(True)
     with fake:
         input_ids, mask = pad_sequences([p + [20, 21, 22, 23] for p in PROMPTS], 0, device=CUDA)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.append(t.device), t)[1], lambda t: t):
@@ -465,7 +465,7 @@ def test_the_backward_of_a_critic_of_its_own_with_offloaded_checkpoints_under_bf
     from homerlhf.ppo.update import backward_separate_adapters
 
     cfg, policy = _policy(bf16_policy_dir, f"critic.model={critic_dir}", *CHECKPOINTING)
-    policy.train()
+    policy.checkpoint_activations(True)
     _, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0))
     stats = backward_separate_adapters(policy, micro, cfg.ppo, lambda loss: loss.backward(), torch.tensor(1.0))
     for params in (policy.actor_parameters(), policy.critic_parameters()):
@@ -484,7 +484,7 @@ def test_the_preference_held_out_pass_runs_on_cuda_up_to_its_host_read(cuda_poli
     from homerlhf.stages import preference_eval
 
     cfg, policy, fake = cuda_policy
-    policy.eval()
+    policy.checkpoint_activations(False)
     sequences, starts = [p + [20, 21, 22] for p in PROMPTS], [len(p) for p in PROMPTS]
     with fake, torch.no_grad():
         _, head, _ = lm_parts(policy.model)

@@ -67,7 +67,7 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(update_run):
         actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
         critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
         state = UpdateState(micro_batch_size=8)
-        policy.train()
+        policy.checkpoint_activations(True)
         if inject:
             with inject_oom_at(micro_batch_size=8, times=1) as injector:
                 train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
@@ -168,7 +168,7 @@ def test_fp16_compute_keeps_trainable_weights_and_adam_states_fp32(fp16_run):
     scaler = loss_scaler(torch.float16, policy.device)
     assert scaler.is_enabled()
     before = [p.detach().clone() for p in trainable]
-    policy.train()
+    policy.checkpoint_activations(True)
     stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
                             scaler=scaler)
     assert stats["skipped"] == 0.0 and math.isfinite(stats["grad_norm_actor"]) and stats["grad_norm_actor"] > 0
@@ -194,7 +194,7 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
             p.data.copy_(s)
         # Plain SGD by default: its step is the gradient itself, so any scaling left in it shows.
         actor_opt, critic_opt = make(policy.actor_parameters()), make(policy.critic_parameters())
-        policy.train()
+        policy.checkpoint_activations(True)
         stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
                                 guard, scaler)
         return stats, [p.detach().clone() for p in params]
@@ -240,7 +240,7 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     start, _ = collect_experience(policy, prompt_ids(policy.tokenizer, 4), cfg, AdapterOffReference(policy),
                                   CallableReward(lambda p, r: float(len(r))))
     mask = start.response_mask.bool()
-    assert torch.equal(start.logprobs[mask], start.ref_logprobs[mask])  # LoRA B = 0: the base, bit for bit
+    assert torch.equal(start.old_logprobs[mask], start.ref_logprobs[mask])  # LoRA B = 0: the base, bit for bit
     # Train the adapters off zero first: with LoRA B = 0 dropout on A's input would change nothing.
     for p in policy.actor_parameters() + policy.critic_parameters():
         torch.nn.init.normal_(p, std=0.2)
@@ -255,7 +255,7 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     with_dropout, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
     assert (with_dropout - exp.old_logprobs)[mask].abs().max() > 1e-3
 
-    policy.train()
+    policy.checkpoint_activations(True)
     layers = [m for m in policy.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     assert layers and all(m.training for m in layers)  # checkpointing runs only in training mode
     dropouts = [m for n, m in policy.model.named_modules() if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)]
