@@ -65,11 +65,11 @@ class SampledLogprobs:
 
 
 def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
-    """A ``PPOTrainer`` whose engine (the actor's own, as a run's) keeps the sampled behaviour
+    """A ``RLTrainer`` whose engine (the actor's own, as a run's) keeps the sampled behaviour
     log-probs, and which compares them with its old log-probs as it records each iteration
     (``trainer.sampled``: :class:`SampledLogprobs`). Training is the plain trainer's."""
     from homerlhf.ppo.engines import HFEngine
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.trainer import RLTrainer
 
     sampled = SampledLogprobs()
 
@@ -79,7 +79,7 @@ def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
             sampled.keep(batch)
             return batch
 
-    class RecordingTrainer(PPOTrainer):
+    class RecordingTrainer(RLTrainer):
         def record(self, row, exp) -> None:
             sampled.compare(exp)
             super().record(row, exp)

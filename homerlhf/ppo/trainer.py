@@ -1,6 +1,6 @@
 """The PPO loop: rollout -> scoring -> advantages -> K epochs of clipped updates -> metrics -> checkpoint.
 
-``PPOTrainer`` holds the state that lives across iterations (optimizers, KL controller, score
+``RLTrainer`` holds the state that lives across iterations (optimizers, KL controller, score
 normaliser, data cursor) and its ``step`` calls the stages in order, each a function that can be
 called and tested alone: :func:`homerlhf.ppo.collect.collect_experience` (rollout and scoring,
 overlapped), :func:`homerlhf.ppo.advantages.compute_advantages`, :func:`homerlhf.ppo.update.ppo_update`
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -62,8 +63,8 @@ def seed_everything(seed: int) -> None:
 
 
 # -- the loop ----------------------------------------------------------------------------------
-class PPOTrainer:
-    """Holds cross-iteration state and runs ``iterations`` of PPO.
+class RLTrainer:
+    """Holds cross-iteration state and runs ``iterations`` of PPO, GRPO or RLOO (``algorithm``).
 
     ``prompts``: tokenised prompts (lists of ids), sampled without replacement in a seeded order.
     ``rows``: each prompt's dataset row (indexed like ``prompts``), handed to the reward with it.
@@ -370,7 +371,7 @@ class PPOTrainer:
 
         total = iterations if iterations is not None else self.cfg.ppo.iterations
         self.total_iterations = total
-        bar = tqdm(total=total, initial=self.iteration, desc="PPO", unit="it",
+        bar = tqdm(total=total, initial=self.iteration, desc=self.cfg.algorithm.upper(), unit="it",
                    disable=not (self.cfg.logging.progress and self.ranks.is_main), dynamic_ncols=True)
         try:
             while self.iteration < total and not self._stop_agreed():
@@ -398,3 +399,10 @@ class PPOTrainer:
             if self.writer is not None:
                 self.writer.close()
         return self.history
+
+
+def __getattr__(name: str):
+    if name == "PPOTrainer":  # the old name, still importable
+        warnings.warn("homerlhf.ppo.trainer.PPOTrainer is now RLTrainer", FutureWarning, stacklevel=2)
+        return RLTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

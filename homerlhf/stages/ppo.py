@@ -122,7 +122,7 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
     from homerlhf.models.sharding import check_trainable_sharded
     from homerlhf.ppo.distributed import check_data_parallel, current_ranks
     from homerlhf.ppo.stopping import StopRequested
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
     from homerlhf.stages.autoplan import resolve_for_run
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
@@ -153,7 +153,7 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
         engine = build_engine(cfg, policy, model_path, run_dir)
         stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
+        trainer = RLTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
                              ranks=ranks)
         if ckpt is not None:
             trainer.resume(ckpt)

@@ -1,6 +1,6 @@
 """The planner against peaks measured on a GPU: an NVIDIA H200 (CUDA 13, torch 2.11, bitsandbytes
 0.50.2, 2026-11-30), random weights of the published shapes, homerlhf's own ``PolicyModel`` +
-``PPOTrainer`` as ``scripts/validate_memory_gpu.py`` runs them (adapter-off reference, an in-process
+``RLTrainer`` as ``scripts/validate_memory_gpu.py`` runs them (adapter-off reference, an in-process
 reward, prompts of full ``max_prompt_len`` random ids, HF ``generate``), the process capped at the
 card's size. Measured: ``torch.cuda.max_memory_allocated`` per phase, last of two iterations.
 

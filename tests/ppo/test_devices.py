@@ -94,13 +94,13 @@ def test_an_iteration_makes_no_tensor_without_naming_its_device(policy_and_promp
     CUDA ones (``policy_version`` made so broke every GPU run's first update)."""
     from homerlhf.ppo.backends import AdapterOffReference, CallableReward
     from homerlhf.ppo.collect import StageTimes
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.trainer import RLTrainer
 
     policy, prompts = policy_and_prompts
     group = ("algorithm=grpo", "ppo.group_size=2") if algorithm == "grpo" else ()
     cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "ppo.mini_batch_size=2",
                   "ppo.micro_batch_size=1", "ppo.epochs=1", *group)
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(sum(r) % 5)),
+    trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(sum(r) % 5)),
                          prompts)
     with stray_tensors_on_meta() as mode:
         exp, entropy, _ = trainer._collect(StageTimes())

@@ -10,7 +10,7 @@ import torch
 
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from tolerances import fp32_bound
 
 GRPO = ("algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=8", "rollout.chunk_size=8",
@@ -25,7 +25,7 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     assert policy.critic_parameters() == []
     before = [p.detach().clone() for p in policy.actor_parameters()]
     reward = CallableReward(lambda p, r: float(sum(r) % 7))  # spread within every group
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4),
+    trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4),
                          run_dir=tmp_path)
     assert trainer.critic_opt is None
     prompts = trainer.next_prompts()
@@ -42,7 +42,7 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     # A fresh trainer resumes it: same actor weights, the single optimizer restored.
     seed_everything(1)
     again = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    resumed = PPOTrainer(cfg, again, AdapterOffReference(again), reward, prompt_ids(again.tokenizer, 4))
+    resumed = RLTrainer(cfg, again, AdapterOffReference(again), reward, prompt_ids(again.tokenizer, 4))
     assert resumed.resume(ckpt) == 1
     for a, b in zip(again.actor_parameters(), policy.actor_parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -58,7 +58,7 @@ def test_group_loss_gradient_does_not_depend_on_micro_batch(tiny_llama_dir, ppo_
     cfg = ppo_cfg(*GRPO, f"algorithm={algorithm}", f"ppo.loss_aggregation={mode}", "ppo.kl_in=loss")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(len(set(r)))),
+    trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(len(set(r)))),
                          prompt_ids(policy.tokenizer, 2))
     exp, _ = collect_experience(policy, trainer.next_prompts(), cfg, trainer.reference, trainer.reward)
     exp, _ = trainer.advantages(exp, 0.1, StageTimes())
@@ -97,7 +97,7 @@ def test_group_algorithms_learn_to_say_the_target_token(peaked_policy_dir, ppo_c
     probe = generate_rollout(policy, prompts, cfg.rollout)
     target = Counter(probe.response_ids[probe.response_mask.bool()].tolist()).most_common(1)[0][0]
     reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
-    rows = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts).train()
+    rows = RLTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts).train()
     scores = [r["score_mean"] for r in rows]
     print(algorithm, "scores", [round(s, 3) for s in scores], "kl", [round(r["kl_mean"], 2) for r in rows])
     first, last = scores[0], sum(scores[-2:]) / 2

@@ -18,7 +18,7 @@ from homerlhf.config import load_config
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
 from homerlhf.ppo.collect import collect_experience, score_with_policy
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from homerlhf.workers.rollout_engine import llamacpp_engine
 
 model_dir, outtype, run_dir, is_cap = sys.argv[1:5]
@@ -47,7 +47,7 @@ def compare():
 
 out = {"before": compare(), "version_before": engine.version}
 reward = CallableReward(lambda p, r: float(len(r)))
-trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, engine=engine)
+trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, engine=engine)
 rows = [trainer.step() for _ in range(2)]
 out["rows"] = [{k: row[k] for k in ("is_weight_mean", "is_weight_max", "is_capped_fraction", "kl_behaviour_old")} for row in rows]
 out["after"] = compare()
@@ -120,7 +120,7 @@ from homerlhf.data.builtin import prompt_records
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.backends import AdapterOffReference, CallableReward
 from homerlhf.ppo.rollout import generate_rollout
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from homerlhf.workers.rollout_engine import llamacpp_engine
 
 model_dir, run_dir, mode = sys.argv[1:4]
@@ -139,7 +139,7 @@ probe = generate_rollout(policy, prompts, cfg.rollout)
 target = Counter(probe.response_ids[probe.response_mask.bool()].tolist()).most_common(1)[0][0]
 reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
 engine = llamacpp_engine(cfg, policy, model_dir, Path(run_dir))
-trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir, engine=engine)
+trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir, engine=engine)
 rows = trainer.train()
 engine.close()
 keys = ("score_mean", "kl_mean", "policy_version_lag_mean", "is_weight_mean", "kl_behaviour_old", "time_iteration_s")
