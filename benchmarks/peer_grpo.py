@@ -71,7 +71,7 @@ def choose_engine(model_dir: Path, args) -> dict:
 
 def run_ours(model_dir: Path, args) -> dict:
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import CallableReward
+    from homerlhf.ppo.backends import Backends, CallableReward
     from homerlhf.ppo.trainer import RLTrainer, seed_everything
     from homerlhf.stages.scorers import build_engine, build_reference
 
@@ -87,7 +87,7 @@ def run_ours(model_dir: Path, args) -> dict:
     try:
         # The reference as a run builds it (adapter-off, in micro-batches of ppo.micro_batch_size).
         reference = build_reference(cfg, policy, str(model_dir), Path(args.tmp) / "run")
-        trainer = RLTrainer(cfg, policy, reference, reward, ids, engine=engine)
+        trainer = RLTrainer(cfg, policy, Backends(reference, reward, engine), ids)
         times, generation = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()

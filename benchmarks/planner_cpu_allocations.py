@@ -107,7 +107,7 @@ def main() -> None:
     from homerlhf.memory.planner import plan
     from homerlhf.memory.shapes import shape_from_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
     from homerlhf.ppo.trainer import RLTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +129,7 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             policy = PolicyModel.from_config(cfg, tmp)
             prompts = torch.randint(8, 512, (2 * c, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
-            trainer = RLTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32),
+            trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32)),
                                  prompts)
             trainer.meter = LabelledPhases()
             for i in range(2):

@@ -1,6 +1,6 @@
 """The plan each case of ``homerlhf check`` is compared with: the planner's
 :class:`~homerlhf.memory.components.Assumptions` for what the compared iteration (a case's last) ran,
-phase by phase, read from the case's optimizer steps (``trainer.update_state.history``, in order).
+phase by phase, read from the case's optimizer steps (``trainer.updater.state.history``, in order).
 
 What the trainer's code makes of them (``homerlhf/ppo/update.py``, ``checkpoint.py``):
 
@@ -27,7 +27,7 @@ PHASES = ("generation", "scoring", "update")
 
 def step_flags(rows: list[dict], skipped: Optional[list[bool]] = None) -> list[list[bool]]:
     """Per iteration, per optimizer step in order: taken (True) or skipped. From the trainer's steps in
-    order (``skipped``, ``trainer.update_state.history``'s flags) when given, else from the rows'
+    order (``skipped``, ``trainer.updater.state.history``'s flags) when given, else from the rows'
     counts (taken first: exact for one step an iteration, or none skipped)."""
     counts = [int(r.get("optimizer_steps", 0)) for r in rows]
     if skipped is not None and len(skipped) >= sum(counts):

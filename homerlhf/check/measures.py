@@ -68,6 +68,7 @@ def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
     """A ``RLTrainer`` whose engine (the actor's own, as a run's) keeps the sampled behaviour
     log-probs, and which compares them with its old log-probs as it records each iteration
     (``trainer.sampled``: :class:`SampledLogprobs`). Training is the plain trainer's."""
+    from homerlhf.ppo.backends import Backends
     from homerlhf.ppo.engines import HFEngine
     from homerlhf.ppo.trainer import RLTrainer
 
@@ -84,7 +85,7 @@ def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
             sampled.compare(exp)
             super().record(row, exp)
 
-    trainer = RecordingTrainer(cfg, policy, reference, reward, prompts, run_dir, engine=RecordingEngine(policy))
+    trainer = RecordingTrainer(cfg, policy, Backends(reference, reward, RecordingEngine(policy)), prompts, run_dir)
     trainer.sampled = sampled
     return trainer
 

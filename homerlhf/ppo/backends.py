@@ -8,7 +8,11 @@ trainer can overlap CPU scoring with GPU work; the base classes run the call in 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+if TYPE_CHECKING:
+    from homerlhf.ppo.engines import RolloutEngine
 
 TokenIds = Sequence[Sequence[int]]
 
@@ -229,3 +233,13 @@ class AdapterReward(RewardBackend):
     def close(self) -> None:
         self.scorer.unload()
         super().close()
+
+
+@dataclass
+class Backends:
+    """What an iteration's samples are drawn and scored by: the reference, the reward and the rollout
+    engine (None: the actor's own ``generate``, :class:`homerlhf.ppo.engines.HFEngine`)."""
+
+    reference: ReferenceBackend
+    reward: RewardBackend
+    engine: Optional["RolloutEngine"] = None

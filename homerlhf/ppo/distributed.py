@@ -87,6 +87,12 @@ def global_mean(values: Tensor, reduce: Reduce = identity) -> float:
     return float(total / count)
 
 
+def mean_over_ranks(values: Tensor, reduce: Optional[Reduce] = None) -> float:
+    """The mean of every rank's ``values`` together (:func:`global_mean`); with one process (``reduce``
+    None) the tensor's own ``mean()``, as a one-process run computes it."""
+    return global_mean(values, reduce) if reduce is not None else float(values.mean())
+
+
 def owned_minibatch_rows(n_global: int, lo: int, hi: int, size: int,
                          generator: torch.Generator) -> Iterator[tuple[Tensor, int]]:
     """For each shuffled global mini-batch of ``size`` rows (as ``Experience.minibatches`` draws them

@@ -10,7 +10,7 @@ are padding in every row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Optional
 
 import torch
@@ -160,6 +160,15 @@ class Experience:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Experience))
+
+
+@dataclass
+class Rollout:
+    """One iteration's batch as sampling and scoring leave it: what the advantages and update take."""
+
+    exp: Experience  # scores, old log-probs, values and reference log-probs set; no rewards or advantages yet
+    entropy: Tensor  # (B, T) the actor's per-token entropy at rollout
+    components: dict[str, list] = field(default_factory=dict)  # per-reward scores of a weighted reward
 
 
 def _kept_widths(extents: list[tuple[Optional[int], int]]) -> tuple[int, int]:

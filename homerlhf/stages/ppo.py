@@ -18,7 +18,7 @@ from typing import Any, Optional
 from homerlhf.config import RunConfig, to_yaml
 from homerlhf.errors import UserError
 from homerlhf.models.registry import resolve_model
-from homerlhf.ppo.backends import RewardBackend
+from homerlhf.ppo.backends import Backends, RewardBackend
 from homerlhf.stages.data_parallel import build_scorers, watch_launcher
 from homerlhf.stages.scorers import build_engine
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
@@ -153,8 +153,8 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
         engine = build_engine(cfg, policy, model_path, run_dir)
         stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = RLTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
-                             ranks=ranks)
+        trainer = RLTrainer(cfg, policy, Backends(reference, reward, engine), prompts, run_dir, rows=rows, ranks=ranks)
+        trainer.stop = stop
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.

@@ -8,8 +8,8 @@ import torch
 
 from homerlhf.errors import UserError
 from homerlhf.models.policy import PolicyModel
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.collect import RolloutState, collect_experience
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+from homerlhf.ppo.collect import Prompts, RolloutState, collect_experience
 from homerlhf.ppo.rng import sample_seeds
 from tolerances import fp32_bound
 
@@ -46,8 +46,8 @@ def setup(tiny_llama_dir):
 def _collect(setup, state, seeds):
     cfg, policy, prompts = setup
     reward = CallableReward(lambda p, r: float(len(r)))
-    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy, batch_size=4), reward,
-                                seeds=seeds, state=state)
+    exp, _ = collect_experience(policy, Prompts(prompts, seeds=seeds), cfg,
+                                Backends(AdapterOffReference(policy, batch_size=4), reward), state)
     return exp
 
 
