@@ -1,7 +1,7 @@
 """The memory planner against the CPU allocator: bytes torch holds at each PPO phase's peak, on CPU.
 
     python benchmarks/planner_cpu_allocations.py [--dtype bf16] [--upcast] [--intermediate 2816] [--algorithm ppo]
-        [--prefill-tokens N] [--layers 4 --every-n 2]
+        [--prefill-tokens N] [--layers 4 --every-n 2] [--experts 8 --top-k 2 [--lora-experts]]
 
 Builds a small Qwen2-shaped model (random weights), loads it as a run does (NF4 base, LoRA actor +
 critic, compute dtype ``--dtype`` end to end, or with ``--upcast`` (``quant.upcast_non_quantized``) the
@@ -9,7 +9,8 @@ fp32 embeddings, LM head, norms and residual stream of ``prepare_model_for_kbit_
 two PPO iterations with homerlhf's trainer (adapter-off reference, an in-process reward, prompts of
 full length) under the profiler, which records every CPU allocation and free. Per phase of the second
 iteration it prints the most bytes alive at once beside the planner's allocated bytes for the same
-settings (HF generate's cache; the actor's 8-bit optimizer unpaged, as on a CPU). The Python-level
+settings (HF generate's cache; the actor's 8-bit optimizer unpaged, as on a CPU). ``--experts``: a Qwen3-MoE
+instead, every layer's MLP that many 4-bit experts of width ``--intermediate``. The Python-level
 tensors (peft's LoRA layers, transformers' cache and masks, the sampler, the optimizers, the kept
 gradients) are the ones a GPU run makes; GPU kernels' workspaces and the caching allocator are not.
 """
@@ -34,6 +35,10 @@ def parse_args():
     ap.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo"])
     ap.add_argument("--prefill-tokens", type=int, default=None,
                     help="rollout.prefill_tokens (default: the config's): e.g. 512 prefills 16 x 128 in pieces of 32 columns")
+    ap.add_argument("--experts", type=int, default=0,
+                    help="a Qwen3-MoE of this many experts per layer (--intermediate: each expert's), 4-bit")
+    ap.add_argument("--top-k", type=int, default=2, help="with --experts: experts routed per token")
+    ap.add_argument("--lora-experts", action="store_true", help="with --experts: actor.lora.experts=true")
     ap.add_argument("--every-n", type=int, default=None,
                     help="training.checkpoint_every_n_layers (default: every layer): e.g. 2 with --layers 4 checkpoints layers 0 and 2")
     return ap.parse_args()
@@ -68,10 +73,17 @@ def build(args, out: str):
     from homerlhf.tiny import build_tokenizer
 
     tok = build_tokenizer()
-    config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, head_dim=args.head_dim, tie_word_embeddings=False,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    common = dict(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                  num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
+                  tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                  bos_token_id=tok.bos_token_id)
+    if args.experts:
+        from transformers import Qwen3MoeConfig
+
+        config = Qwen3MoeConfig(**common, intermediate_size=args.intermediate, moe_intermediate_size=args.intermediate,
+                                num_experts=args.experts, num_experts_per_tok=args.top_k)
+    else:
+        config = Qwen2Config(**common, intermediate_size=args.intermediate)
     torch.manual_seed(0)
     # Saved in fp32: loading it in the compute dtype then copies every weight into the allocator the
     # profiler counts. A bf16 checkpoint loaded in bf16 stays memory-mapped from its file, outside that
@@ -123,7 +135,8 @@ def main() -> None:
             f"algorithm={args.algorithm}", *(["ppo.group_size=4"] if args.algorithm != "ppo" else []),
             "logging.tensorboard=false", "logging.progress=false",
             *([f"rollout.prefill_tokens={args.prefill_tokens}"] if args.prefill_tokens is not None else []),
-            *([f"training.checkpoint_every_n_layers={args.every_n}"] if args.every_n is not None else [])])
+            *([f"training.checkpoint_every_n_layers={args.every_n}"] if args.every_n is not None else []),
+            *(["actor.lora.experts=true"] if args.lora_experts else [])])
         planned = plan(cfg, shape_from_config(config.to_dict(), "probe", "local"), 0, with_suggestion=False,
                        assumptions=Assumptions(decoder="hf"))
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -131,7 +144,7 @@ def main() -> None:
             prompts = torch.randint(8, 512, (2 * c, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
             trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32)),
                                  prompts)
-            trainer.meter = LabelledPhases()
+            trainer.meters.memory = LabelledPhases()
             for i in range(2):
                 with record_function(f"iteration {i}"):
                     trainer.step()
@@ -139,7 +152,8 @@ def main() -> None:
         prof.export_chrome_trace(trace)
         with open(trace) as fh:
             measured = phase_peaks(json.load(fh)["traceEvents"])
-    print(f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, intermediate {config.intermediate_size}, "
+    experts = f", {args.experts} experts (top {args.top_k}{', LoRA on them' if args.lora_experts else ''})" if args.experts else ""
+    print(f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, intermediate {args.intermediate}{experts}, "
           f"compute {args.dtype}{' (fp32 upcast)' if args.upcast else ' end to end'}, {args.algorithm}, chunk {c} x ({args.prompt} + {args.new}), micro-batch {args.micro}, "
           f"prefill {_prefill(cfg.rollout.prefill_columns(c, args.prompt))}, "
           f"checkpointing {cfg.training.checkpointed_layers(config.num_hidden_layers)} of {config.num_hidden_layers} layers")

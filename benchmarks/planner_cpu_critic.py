@@ -74,7 +74,7 @@ def measure(args, tmp: str):
         policy = PolicyModel.from_config(cfg, tmp)
         prompts = torch.randint(8, 512, (2 * c, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
         trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32)), prompts)
-        trainer.meter = LabelledPhases()
+        trainer.meters.memory = LabelledPhases()
         for i in range(2):
             with record_function(f"iteration {i}"):
                 trainer.step()

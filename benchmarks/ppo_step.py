@@ -67,7 +67,7 @@ def main() -> None:
                       f" {row['tokens_per_s_scoring']:>11.1f} {row['tokens_per_s_update']:>10.1f} {peak:>9.3f}")
         finally:
             reward.close()
-            trainer.meter.close()
+            trainer.meters.memory.close()
         steady = rows[1:] or rows
         mean = {k: sum(r[k] for r in steady) / len(steady) for k in steady[0] if isinstance(steady[0][k], (int, float))}
         print("mean " + " ".join(f"{mean[f'time_{s}_s']:>10.3f}" for s in STAGES)

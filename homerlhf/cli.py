@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -18,6 +17,7 @@ import homerlhf.stages  # noqa: F401 - registers builtin:demo-sft / demo-rm, whi
 from homerlhf.cli_check import check
 from homerlhf.cli_export import export_app
 from homerlhf.cli_preference import dpo, kto
+from homerlhf.cli_train import VerboseOpt, config_cmd, train
 from homerlhf.errors import UserError
 
 app = typer.Typer(
@@ -31,6 +31,8 @@ app.add_typer(export_app, name="export")
 app.command("check")(check)
 app.command("dpo")(dpo)
 app.command("kto")(kto)
+app.command("train")(train)
+app.command("config")(config_cmd)
 
 PresetOpt = typer.Option("cpu-tiny", "--preset", "-p", help="Preset name (see `homerlhf presets`).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="A YAML file merged over the preset.")
@@ -57,76 +59,6 @@ def presets() -> None:
         cfg = load_config(name)
         mem = f"{cfg.card.gpu_gib:g} GiB" if cfg.card.gpu_gib else "CPU only"
         typer.echo(f"{name:<12} {cfg.card.name:<18} {mem:<9} {cfg.model.name_or_path}")
-
-
-def _ask_redacted_tokens(cfg):
-    """A resumed run's worker tokens are not saved: read from the environment or asked for here."""
-    import getpass
-
-    from homerlhf.workers.tokens import restore_redacted_tokens
-
-    return restore_redacted_tokens(cfg, ask=getpass.getpass if sys.stdin.isatty() else None)
-
-
-def _train_args(preset, config, set_, out, resume, overwrite, gpus) -> list[str]:
-    """The ``train`` command line of these options, for each launched process."""
-    args = ["train", "--gpus", str(gpus)] + ([] if resume else ["--preset", preset])
-    args += [x for o in set_ for x in ("--set", o)]
-    for flag, value in (("--config", config), ("--out", out), ("--resume", resume)):
-        args += [flag, str(value)] if value is not None else []
-    return args + (["--overwrite"] if overwrite else [])
-
-
-@app.command()
-def train(
-    ctx: typer.Context,
-    preset: str = PresetOpt,
-    config: Optional[Path] = ConfigOpt,
-    set_: List[str] = SetOpt,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: output_dir)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in the output dir."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Data-parallel processes, one per GPU "
-                                       "(sets distributed.gpus; launched through accelerate)."),
-) -> None:
-    """PPO: LoRA actor + critic on a shared 4-bit base, Ref/RM as llama.cpp CPU workers."""
-    from homerlhf.config import check_device
-
-    if resume is not None:
-        from homerlhf.ppo.resuming import resume_config
-
-        # --resume alone continues with the run's own config; --config/--set go on top of it.
-        explicit_preset = ctx.get_parameter_source("preset").name == "COMMANDLINE"
-        cfg, _ = resume_config(resume, preset=preset if explicit_preset else None, config_file=config,
-                               overrides=set_)
-        cfg = _ask_redacted_tokens(cfg)
-    else:
-        cfg = _load(preset, config, set_)
-    if gpus is not None:
-        cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"gpus": gpus})})
-    check_device(cfg)
-    from homerlhf.stages.data_parallel import launched, relaunch
-    from homerlhf.stages.ppo import run_ppo  # torch and the trainer: only once the config checked out
-
-    if cfg.distributed.gpus > 1 and not launched():
-        relaunch(cfg, _train_args(preset, config, set_, out, resume, overwrite, cfg.distributed.gpus))
-    result = run_ppo(cfg, out_dir=out, resume=resume, overwrite=overwrite)
-    if int(os.environ.get("RANK", "0")):
-        return  # data parallel: process 0 speaks for the run
-    rows = result["metrics"]
-    if result.get("stopped"):
-        if result["checkpoint"] is None:
-            typer.echo("stopped before the first iteration finished: nothing to resume; "
-                       "start again with --overwrite")
-        else:
-            typer.echo(f"stopped at iteration {result['iteration']}; checkpoint {result['checkpoint']}; "
-                       f"continue with: homerlhf train --resume {result['run_dir']}")
-    elif rows:
-        first, last = rows[0], rows[-1]
-        typer.echo(
-            f"PPO done: {len(rows)} iterations, score {first['score_mean']:.3f} -> {last['score_mean']:.3f}, "
-            f"kl {last['kl_mean']:.3f}; run dir {result['run_dir']}"
-        )
 
 
 @app.command()
@@ -228,10 +160,14 @@ def demo(
     method: Optional[str] = typer.Option(
         None, "--method", help="dpo or kto: train the SFT model on the builtin preference pairs directly (TRL, no "
         "reward model) instead of RL, with the same held-out evaluation and verdict."),
+    verbose: bool = VerboseOpt,
 ) -> None:
     """The whole pipeline offline on CPU: tiny model, SFT, reward model, PPO with llama.cpp workers.
 
     Measured on a quiet 2-core machine: 82 s the first time (models built), 60 s once cached."""
+    from homerlhf.workers.llama_log import set_verbose
+
+    set_verbose(verbose)
     if method is not None:
         if algorithm is not None:
             raise UserError("--method (dpo, kto) and --algorithm (RL on the verifiable task) are two demos; give one")
@@ -351,13 +287,22 @@ def app_cmd(
     launch(host=host, port=port, share=share, default_preset=preset, runs_root=str(runs_root))
 
 
+LIBRARY_DEPRECATIONS = ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: every user error is one line on stderr and a non-zero exit, never a traceback."""
     import logging
+    import warnings
 
     # bitsandbytes warns at import on every CPU without the optional hub kernel; its fallback is
     # correct (DESIGN.md), and the line would precede every one-line error of sft/reward/train.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # peft and TRL still read transformers' old checkpointing names (`is_gradient_checkpointing`, ...), which
+    # transformers 5.24+ warns about once per process; our own calls use the current names
+    # (tests/models/test_activations.py, tests/stages/test_stage_precision.py).
+    for name in LIBRARY_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="homerlhf", standalone_mode=False)

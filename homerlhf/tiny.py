@@ -28,9 +28,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
-Arch = Literal["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"]
-# Sliding window of the tiny Gemmas: short, so every test sequence crosses it.
+Arch = Literal["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "gpt_oss"]
+# Sliding window of the tiny Gemmas and gpt-oss: short, so every test sequence crosses it.
 TINY_WINDOW = 16
+# The tiny mixtures of experts: 8 experts, 2 routed per token, each expert's MLP half the hidden width.
+TINY_EXPERTS, TINY_TOP_K = 8, 2
 
 
 def build_tokenizer(vocab_size: int = 512):
@@ -68,10 +70,16 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
 
     The Gemmas keep their real quirks (and always tie): soft-caps (Gemma 2), a query scale other than
     1/sqrt(head_dim) (``query_pre_attn_scalar`` 256), sliding-window layers with a window of
-    ``TINY_WINDOW`` tokens, Gemma 3's global layer last and its two rope bases.
+    ``TINY_WINDOW`` tokens, Gemma 3's global layer last and its two rope bases. The mixtures of experts
+    (``qwen3_moe``, ``gpt_oss``) route each token to ``TINY_TOP_K`` of ``TINY_EXPERTS`` experts held as
+    transformers' fused 3-D weights; gpt-oss keeps its biases, attention sinks, clamped SwiGLU,
+    alternating sliding-window layers and YaRN rope.
     """
     from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
                               Qwen2Config, Qwen3Config)
+
+    if arch in ("qwen3_moe", "gpt_oss"):
+        return _moe_config(arch, vocab_size, hidden, layers, tie_embeddings)
 
     common = dict(
         vocab_size=vocab_size,
@@ -105,6 +113,23 @@ def model_config(arch: Arch, vocab_size: int, hidden: int = 128, layers: int = 4
         layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         return Gemma3TextConfig(**gemma, layer_types=layer_types)
     raise ValueError(f"unknown tiny architecture {arch!r}; use one of {', '.join(Arch.__args__)}")
+
+
+def _moe_config(arch: Arch, vocab_size: int, hidden: int, layers: int, tie_embeddings: bool):
+    from transformers import GptOssConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512, rms_norm_eps=1e-5,
+                  tie_word_embeddings=tie_embeddings, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                  num_experts_per_tok=TINY_TOP_K)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(**common, intermediate_size=hidden * 3, moe_intermediate_size=hidden // 2,
+                              num_experts=TINY_EXPERTS, norm_topk_prob=True, rope_theta=10000.0)
+    # YaRN as the real gpt-oss (factor 32), its original context scaled down to the tiny one's.
+    rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 16, "rope_theta": 150000.0}
+    return GptOssConfig(**common, intermediate_size=hidden // 2, num_local_experts=TINY_EXPERTS,
+                        sliding_window=TINY_WINDOW, rope_parameters=rope)
 
 
 def _tokenizer(tokenizer_dir: Optional[str | Path]):

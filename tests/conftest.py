@@ -88,6 +88,22 @@ def tiny_qwen2_dir(tmp_path_factory):
     return build_causal_lm(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2", seed=1)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory):
+    """A tiny Qwen3-MoE (transformers' fused experts: 8 experts, top-2) on the builtin tokenizer."""
+    from homerlhf.tiny import build_causal_lm
+
+    return build_causal_lm(tmp_path_factory.mktemp("tiny-qwen3-moe"), arch="qwen3_moe", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss_dir(tmp_path_factory):
+    """A tiny gpt-oss (fused experts stored (E, in, out) with biases, 8 experts, top-2)."""
+    from homerlhf.tiny import build_causal_lm
+
+    return build_causal_lm(tmp_path_factory.mktemp("tiny-gpt-oss"), arch="gpt_oss", seed=3)
+
+
 # -- real tokenizers (tests/fixtures/README.md) -----------------------------------------------------
 REAL_TOKENIZERS = ("qwen3", "llama3_1", "gemma3")
 REAL_TOKENIZER_ARCH = {"qwen3": "qwen3", "llama3_1": "llama", "gemma3": "gemma3_text"}
@@ -168,3 +184,13 @@ def tiny_lora_rm_dir(tiny_llama_dir, tmp_path_factory):
         "data.eval_fraction=0.25", "logging.progress=false", "rm.export_gguf=false"])
     run_reward(cfg, root / "rm", data=str(pairs), base=str(tiny_llama_dir))
     return root / "rm"
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory):
+    """The checkout's sdist and wheel, the wheel installed (not editable) into a fresh virtual environment:
+    ``.run("demo", "--fast", cwd=...)`` runs its ``homerlhf`` as a user of the package would
+    (tests/wheel_venv.py). About 10 s, once per test process."""
+    from wheel_venv import install
+
+    return install(tmp_path_factory.mktemp("wheel"))

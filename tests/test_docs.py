@@ -96,7 +96,7 @@ def test_every_referenced_function_exists():
     assert _missing(refs) == []
 
 
-@pytest.mark.parametrize("name", ["rewards.md", "data.md", "time.md", "app.md", "export.md"])
+@pytest.mark.parametrize("name", ["rewards.md", "data.md", "time.md", "app.md", "export.md", "demo.md", "moe.md"])
 def test_functions_named_in_other_docs_exist(name):
     refs = sorted(set(REFERENCE.findall((ROOT / "docs" / name).read_text())))
     assert refs and _missing(refs) == []
@@ -113,7 +113,38 @@ def test_readme_links_the_docs_and_notebooks_and_every_link_resolves():
     readme = (ROOT / "README.md").read_text()
     links = re.findall(r"\]\(([^)#\s]+)\)", readme)
     local = [link for link in links if "://" not in link]
-    for required in ("docs/ppo_details.md", "docs/workers.md", "docs/memory.md", "docs/errors.md",
+    for required in ("docs/ppo_details.md", "docs/workers.md", "docs/memory.md", "docs/errors.md", "docs/guide.md",
+                     "docs/status.md", "docs/demo.md", "docs/README.md",
                      "notebooks/quickstart.ipynb", "notebooks/memory_planning.ipynb"):
         assert required in local, required
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_docs_index_lists_every_doc_once_in_one_line():
+    index = (ROOT / "docs" / "README.md").read_text().splitlines()
+    entries = [re.match(r"^- \[([\w.]+\.md)\]\(\1\): \S.*$", line) for line in index if line.startswith("- ")]
+    assert all(entries), [line for line in index if line.startswith("- ")]
+    listed = [m.group(1) for m in entries]
+    docs = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(listed) == docs and len(listed) == len(set(listed))
+
+
+def _links(path: Path) -> list[tuple[str, str]]:
+    """(target, anchor) of each relative markdown link in ``path``, outside code blocks and spans."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [tuple(t.partition("#")[::2]) for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t
+            and not t.startswith("mailto:")]
+
+
+def test_every_relative_link_in_readme_and_docs_resolves_to_a_file_and_heading():
+    """README and every doc: a moved section (the demo's tuning logs, the status table) leaves no dead link."""
+    from test_status_table import sections
+
+    broken = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target, anchor in _links(path):
+            file = (path.parent / target).resolve() if target else path
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in sections(file)):
+                broken.append(f"{path.relative_to(ROOT)}: {target}#{anchor}")
+    assert broken == []

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +11,7 @@ from homerlhf.workers.process import portable_reinstall_command
 
 
 def test_export_types_are_read_from_the_presets():
-    # presets/*.yaml: cpu-tiny exports f32 (ref and reward); the seven GPU presets f16 (ref), q8_0 (reward).
+    # homerlhf/presets/*.yaml: cpu-tiny exports f32 (ref and reward); the seven GPU presets f16 (ref), q8_0 (reward).
     gpu = ["3060-12g", "3090", "4060ti-16g", "4080", "4090", "a100-80g", "t4-colab"]
     assert doctor.preset_export_types() == {"f16": gpu, "f32": ["cpu-tiny"], "q8_0": gpu}
 
@@ -50,10 +47,10 @@ def test_unwritable_cache_dir_fails(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_doctor_all_good_through_the_cli(tmp_path):
-    env = dict(os.environ, HOMERLHF_CACHE=str(tmp_path / "cache"), COLUMNS="400", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "homerlhf.cli", "doctor"], capture_output=True, text=True,
-                          env=env, timeout=600)
+def test_doctor_all_good_through_the_cli(tmp_path, installed_wheel):
+    """The installed wheel's `homerlhf doctor`, from outside the checkout (tests/wheel_venv.py)."""
+    proc = installed_wheel.run("doctor", cwd=tmp_path, HOMERLHF_CACHE=str(tmp_path / "cache"), COLUMNS="400",
+                               CUDA_VISIBLE_DEVICES="")
     out = proc.stdout
     print(out)
     assert proc.returncode == 0, out + proc.stderr

@@ -113,6 +113,10 @@ TRAIN_CASES = [
     ("dataset-unknown-builtin", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts=builtin:nope", "--out", "{tmp}/r-data2"], 2, "unknown builtin dataset 'builtin:nope'; choose one of"),
     ("dataset-no-prompt-column", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/nocol.jsonl", "--out", "{tmp}/r-data3"], 2, "cannot find prompts among columns ['foo']; set data.prompt_column"),
     ("dataset-not-json", ["train", "--set", "model.name_or_path={tiny}", "--set", "data.prompts={tmp}/garbage.jsonl", "--out", "{tmp}/r-data4"], 2, "has no rows; check the file or split"),
+    ("train-gpu-preset-no-data", ["train", "--preset", "4090", "--model", "{tiny}", "--out", "{tmp}/r-data5"], 2, "no prompts to train on: pass --data PROMPTS (a .jsonl, .json, .csv or .parquet file, a folder of them or a hub id; docs/data.md), or set data.prompts"),
+    ("train-data-missing", ["train", "--data", "{tmp}/none.jsonl", "--out", "{tmp}/r-data6"], 2, "dataset file not found:"),
+    ("train-data-empty", ["train", "--data", "{tmp}/blank.jsonl", "--out", "{tmp}/r-data7"], 2, "blank.jsonl: no JSON rows found (one object per line, or a list of objects)"),
+    ("train-data-pairs", ["train", "--data", "{tmp}/pairs3.jsonl", "--out", "{tmp}/r-data8"], 2, "pairs3.jsonl holds preference pairs (chosen, rejected), not prompts: give it to `homerlhf reward` (or dpo, kto) and `train --data` a prompts file; to train on the pairs' prompts, set data.prompts_from_pairs=true"),
     ("arch-ref-unsupported", ["train", "--set", "model.name_or_path={tmp}/gpt2", "--out", "{tmp}/r-arch1"], 2, "architecture 'gpt2' cannot be served by the llama.cpp ref worker"),
     ("arch-reward-unsupported", ["train", "--set", "reward.model={tmp}/gpt2-rm", "--out", "{tmp}/r-arch2"], 2, "architecture 'gpt2' cannot be served by the llama.cpp reward worker"),
     ("arch-remote-code", ["train", "--set", "model.name_or_path={tmp}/internlm2", "--out", "{tmp}/r-arch3"], 2, "architecture 'internlm2' is not in transformers"),
@@ -361,6 +365,7 @@ def files(tmp_path_factory, tiny_llama_dir):
     (tmp / "fake.gguf").write_text("not a gguf\n")
     (tmp / "nocol.jsonl").write_text('{"foo": 1}\n{"foo": 2}\n')
     (tmp / "garbage.jsonl").write_text("garbage\n{{{\n")
+    (tmp / "blank.jsonl").write_text("")
     pair = {"prompt": "Tell me about tea.", "chosen": "Tea is made from leaves.", "rejected": "Go away."}
     (tmp / "pairs3.jsonl").write_text(json.dumps(pair) + "\n" + json.dumps(pair) + "\n" + json.dumps(pair) + "\n")
     (tmp / "pairs6.jsonl").write_text((json.dumps(pair) + "\n") * 6)
@@ -476,6 +481,7 @@ def test_train_bad_input_writes_nothing_over(cli_results, files, ident, argv, co
     check_one_line(results[ident], code, fragment)
     assert after == before  # the earlier runs are byte for byte what they were
     assert not any((files["tmp"] / f"e{i}").exists() for i in range(1, 9))  # no export output either
+    assert not any((files["tmp"] / f"r-data{i}").exists() for i in range(5, 9))  # a refused --data: no run dir
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "homerlhf"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "paths", "hub"),  # hub: whether the model/dataset hub can be reached
+    ("errors", "paths", "hub", "presets"),  # hub: whether the model/dataset hub can be reached; presets: YAML only
     ("config",),
     ("data", "tiny"),  # tiny builds its tokenizer from the builtin task's corpus (data.builtin)
     ("models",),  # incl. models.registry: model names resolved to directories
@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("stages", "doctor"),  # doctor checks a machine with the workers and models below it
     ("check",),  # `homerlhf check`: short runs of the stages' pieces on a GPU, measured against the planner
     ("app",),
-    ("cli", "cli_export", "cli_check", "cli_preference"),  # the `homerlhf export`, `check`, `dpo` and `kto` commands
+    ("cli", "cli_export", "cli_check", "cli_preference", "cli_train"),  # `export`, `check`, `dpo`/`kto`, `train`/`config`
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

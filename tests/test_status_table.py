@@ -1,9 +1,9 @@
-"""README's status table (its first screen): each promise and where it was verified, kept in step with the
-presets and with what the docs say was measured on a GPU.
+"""docs/status.md's table (README's first screen links it): each promise and where it was verified, kept in
+step with the presets and with what the docs say was measured on a GPU.
 
 Cells are read as they render: a GPU cell with a date names a GPU run, and its linked doc must hold that
 date and card; a "predicted / not yet run" cell must link a doc section that says so; every link
-resolves to a file and, with ``#anchor``, to one of its headings (GitHub's anchor rules)."""
+resolves to a file (relative to docs/) and, with ``#anchor``, to one of its headings (GitHub's anchor rules)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-FIRST_SCREEN = 40  # lines
+STATUS = ROOT / "docs" / "status.md"
+FIRST_SCREEN = 40  # README's lines
 DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 NOT_RUN = re.compile(r"predicted|not yet run", re.I)
@@ -45,8 +46,8 @@ def sections(path: Path) -> dict[str, str]:
 
 
 def table() -> tuple[int, list[dict[str, str]]]:
-    """(the line the table ends on, its rows as {column: cell}) of the first table in README."""
-    lines = README.read_text().splitlines()
+    """(the line the table ends on, its rows as {column: cell}) of the first table in docs/status.md."""
+    lines = STATUS.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| promise |"))
     header = [c.strip() for c in lines[start].strip("|").split("|")]
     rows, end = [], start + 2
@@ -61,17 +62,17 @@ def gpu_cells() -> list[str]:
 
 
 def linked(cell: str) -> list[tuple[Path, str]]:
-    """(file, anchor) of each link in a cell; README itself for ``#anchor``."""
+    """(file, anchor) of each link in a cell, relative to docs/; docs/status.md itself for ``#anchor``."""
     out = []
     for target in LINK.findall(cell):
         file, _, anchor = target.partition("#")
-        out.append((ROOT / file if file else README, anchor))
+        out.append(((STATUS.parent / file).resolve() if file else STATUS, anchor))
     return out
 
 
-def test_the_table_is_on_the_first_screen_and_covers_each_promise():
-    end, rows = table()
-    assert end <= FIRST_SCREEN
+def test_the_table_covers_each_promise_and_readmes_first_screen_links_it():
+    _, rows = table()
+    assert "](docs/status.md)" in "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
     promises = " ".join(row["promise"] for row in rows).lower()
     for promise in ("4-bit base", "llama.cpp", "memory plans", "captured decode", "bf16 end to end", "data parallel",
                     "export", "app", "demo"):
@@ -117,7 +118,7 @@ def test_each_not_yet_run_cell_links_a_section_that_says_so():
 
 def test_every_gpu_measurement_in_the_docs_has_its_cell():
     """Each (card, date) a doc says was measured on an NVIDIA GPU is a dated GPU cell of the table: a new
-    GPU run written into docs/ fails this until README's first screen says so."""
+    GPU run written into docs/ fails this until docs/status.md says so."""
     measured = {(card, date) for doc in sorted((ROOT / "docs").glob("*.md"))
                 for card, date in GPU_MEASURED.findall(doc.read_text())}
     assert ("H200", "2026-11-30") in measured

@@ -199,11 +199,15 @@ def redraw(run_dir, last_n, last_state="", starts=0, request=None):
     return refresh(run_dir, -1, last_state, starts, request)
 
 
+NO_PROMPTS_HERE = ("no prompts to train on: load yours in the Data tab (a file, a folder or a hub id) and press "
+                   "'Use for training', which writes data.prompts into the overrides")
+
+
 def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
     """Start ``homerlhf train`` as its own process: (message, attached, shared run dir, run dir box,
     rows drawn, state). A default ``runs/app-<time>`` that already holds a run gives way to a fresh
     one; a directory the user typed is never replaced."""
-    from homerlhf.config import check_device, load_config
+    from homerlhf.config import NO_PROMPTS, check_train, load_config
     from homerlhf.stages.preflight import check_run
 
     text = (run_dir or "").strip()
@@ -213,7 +217,10 @@ def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_ro
     feedback_runs.refuse_if_running([runs_root, path.parent])  # one run at a time, named
     items = run_overrides(model, overrides, preset_model)
     cfg = load_config(preset, None, items)
-    check_device(cfg)  # reported here, not as a crashed run
+    try:
+        check_train(cfg)  # no prompts, no GPU: reported here, all at once, not as a crashed run
+    except UserError as exc:
+        raise UserError(str(exc).replace(NO_PROMPTS, NO_PROMPTS_HERE)) from None
     check_run(cfg)  # models the backends cannot serve, a model that is nowhere: likewise
     if holds_run(path) and not overwrite:
         raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")

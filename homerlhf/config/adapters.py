@@ -17,8 +17,11 @@ class LoraConfig(Section):
         0.0, ge=0, lt=1, description="LoRA dropout in SFT and RM training; PPO forwards run without it."
     )
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
-        "all-linear", description="Module names to adapt, or 'all-linear'."
+        "all-linear", description="Module names to adapt, or 'all-linear' (on a mixture of experts: the attention)."
     )
+    experts: bool = Field(
+        False, description="Mixture of experts: also adapt every expert's fused weights (gate_up_proj, down_proj; "
+        "peft's target_parameters, r x (in + out) per expert). The router stays frozen.")
 
 
 class ActorConfig(Section):
@@ -40,10 +43,8 @@ class CriticConfig(Section):
     )
     value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
     model: Optional[str] = Field(
-        None, description="The critic on a base of its own, e.g. a smaller model of the policy's family: a causal LM "
-        "with the policy's tokenizer (hub id, local dir, builtin:<name>), loaded as quant says, with its own LoRA "
-        "(critic.lora) and value head; or a reward model (dir or reward run dir), whose score head initialises the "
-        "value head. None: a LoRA on the policy's base.")
+        None, description="The critic's own base: a smaller causal LM with the policy's tokenizer, or a reward model "
+        "(its score head starts the value head). None: the policy's base (docs/memory.md).")
 
     @model_validator(mode="after")
     def _own_base_or_shared(self) -> "CriticConfig":

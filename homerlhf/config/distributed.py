@@ -16,8 +16,7 @@ class DistributedConfig(BaseModel):
     gpus: int = Field(1, ge=1, description="Data-parallel processes, one per GPU (`homerlhf train --gpus N` "
                       "launches them with accelerate); rollout.batch_size is the global batch, split over them.")
     workers: Literal["shared", "per_node"] = Field(
-        "per_node", description="Local reference/reward workers: per_node: started by each host's first "
-        "process for the processes on that host; shared: one set started by process 0 for all (one host, "
-        "or workers bound to an address the other hosts reach).")
+        "per_node", description="Local reference/reward workers: per_node (each host's first process starts them for "
+        "that host) or shared (process 0 starts one set for all; docs/scaling.md).")
     fsdp: bool = Field(False, description="Shard the 4-bit base over the GPUs (FSDP + QLoRA: 4-bit storage "
                        "in the compute dtype) instead of a whole copy per GPU; for models one card cannot hold.")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.resources
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import yaml
 from pydantic import ValidationError
@@ -12,20 +12,21 @@ from pydantic import ValidationError
 from homerlhf.config.schema import RunConfig
 from homerlhf.errors import UserError
 
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
-def presets_dir() -> Path:
-    """The folder holding ``*.yaml`` presets: the repo's ``presets/``, shipped as ``homerlhf.presets``."""
-    checkout = Path(__file__).resolve().parents[2] / "presets"
-    if checkout.is_dir():  # a source checkout or an editable install
-        return checkout
-    return Path(str(importlib.resources.files("homerlhf.presets")))
+
+def presets_dir() -> Traversable:
+    """The ``homerlhf.presets`` package holding one ``<name>.yaml`` per preset, as a resource folder
+    (a plain directory in a checkout or an unpacked wheel; read it through the Traversable API)."""
+    return files("homerlhf.presets")
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+    return sorted(p.name.removesuffix(".yaml") for p in presets_dir().iterdir() if p.name.endswith(".yaml"))
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+def _read_yaml(path: Path | Traversable, what: str) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -46,10 +47,9 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_preset_dict(name: str) -> dict[str, Any]:
-    path = presets_dir() / f"{name}.yaml"
-    if not path.is_file():
+    if name not in preset_names():
         raise UserError(f"unknown preset '{name}'; choose one of: {', '.join(preset_names())}")
-    data = _read_yaml(path, "preset")
+    data = _read_yaml(presets_dir() / f"{name}.yaml", "preset")
     data.setdefault("preset", name)
     return data
 
@@ -88,20 +88,24 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return data
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """The first error as one line: key, what was given, what is allowed."""
-    err = exc.errors()[0]
+def _error_line(err: dict) -> str:
+    """One validation error: key, what was given, what is allowed."""
     key = ".".join(str(p) for p in err["loc"]) or "config"
     given = err.get("input")
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"unknown config key '{key}' (check spelling; `homerlhf train --help` lists sections)"
+        return f"unknown config key '{key}' (check spelling; `homerlhf config` lists every key)"
     msg = err["msg"]
     if kind == "value_error":
         return f"invalid config: {msg.removeprefix('Value error, ')}"
     if isinstance(given, (dict, list)):
         return f"config key '{key}': {msg}"
     return f"config key '{key}': got {given!r}; {msg[0].lower() + msg[1:]}"
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """Every error found, in one line (``; `` between them)."""
+    return "; ".join(dict.fromkeys(_error_line(err) for err in exc.errors()))
 
 
 def validate(data: dict[str, Any]) -> RunConfig:
@@ -146,14 +150,37 @@ def from_yaml_file(path: str | Path) -> RunConfig:
     return validate(_read_yaml(Path(path), "config file"))
 
 
-def check_device(config: RunConfig) -> None:
-    """A GPU preset on a machine without CUDA: one clear line."""
+def device_problem(config: RunConfig) -> Optional[str]:
+    """A GPU preset on a machine without CUDA, said in one line; None when the device is there."""
     if config.card.device != "cuda":
-        return
+        return None
     import torch
 
-    if not torch.cuda.is_available():
-        raise UserError(
-            f"preset '{config.preset}' needs a CUDA GPU ({config.card.name}) and none is visible; "
-            "use --preset cpu-tiny on this machine"
-        )
+    if torch.cuda.is_available():
+        return None
+    return (f"preset '{config.preset}' needs a CUDA GPU ({config.card.name}) and none is visible; "
+            "use --preset cpu-tiny on this machine")
+
+
+def check_device(config: RunConfig) -> None:
+    """A GPU preset on a machine without CUDA: one clear line."""
+    problem = device_problem(config)
+    if problem:
+        raise UserError(problem)
+
+
+DATA_FILES = (".jsonl", ".json", ".csv", ".parquet")  # what homerlhf.data.read reads as one file
+NO_PROMPTS = ("no prompts to train on: pass --data PROMPTS (a .jsonl, .json, .csv or .parquet file, a folder of "
+              "them or a hub id; docs/data.md), or set data.prompts")
+
+
+def check_train(config: RunConfig) -> None:
+    """What a train run's config lacks, before anything loads: its prompts and its device, every problem
+    found in one line."""
+    prompts = config.data.prompts
+    problems = [NO_PROMPTS] if not prompts else []
+    if prompts and Path(prompts).suffix.lower() in DATA_FILES and not Path(prompts).expanduser().is_file():
+        problems.append(f"dataset file not found: {prompts} (check the path)")
+    problems += [p for p in (device_problem(config),) if p]
+    if problems:
+        raise UserError("; ".join(problems))

@@ -31,10 +31,8 @@ class RolloutConfig(Section):
     )
     max_new_tokens: int = Field(128, ge=1, description="Response length cap.")
     prefill_tokens: Optional[int] = Field(
-        4096, ge=0, description="Prompt tokens (rows x columns) one prefill forward takes at most: a generation "
-        "chunk whose padded prompt block holds more is prefilled in column pieces of max(1, prefill_tokens // rows) "
-        "columns into its cache (one layer's transients are then those of a piece, not of the whole block). "
-        "0 or null: one forward.",
+        4096, ge=0, description="Prompt tokens (rows x columns) one prefill forward takes at most; a larger block is "
+        "prefilled in column pieces. 0 or null: one forward (docs/memory.md).",
     )
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; every log-prob (old, new, reference) is taken at it."
@@ -45,15 +43,12 @@ class RolloutConfig(Section):
         None, description="Score given to responses that hit max_new_tokens without a stop token (None: off)."
     )
     engine: Literal["auto", "hf", "llamacpp"] = Field(
-        "hf", description="Rollout engine: hf (the actor's own generate), llamacpp (the exported base + the "
-        "actor's LoRA as a GGUF adapter, swapped in before every rollout), or auto: the faster of the two by this "
-        "machine's `homerlhf bench` figures (else the documented defaults), chosen when a run starts and printed "
-        "with both engines' seconds per phase; hf where llama-cpp-python is not installed (docs/time.md).",
+        "hf", description="hf: the actor's own generate; llamacpp: the exported base with the actor's LoRA as a GGUF "
+        "adapter; auto: the faster by this machine's bench figures, chosen at start (docs/time.md).",
     )
     decoder: Literal["auto", "hf", "static"] = Field(
-        "auto", description="hf engine: how the actor samples. static: a decode loop of our own with a static KV "
-        "cache, its step captured as a CUDA graph on CUDA (eager on CPU), the same samples as HF generate; hf: HF "
-        "generate; auto: static on CUDA, hf on CPU. Falls back to HF generate, with a log line, where capture fails.",
+        "auto", description="hf engine's sampler: static (our decode loop, a static KV cache, a CUDA graph on CUDA), "
+        "hf (HF generate), auto: static on CUDA, hf on CPU (docs/time.md).",
     )
     engine_outtype: Literal["f32", "f16", "bf16", "q8_0"] = Field(
         "f16", description="llamacpp engine: GGUF type of the exported (dequantized NF4) base.")
@@ -65,9 +60,8 @@ class RolloutConfig(Section):
     )
     async_: bool = Field(
         False, alias="async",
-        description="Generate the next iteration's batch (engine + reference/reward scoring, in a background "
-        "thread) while this one updates, with the adapter one update stale (lag 1, IS-corrected); llamacpp "
-        "engine only. On CPU both compete for the same cores.",
+        description="Sample and score the next batch in a background thread while this one updates (one update "
+        "stale, IS-corrected); llamacpp engine only (docs/time.md).",
     )
     is_cap: Optional[float] = Field(
         2.0, ge=1, description="Truncated importance weight min(exp(old - behaviour), is_cap) on each token's "

@@ -1,7 +1,8 @@
 """The typed run config: one pydantic tree, validated at load and frozen for the whole run.
 
-Every field has a one-line docstring (``description``); ``homerlhf train --help-config`` and the
-Gradio app read them from here. The rollout section is :mod:`homerlhf.config.rollout`.
+Every field has a one-line description (at most 30 words; the why goes in docs/); ``homerlhf config``,
+``homerlhf train --help-config`` and the Gradio app read them from here. The rollout section is
+:mod:`homerlhf.config.rollout`.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ class QuantConfig(_Section):
         "auto", description="Matmul dtype: auto = bf16 on CUDA, fp32 on CPU."
     )
     upcast_non_quantized: bool = Field(
-        False, description="With a 4-bit base, keep its other weights (embeddings, LM head, norms) in fp32, and with "
-        "them hidden states, KV cache and attention (peft's prepare_model_for_kbit_training: twice the bytes). Off: "
-        "all of them in compute_dtype; norms still compute in fp32 inside, log-probs come from fp32 logits.")
+        False, description="With a 4-bit base, keep embeddings, LM head and norms (and so activations) in fp32, at twice "
+        "their bytes; off: all in compute_dtype (docs/memory.md).")
+    expert_chunk_mib: float = Field(
+        256, gt=0, description="Mixture of experts with a 4-bit base: the most MiB of expert weights dequantized at "
+        "once; the forward dequantizes the routed experts in chunks of as many as fit (at least one).")
 
 
 class PPOConfig(_Section):
@@ -77,6 +80,10 @@ class PPOConfig(_Section):
     score_clip: Optional[float] = Field(None, gt=0, description="Clip (normalised) scores to +-this.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0, description="Mixture of experts: weight of its routers' load-balancing loss (transformers' own) in "
+        "the actor's loss. 0: off, as RL leaves the routing alone (the routers stay frozen; the loss reaches the "
+        "adapters through the hidden states).")
     group_size: int = Field(
         1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
     )
@@ -97,10 +104,8 @@ class BackendConfig(_Section):
     """Where the reference or reward model runs."""
 
     backend: Literal["llamacpp", "adapter_off", "adapter", "hf", "function", "auto"] = Field(
-        "llamacpp", description="llamacpp: CPU worker; adapter_off: the base with adapters disabled (ref); "
-        "adapter: a LoRA reward model on the policy's own 4-bit base (reward); hf: in-process (reward); "
-        "function: your own Python function (reward); auto: the fastest of those that fit the card, by measured "
-        "throughput, chosen when a run starts (`homerlhf plan` shows the choice).")
+        "llamacpp", description="llamacpp: a CPU worker; adapter_off: the policy base, adapters off (ref); adapter: a "
+        "reward LoRA on that base; hf: in process; function: yours; auto: the fastest that fits (docs/time.md).")
     model: Optional[str] = Field(
         None, description="Model for this role (ref: default = the policy base; reward: required)."
     )
@@ -152,7 +157,12 @@ class RewardConfig(RewardComponentConfig):
 
 
 class DataConfig(_Section):
-    prompts: str = Field("builtin:demo", description="Prompt dataset: builtin:<name>, hub id or local file.")
+    prompts: Optional[str] = Field(
+        None, description="RL prompts (`train --data`): a .jsonl/.json/.csv/.parquet file, a folder of them, a hub id "
+        "or builtin:<name>. No default: the GPU presets need yours.")
+    prompts_from_pairs: bool = Field(
+        False, description="Take the prompts of preference pairs given as data.prompts (off: pairs there are refused "
+        "as a likely mix-up).")
     split: str = Field("train", description="Dataset split.")
     prompt_column: Optional[str] = Field(None, description="Column holding the prompt (override detection).")
     chosen_column: Optional[str] = Field(None, description="Column holding the chosen reply.")
@@ -194,8 +204,8 @@ class TRLStageConfig(_Section):
     grad_accum: int = Field(4, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(
         1024, ge=8,
-        description="Tokens per sequence (prompt + reply); longer sft rows lose the end of the completion, "
-        "longer rm pairs are cut inside the prompt's last user message (BOS, system turn and both replies kept).",
+        description="Tokens per sequence (prompt + reply); longer sft rows lose the completion's end, longer rm "
+        "pairs are cut inside the prompt (docs/data.md).",
     )
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
 
@@ -228,10 +238,8 @@ TrackerName = Literal["tensorboard", "trackio", "wandb", "mlflow", "none"]
 
 class LoggingConfig(_Section):
     report_to: Optional[list[TrackerName]] = Field(
-        None, description="Experiment trackers every stage logs to (the HF Trainer's names): tensorboard, trackio, "
-        "wandb, mlflow, or none; a list or one comma-separated string. None: tensorboard when installed "
-        "(none when logging.tensorboard is false). Offline and under the run dir unless you set WANDB_MODE, "
-        "MLFLOW_TRACKING_URI or TRACKIO_DIR (README, 'Experiment trackers').")
+        None, description="Trackers every stage logs to: tensorboard, trackio, wandb, mlflow or none (a list, or "
+        "comma-separated). None: tensorboard when installed. Offline, under the run dir, by default (README).")
     tensorboard: Optional[bool] = Field(
         None, description="Old switch, read only while report_to is unset: false = no tracker, true = TensorBoard.")
     project: str = Field("homerlhf", description="Project (W&B, Trackio) or experiment (MLflow) the runs go to.")
@@ -287,51 +295,59 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
+        problems = self._problems()
+        if problems:
+            raise ValueError("; ".join(problems))  # every one found, not only the first
+        return self
+
+    def _problems(self) -> list[str]:
+        out = []
         if self.ppo.mini_batch_size > self.rollout.batch_size:
-            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
-                             f"({self.rollout.batch_size})")
+            out.append(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be <= rollout.batch_size "
+                       f"({self.rollout.batch_size})")
         if self.ppo.mini_batch_size % self.ppo.micro_batch_size:
-            raise ValueError(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
-                             f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
-        self._check_groups()
+            out.append(f"ppo.mini_batch_size ({self.ppo.mini_batch_size}) must be a multiple of "
+                       f"ppo.micro_batch_size ({self.ppo.micro_batch_size})")
+        out += self._group_problems()
         quant = self.quant
         half = quant.compute_dtype in ("bf16", "fp16") or (quant.compute_dtype, self.card.device) == ("auto", "cuda")
         if self.distributed.fsdp and quant.upcast_non_quantized and quant.load_in_4bit and half:
-            raise ValueError("quant.upcast_non_quantized=true makes a 16-bit base's weights two dtypes, and FSDP shards "
-                             "one dtype per layer; set quant.upcast_non_quantized=false with distributed.fsdp")
+            out.append("quant.upcast_non_quantized=true makes a 16-bit base's weights two dtypes, and FSDP shards "
+                       "one dtype per layer; set quant.upcast_non_quantized=false with distributed.fsdp")
         if self.ref.backend in ("hf", "function", "adapter"):
-            raise ValueError(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp', 'adapter_off' or 'auto'")
+            out.append(f"ref.backend '{self.ref.backend}' is not available; use 'llamacpp', 'adapter_off' or 'auto'")
         if self.ref.backend == "auto" and self.ref.url:
-            raise ValueError("ref.backend 'auto' with ref.url: a remote worker is llamacpp; set ref.backend=llamacpp")
+            out.append("ref.backend 'auto' with ref.url: a remote worker is llamacpp; set ref.backend=llamacpp")
         for key, reward in self.reward.all_rewards():
-            _check_reward(key, reward)
+            out += _reward_problems(key, reward)
             if reward.backend == "auto" and (key != "reward" or self.reward.components):
-                raise ValueError(f"{key}.backend 'auto' places one reward model; with reward.components name each "
-                                 "reward's backend")
+                out.append(f"{key}.backend 'auto' places one reward model; with reward.components name each "
+                           "reward's backend")
             if reward.backend == "adapter" and self.rollout.async_:
-                raise ValueError(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
-                                 "meanwhile; set rollout.async=false or use a llamacpp/hf reward")
+                out.append(f"{key}.backend 'adapter' scores on the policy's modules, which rollout.async updates "
+                           "meanwhile; set rollout.async=false or use a llamacpp/hf reward")
         names = [reward.metric_name for _, reward in self.reward.all_rewards()]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ValueError(f"two rewards are named {twice[0]!r} (metric reward_{twice[0]}); give each a distinct name")
+            out.append(f"two rewards are named {twice[0]!r} (metric reward_{twice[0]}); give each a distinct name")
         if "mean" in names:
-            raise ValueError("a reward may not be named 'mean' (reward_mean is the KL-shaped reward's metric); rename it")
-        return self
+            out.append("a reward may not be named 'mean' (reward_mean is the KL-shaped reward's metric); rename it")
+        return out
 
-    def _check_groups(self) -> None:
-        group = self.ppo.group_size
+    def _group_problems(self) -> list[str]:
+        group, out = self.ppo.group_size, []
         if self.algorithm != "ppo" and group < 2:
-            raise ValueError(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+            out.append(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
         if self.algorithm != "ppo" and self.critic.model:
-            raise ValueError(f"critic.model is the base of PPO's critic, and algorithm {self.algorithm} trains none; "
-                             "unset critic.model or set algorithm=ppo")
+            out.append(f"critic.model is the base of PPO's critic, and algorithm {self.algorithm} trains none; "
+                       "unset critic.model or set algorithm=ppo")
         if self.rollout.batch_size % group:
-            raise ValueError(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
-                             f"({group}): each prompt is sampled group_size times")
+            out.append(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
+                       f"({group}): each prompt is sampled group_size times")
         if self.algorithm == "ppo" and (self.ppo.kl_in == "loss" or self.ppo.dr_grpo or self.ppo.loss_aggregation):
-            raise ValueError("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
-                             "set algorithm: grpo (or rloo) or leave them unset")
+            out.append("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
+                       "set algorithm: grpo (or rloo) or leave them unset")
+        return out
 
     @property
     def has_critic(self) -> bool:  # PPO trains a critic; GRPO and RLOO load none
@@ -349,17 +365,20 @@ class RunConfig(_Section):
         return self.ppo.loss_aggregation or (grpo if self.algorithm == "grpo" else "token_mean")
 
 
-def _check_reward(key: str, reward: RewardComponentConfig) -> None:
+def _reward_problems(key: str, reward: RewardComponentConfig) -> list[str]:
+    """What is wrong with one reward's settings (each a line)."""
+    out = []
     if reward.backend == "adapter_off":
-        raise ValueError(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
+        out.append(f"{key}.backend 'adapter_off' makes no sense; use 'llamacpp', 'adapter', 'hf' or 'function'")
     if reward.backend == "auto" and reward.url:
-        raise ValueError(f"{key}.backend 'auto' with {key}.url: a remote worker is llamacpp; set {key}.backend=llamacpp")
+        out.append(f"{key}.backend 'auto' with {key}.url: a remote worker is llamacpp; set {key}.backend=llamacpp")
     if reward.backend == "adapter" and reward.url:
-        raise ValueError(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
+        out.append(f"{key}.backend 'adapter' runs on the policy's base, not at {key}.url; drop the url or use 'llamacpp'")
     if reward.backend == "function" and not reward.function:
-        raise ValueError(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
+        out.append(f"{key}.backend 'function' needs {key}.function: path/to/file.py:function_name")
     if reward.function and reward.backend != "function":
-        raise ValueError(f"{key}.function is set but {key}.backend is '{reward.backend}'; set {key}.backend=function")
+        out.append(f"{key}.function is set but {key}.backend is '{reward.backend}'; set {key}.backend=function")
     if reward.backend != "function" and not reward.model and not reward.url:
-        raise ValueError(f"{key}.model is required (a reward run dir, HF dir or hub id) unless {key}.url is set "
-                         f"or {key}.backend is function")
+        out.append(f"{key}.model is required (a reward run dir, HF dir or hub id) unless {key}.url is set "
+                   f"or {key}.backend is function")
+    return out

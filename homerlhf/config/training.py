@@ -18,9 +18,8 @@ from homerlhf.config.section import Section
 class TrainingConfig(Section):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in backward.")
     checkpoint_every_n_layers: Union[int, Literal["auto"]] = Field(
-        1, description="With gradient_checkpointing: checkpoint decoder layers 0, n, 2n, ... only; the others keep "
-        "their activations (faster, more memory). auto: the memory plan's choice, the fewest recomputed layers "
-        "that leave the plan's margin free (docs/memory.md).")
+        1, description="With gradient_checkpointing: checkpoint decoder layers 0, n, 2n, ... only (faster, more "
+        "memory); auto: the fewest the memory plan affords (docs/memory.md).")
     activation_offload: Union[bool, Literal["auto"]] = Field(
         False, description="With gradient_checkpointing: hold the checkpointed layers' inputs in pinned host memory "
         "during the update (PCIe copies each way). auto: only where nothing else fits the card (docs/memory.md).")

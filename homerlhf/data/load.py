@@ -106,14 +106,20 @@ def _row_converters(rows: list[dict[str, Any]], kind: Kind, cols: Columns) -> li
 
 
 def normalise(rows: list[dict[str, Any]], kind: Kind, cols: Columns = Columns(), source: str = "rows",
-              keep_rows: bool = False) -> tuple[list[Record], LoadReport]:
+              keep_rows: bool = False, prompts_from_pairs: bool = False) -> tuple[list[Record], LoadReport]:
     """Raw rows -> normalised records of ``kind`` and the report of what was dropped and why.
 
     ``keep_rows``: each record also holds its raw row, every column, under ``"row"`` (what a
-    reward function sees of the dataset, e.g. a reference answer)."""
+    reward function sees of the dataset, e.g. a reference answer). ``prompts_from_pairs``: preference
+    pairs loaded as prompts keep their prompts; otherwise they are refused, a likely mix-up of files."""
     report = LoadReport(source=source, kind=kind, n_rows=len(rows))
-    if not rows or not any(k for r in rows for k in r if not k.startswith("__")):
+    columns = {k for r in rows for k, v in r.items() if not k.startswith("__") and v is not None}
+    if not rows or not columns:
         raise UserError(f"{source} has no rows; check the file or split")
+    if kind == "prompt" and {"chosen", "rejected"} <= columns and not prompts_from_pairs and not cols.prompt:
+        raise UserError(f"{source} holds preference pairs (chosen, rejected), not prompts: give it to `homerlhf reward` "
+                        "(or dpo, kto) and `train --data` a prompts file; to train on the pairs' prompts, set "
+                        "data.prompts_from_pairs=true")
     if kind not in ("prompt", "sft", "preference"):
         raise ValueError(f"unknown record kind {kind!r}")
     converters = _row_converters(rows, kind, cols)
@@ -149,7 +155,8 @@ def load_records(source: str, kind: Kind, data_cfg=None, keep_rows: bool = False
     max_rows = data_cfg.max_rows if data_cfg is not None else None
     cols = Columns.from_config(data_cfg) if data_cfg is not None else Columns()
     rows = read_rows(source, split=split, max_rows=max_rows)
-    return normalise(rows, kind, cols, source=source, keep_rows=keep_rows)
+    pairs = bool(data_cfg is not None and data_cfg.prompts_from_pairs)
+    return normalise(rows, kind, cols, source=source, keep_rows=keep_rows, prompts_from_pairs=pairs)
 
 
 def load_prompts(source: str, data_cfg=None, keep_rows: bool = False):

@@ -9,10 +9,12 @@ sources are in ``docs/memory.md``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Optional
 
 from homerlhf.config.schema import RunConfig
+from homerlhf.memory.experts import (chunk_bytes as experts_chunk_bytes, experts_nf4_bytes, moe_layer_transient,
+                                     moe_saved_per_token)
 from homerlhf.memory.shapes import ModelShape, critic_shape
 
 GIB = 1024**3
@@ -61,6 +63,11 @@ class Assumptions:
     decoder: str = "any"
 
 
+def for_shape(assumptions: Assumptions, shape: ModelShape) -> Assumptions:
+    """``assumptions`` for a model whose attention transformers runs eager (gpt-oss's sinks) whatever is assumed."""
+    return replace(assumptions, attention="eager") if shape.eager_attention else assumptions
+
+
 @dataclass
 class Component:
     name: str
@@ -90,14 +97,19 @@ def adam_state_bytes(numels: Iterable[int], optimizer: str) -> int:
     return total
 
 
-def _optimizer_state_bytes(shape: ModelShape, r: int, targets, optimizer: str) -> int:
-    """Adam's states for one adapter's LoRA matrices (A: r x in, B: out x r) in every layer."""
-    linears = _targeted(shape, targets)
-    numels = [n for lin in linears for n in (r * lin.in_features, lin.out_features * r)]
+def _optimizer_state_bytes(shape: ModelShape, lora, optimizer: str) -> int:
+    """Adam's states for one adapter's LoRA matrices (A: r x in, B: out x r) in every layer; on the
+    experts (``lora.experts``) one A (r E x in) and one B (out x r E) per fused weight."""
+    r = lora.r
+    numels = [n for lin in _targeted(shape, lora.target_modules) for n in (r * lin.in_features, lin.out_features * r)]
+    if getattr(lora, "experts", False) and shape.is_moe:
+        e = shape.num_experts
+        numels += [n for out, inp in shape.expert_matrices() for n in (r * e * inp, out * r * e)]
     return adam_state_bytes(numels, optimizer) * shape.num_layers
 
 
-def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int, targets="all-linear") -> float:
+def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int, targets="all-linear",
+                                lora_experts: bool = False) -> float:
     """Bytes one decoder layer saves for backward, per token (frozen 4-bit base + fp32 LoRA, sdpa).
 
     a: activation bytes, t: sequence length. Saved: each RMSNorm's fp32 input (its ``pow`` and
@@ -107,9 +119,15 @@ def layer_saved_bytes_per_token(shape: ModelShape, a: int, t: int, lora_r: int, 
     outputs, 2h, and the MLP's product, I, at a), with 16-bit activations peft's fp32 copy of it, one
     per adapted linear (4 x its in-features). A frozen 4-bit matmul saves no input: its input-gradient
     needs only the weight (bitsandbytes ``MatMul4Bit``). Checked against saved-tensor hooks in the tests.
+    A mixture of experts: the attention as here (LoRA on it: the attention norm's output is its input) and
+    what its MoE layer saves (:func:`homerlhf.memory.experts.moe_saved_per_token`).
     """
     h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
     linears = _targeted(shape, targets)
+    if shape.is_moe:  # attention as below; the experts' own (homerlhf.memory.experts)
+        moe = moe_saved_per_token(shape, a, lora_r, lora_experts)
+        inputs = a * h if a == 4 else 4 * sum(lin.in_features for lin in linears)
+        return a * (4 * q + t) + 4 * lora_r * len(linears) + 8 * h + inputs + moe
     shared = a * (3 * i + 4 * q + t) + 4 * lora_r * len(linears)
     if a == 4:  # LoRA reads the layer's own fp32 tensors
         return shared + 8 * h + a * (2 * h + i)
@@ -134,27 +152,40 @@ def forward_layer_transient_per_token(shape: ModelShape, a: int, c: int, lora_ml
     bitsandbytes MLP exactly, with a = 4 and with a = 2 (``tests/memory/test_components.py``).
     """
     h, i, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    mlp = (2 * a + 8) * i + (4 * h if a != 4 else 0) if lora_mlp else max(3 * a, 2 * a + c) * i
+    if shape.is_moe:  # its experts' layer per token; the dequantized chunk is a weight transient
+        mlp = moe_layer_transient(shape, 1, a, c, lora_mlp)
+    else:
+        mlp = (2 * a + 8) * i + (4 * h if a != 4 else 0) if lora_mlp else max(3 * a, 2 * a + c) * i
     attention = 4 * a * q + (c * h if c != a else 0)
     if lora_mlp and a != 4:  # o_proj's LoRA on a 16-bit attention output: its fp32 copy, B's output, scaled
         attention = max(attention, a * q + 4 * q + 2 * a * h + 8 * h)
     return 2 * a * h + max(attention, mlp)
 
 
-def lora_on_mlp(lora) -> bool:
-    """Whether a LoRA section (``actor.lora``, ``rm.lora``) adapts the MLP's up projection."""
+def lora_on_mlp(lora, shape: Optional[ModelShape] = None) -> bool:
+    """Whether a LoRA section (``actor.lora``, ``rm.lora``) adapts the MLP's up projection (of a mixture of
+    experts ``shape``: the experts, ``lora.experts``)."""
+    if shape is not None and shape.is_moe:
+        return bool(getattr(lora, "experts", False))
     return lora.target_modules == "all-linear" or bool({"up_proj", "gate_up_proj"} & set(lora.target_modules))
+
+
+def dequantized_bytes(cfg: RunConfig, shape: ModelShape, c: int) -> int:
+    """The largest weight a 4-bit forward dequantizes at once: the largest linear, or a mixture of
+    experts' chunk of experts (``quant.expert_chunk_mib``) when larger."""
+    chunk = experts_chunk_bytes(cfg, shape, c) if shape.is_moe else 0
+    return max(shape.largest_linear_params * c, chunk)
 
 
 def trainable_grad_bytes(cfg: RunConfig, shape: ModelShape) -> int:
     """fp32 gradients of everything PPO trains: the actor's LoRA, and the critic's LoRA (unless shared)
     and value head, on the critic's own base with ``critic.model``."""
-    grads = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules) * 4
+    grads = shape.adapter_params(cfg.actor.lora) * 4
     on = critic_shape(cfg) or shape
     if cfg.has_critic:
         grads += (on.hidden_size + 1) * 4
     if cfg.has_critic and not cfg.critic.shared_adapter:
-        grads += on.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4
+        grads += on.adapter_params(cfg.critic.lora) * 4
     return grads
 
 
@@ -236,6 +267,7 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
                                dtype=cfg.quant.quant_type))
     else:
         comps.append(Component("base linear weights", "weights", shape.linear_weight_params * c, dtype=compute))
+    comps.extend(experts_components(cfg, shape, c, nq))
     why = ["quant.upcast_non_quantized"] if nq != c else []
     tied = ["tied LM head"] if shape.tie_word_embeddings else []
     logits = [] if nq == 4 else ["fp32 logits, fp32 accumulation"]
@@ -246,8 +278,10 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
                                dtype=nq_name))
     comps.append(Component("norms + biases", "weights", (shape.norm_params + shape.linear_bias_params) * nq,
                            dtype=nq_name, note="compute in fp32 inside" if nq != 4 else ""))
-    actor_lora = shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules)
-    comps.append(Component("LoRA actor", "adapters", actor_lora * 4, note=f"r={cfg.actor.lora.r}", dtype="fp32"))
+    actor_lora = shape.adapter_params(cfg.actor.lora)
+    comps.append(Component("LoRA actor", "adapters", actor_lora * 4, dtype="fp32",
+                           note=f"r={cfg.actor.lora.r}" + (" (+ experts)" if lora_on_mlp(cfg.actor.lora, shape)
+                                                            and shape.is_moe else "")))
     comps.extend(critic_adapter_components(cfg, shape) + critic_base_components(cfg, assumptions))
     comps.extend(adapter_reward_components(cfg, shape))
     comps.extend(workspace_components(cfg, assumptions))
@@ -257,7 +291,7 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
         if role == "critic" and cfg.critic.shared_adapter:
             states = 8 * (on.hidden_size + 1)  # only the value head
         else:
-            states = _optimizer_state_bytes(on, sec.lora.r, sec.lora.target_modules, sec.optimizer)
+            states = _optimizer_state_bytes(on, sec.lora, sec.optimizer)
             if role == "critic":
                 states += 8 * (on.hidden_size + 1)
         paged = sec.optimizer.startswith("paged")
@@ -280,6 +314,22 @@ def persistent_components(cfg: RunConfig, shape: ModelShape, assumptions: Assump
     return comps
 
 
+def experts_components(cfg: RunConfig, shape: ModelShape, c: int, nq: int) -> list[Component]:
+    """A mixture of experts' experts (NF4 with a 4-bit base, else the compute dtype) and its router, expert
+    biases and attention sinks (the non-quantized dtype); nothing for a dense model."""
+    if not shape.is_moe:
+        return []
+    where = f"{shape.num_layers} layers x {shape.num_experts} experts"
+    if cfg.quant.load_in_4bit:
+        experts = Component("experts (NF4)", "weights", experts_nf4_bytes(shape, cfg.quant.double_quant),
+                            dtype=cfg.quant.quant_type, note=f"{where}, quantized per expert")
+    else:
+        experts = Component("experts", "weights", shape.expert_weight_params * c, dtype=compute_name(cfg), note=where)
+    small = Component("router + expert biases + sinks", "weights", shape.moe_small_params * nq,
+                      dtype="fp32" if nq == 4 else compute_name(cfg), note="frozen")
+    return [experts, small]
+
+
 def critic_adapter_components(cfg: RunConfig, shape: ModelShape) -> list[Component]:
     """The critic's LoRA (none when shared) and value head, fp32, on its own base's shape with
     ``critic.model``; nothing without a critic (GRPO / RLOO)."""
@@ -288,7 +338,7 @@ def critic_adapter_components(cfg: RunConfig, shape: ModelShape) -> list[Compone
     on = critic_shape(cfg) or shape
     where = f" on {on.name}" if on is not shape else ""
     lora = [] if cfg.critic.shared_adapter else [Component(
-        "LoRA critic", "adapters", on.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules) * 4,
+        "LoRA critic", "adapters", on.adapter_params(cfg.critic.lora) * 4,
         note=f"r={cfg.critic.lora.r}{where}", dtype="fp32")]
     return lora + [Component("value head", "adapters", (on.hidden_size + 1) * 4, dtype="fp32", note=where.strip())]
 
@@ -300,7 +350,7 @@ def adapter_reward_components(cfg: RunConfig, shape: ModelShape) -> list[Compone
     if not count:
         return []
     lora = cfg.rm.lora
-    per = shape.lora_params(lora.r, lora.target_modules) * 4 + shape.hidden_size * 4
+    per = shape.adapter_params(lora) * 4 + shape.hidden_size * 4
     return [Component("LoRA reward + score head", "adapters", count * per, dtype="fp32",
                       note=f"{count} x (r={lora.r} as rm.lora; head 1 x {shape.hidden_size})")]
 

@@ -8,6 +8,7 @@ these rates is :mod:`homerlhf.memory.timing`; the figures' sources are in docs/t
 from __future__ import annotations
 
 from homerlhf.memory.cards import MEASURED, CardSpec, card_spec
+from homerlhf.memory.experts import active_expert_params, decode_experts
 from homerlhf.memory.shapes import ModelShape
 
 GPU_SOURCE = "measured on NVIDIA H200 (2026-11-30, 2026-12-04)"
@@ -39,9 +40,9 @@ DECODE_BYTES_PER_HEAD_PARAM = 2.0
 
 
 def matmul_params(shape: ModelShape, lm_head: bool = True) -> int:
-    """Parameters one token multiplies through: every decoder linear layer and (``lm_head``) the
-    output projection (the embedding matrix when tied)."""
-    return shape.linear_weight_params + (shape.vocab_size * shape.hidden_size if lm_head else 0)
+    """Parameters one token multiplies through: every decoder linear layer, its routed experts (a MoE) and
+    (``lm_head``) the output projection (the embedding matrix when tied)."""
+    return shape.linear_weight_params + active_expert_params(shape) + shape.vocab_size * shape.hidden_size * lm_head
 
 
 def gpu_flops(upcast: bool) -> dict[str, float]:
@@ -56,14 +57,16 @@ def decode_step_s(shape: ModelShape, card: CardSpec = MEASURED, decoder: str = "
     on any card: it depends on the host CPU as much), the bytes it moves at the card's bandwidth and its
     FLOPs at the H200's forward efficiency scaled by the card's FLOP/s. ``static`` (the captured loop):
     its per-layer replay cost plus the bytes plus the FLOPs (measured additive on the H200)."""
+    launch_share, expert_params = decode_experts(shape, GPU_MEASURED_CHUNK)  # (0, 0) for a dense model
     head = shape.vocab_size * shape.hidden_size
-    moved = DECODE_BYTES_PER_LINEAR_PARAM * shape.linear_weight_params + DECODE_BYTES_PER_HEAD_PARAM * head
+    moved = DECODE_BYTES_PER_LINEAR_PARAM * (shape.linear_weight_params + expert_params) + DECODE_BYTES_PER_HEAD_PARAM * head
     flops = gpu_flops(upcast)["forward"] * card.flops / MEASURED.flops
     compute = GPU_MEASURED_CHUNK * 2.0 * matmul_params(shape) / flops
+    layers = shape.num_layers * (1 + launch_share)  # a MoE layer's routed experts launch their own kernels
     if decoder == "static":
-        return shape.num_layers * GPU_DECODE_S_PER_LAYER["static"] + moved / card.bandwidth + compute
+        return layers * GPU_DECODE_S_PER_LAYER["static"] + moved / card.bandwidth + compute
     per_layer = GPU_HF_DECODE_S_PER_LAYER_UPCAST if upcast else GPU_DECODE_S_PER_LAYER["hf"]
-    return max(shape.num_layers * per_layer, moved / card.bandwidth, compute)
+    return max(layers * per_layer, moved / card.bandwidth, compute)
 
 
 def gpu_trainer_rates(shape: ModelShape, card: CardSpec = MEASURED, decoder: str = "static",

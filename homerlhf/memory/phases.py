@@ -12,8 +12,10 @@ from typing import Optional
 
 from homerlhf.memory.critic_phases import critic_scoring_moments, critic_update_moments
 from homerlhf.memory.recompute import update_saved
+from homerlhf.memory.experts import moe_backward_per_token
 from homerlhf.memory.components import (
     Component,
+    dequantized_bytes,
     dtype_bytes,
     dtype_names,
     forward_layer_transient_per_token,
@@ -43,11 +45,11 @@ def generation_phase(cfg, shape, assumptions, chunk: Optional[int] = None) -> tu
     b = cfg.rollout.generation_chunk_size if chunk is None else chunk
     p, n, t = lengths(cfg)
     kv = kv_bytes_per_token(shape, a)
-    per_token = forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora))
+    per_token = forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora, shape))
     logits_per_row = shape.vocab_size * (16 + (12 if cfg.rollout.top_p < 1 else 0))
     prefill_act, w = _prefill_activations(cfg, shape, assumptions, b, per_token)
-    dequant = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute,
-                        note="largest linear, a copy per matmul") if cfg.quant.load_in_4bit else None
+    dequant = Component("dequantized weight", "activations", dequantized_bytes(cfg, shape, c), dtype=compute,
+                        note=_dequant_note(shape)) if cfg.quant.load_in_4bit else None
     kv_note = f"2 x {shape.num_layers} layers x {shape.kv_dim} x {a} B per token"
     static_kv = Component("KV cache (static)", "kv_cache", b * t * kv, note=f"{b} x {t} tokens, {kv_note}", dtype=act)
     logits = Component("sampling logits", "logits", b * logits_per_row, note="last position, + warpers", dtype="fp32")
@@ -109,7 +111,7 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     b = cfg.rollout.chunk_size if assumptions.scoring_batch == "chunk" else cfg.ppo.micro_batch_size
     p, n, t = lengths(cfg)
     hidden = b * t * shape.hidden_size * a
-    layer = b * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora)) + b * t * t * a
+    layer = b * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.actor.lora, shape)) + b * t * t * a
     if assumptions.attention == "eager":
         layer += 2 * b * shape.num_heads * t * t * a
     outputs = b * n * 4 * 4  # log-probs, entropy, values, ref log-probs: (B, N) fp32
@@ -132,14 +134,14 @@ def scoring_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
             Component("hidden states", "activations", m * t * shape.hidden_size * a, note=f"{m} x {t} tokens",
                       dtype=act),
             Component("layer activations (no grad)", "activations",
-                      int(m * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.rm.lora))
+                      int(m * t * forward_layer_transient_per_token(shape, a, c, lora_on_mlp(cfg.rm.lora, shape))
                           + m * t * t * a), dtype=act),
         ]
     if cfg.quant.load_in_4bit:
         for name in moments:
             if name != "actor log-probs":
-                moments[name].append(Component("dequantized weight", "activations", shape.largest_linear_params * c,
-                                               dtype=compute))
+                moments[name].append(Component("dequantized weight", "activations", dequantized_bytes(cfg, shape, c),
+                                               dtype=compute, note=_dequant_note(shape)))
     moments.update(critic_scoring_moments(cfg, assumptions))  # critic.model: its forward on its own base
     for comps in moments.values():
         comps.extend(held_gradients(cfg, shape, assumptions))
@@ -154,7 +156,8 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     tokens = m * t
     shared = cfg.has_critic and not cfg.critic.model  # a critic of its own saves its own activations
     r = max(cfg.actor.lora.r, cfg.critic.lora.r) if shared else cfg.actor.lora.r
-    per_layer = layer_saved_bytes_per_token(shape, a, t, r, cfg.actor.lora.target_modules)
+    per_layer = layer_saved_bytes_per_token(shape, a, t, r, cfg.actor.lora.target_modules,
+                                            lora_on_mlp(cfg.actor.lora, shape))
     h, i = shape.hidden_size, shape.intermediate_size
     mixed = act if a == 4 else f"{act}; norm inputs and LoRA inputs fp32"
     saved, layer_moments = update_saved(cfg, shape, m, t, per_layer, a, act, mixed)  # every-N, offload
@@ -165,8 +168,9 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
         kept_scores = Component("attention scores", "activations", kept * scores, dtype=act) if kept else None
         layer_scores = Component("attention scores", "activations", (kept + (kept < shape.num_layers)) * scores,
                                  dtype=act)
-    bwd = Component("backward transients", "activations", tokens * (2 * i + 2 * h) * a, note="grads of one layer's MLP",
-                    dtype=act)
+    bwd_per_token = moe_backward_per_token(shape, a) if shape.is_moe else (2 * i + 2 * h) * a
+    bwd = Component("backward transients", "activations", int(tokens * bwd_per_token), dtype=act,
+                    note="grads of one layer's MLP" + (" (its routed tokens')" if shape.is_moe else ""))
     grads = trainable_grad_bytes(cfg, shape)
     grad = Component("LoRA + value head grads" if cfg.has_critic else "LoRA grads", "gradients", grads,
                      note="accumulated over the mini-batch", dtype="fp32")
@@ -177,11 +181,18 @@ def update_phase(cfg, shape, assumptions) -> tuple[str, list[Component]]:
     for name, alive in layer_moments.items():
         moments[name] = [grad, *alive, bwd] + ([layer_scores] if layer_scores else [])
     if cfg.quant.load_in_4bit:
-        dq = Component("dequantized weight", "activations", shape.largest_linear_params * c, dtype=compute)
+        dq = Component("dequantized weight", "activations", dequantized_bytes(cfg, shape, c), dtype=compute,
+                       note=_dequant_note(shape))
         for comps in moments.values():
             comps.append(dq)
     moments.update(critic_update_moments(cfg, assumptions, grad))  # critic.model: its own base, after the actor
     return _largest(moments)
+
+
+def _dequant_note(shape) -> str:
+    if shape.is_moe:
+        return "the largest linear, or a chunk of experts (quant.expert_chunk_mib): the larger"
+    return "largest linear, a copy per matmul"
 
 
 def _largest(moments: dict[str, list[Component]]) -> tuple[str, list[Component]]:

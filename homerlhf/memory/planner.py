@@ -30,7 +30,7 @@ from typing import Optional
 from homerlhf.config.schema import RunConfig
 from homerlhf.memory.checkpointing import checkpointing_info, resolve_checkpointing
 from homerlhf.memory.chunks import generation_chunk_info, resolve_generation_chunk
-from homerlhf.memory.components import Assumptions
+from homerlhf.memory.components import Assumptions, for_shape
 from homerlhf.memory.plans import MARGIN, PhasePlan, Plan, Suggestion, build_plan, param_counts, settings_of
 from homerlhf.memory.search import suggest
 from homerlhf.memory.shapes import ModelShape
@@ -55,6 +55,7 @@ def plan(
     overrides that do (see :func:`homerlhf.memory.search.suggest`).
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
+    assumptions = for_shape(assumptions, shape)
     chosen = resolve_checkpointing(cfg, shape, budget, assumptions=assumptions)  # before the chunk it leaves room for
     resolved = resolve_generation_chunk(chosen, shape, budget, assumptions=assumptions)
     result = build_plan(resolved, shape, gpu_gib, assumptions=assumptions)

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from homerlhf.config.schema import RunConfig
-from homerlhf.memory.components import GIB, Assumptions, Component, overhead_components, persistent_components
+from homerlhf.memory.components import (GIB, Assumptions, Component, for_shape, overhead_components,
+                                       persistent_components)
 from homerlhf.memory.host import engine_components, workers_host_bytes
 from homerlhf.memory.phases import PHASE_BUILDERS, PHASES
 from homerlhf.memory.ranks import distributed_summary, gradient_sync_components, per_gpu_persistent
@@ -237,12 +238,13 @@ def param_counts(cfg: RunConfig, shape: ModelShape) -> dict[str, int]:
         "lm_head": shape.lm_head_params,
         "norms": shape.norm_params,
         "biases": shape.linear_bias_params,
-        "lora_actor": shape.lora_params(cfg.actor.lora.r, cfg.actor.lora.target_modules),
-        "lora_critic": 0 if cfg.critic.shared_adapter or not cfg.has_critic
-        else shape.lora_params(cfg.critic.lora.r, cfg.critic.lora.target_modules),
+        "experts": shape.expert_weight_params,
+        "router_and_expert_biases": shape.moe_small_params,
+        "lora_actor": shape.adapter_params(cfg.actor.lora),
+        "lora_critic": 0 if cfg.critic.shared_adapter or not cfg.has_critic else shape.adapter_params(cfg.critic.lora),
         "value_head": shape.hidden_size + 1 if cfg.has_critic else 0,
         "lora_reward": sum(rc.backend == "adapter" for _, rc in cfg.reward.all_rewards())
-        * shape.lora_params(cfg.rm.lora.r, cfg.rm.lora.target_modules),
+        * shape.adapter_params(cfg.rm.lora),
     }
 
 
@@ -286,6 +288,7 @@ def build_plan(cfg: RunConfig, shape: ModelShape, gpu_gib: Optional[float] = Non
 
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
     cfg = memory_view(cfg)
+    assumptions = for_shape(assumptions, shape)
     persistent = persistent_of(cfg, shape, assumptions)
     phases = [phase_plan(cfg, shape, assumptions, name, persistent) for name in PHASES]
     notes = []

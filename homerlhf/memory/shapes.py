@@ -55,6 +55,17 @@ class ModelShape:
     fused_gate_up: bool = False  # one gate_up_proj (Phi-3)
     source: str = "builtin"  # builtin | local | hub-cache | builtin-tiny
     published_params_b: Optional[float] = None  # the model card's count, billions (builtin table only)
+    # A mixture of experts (every layer's MLP; homerlhf.models.moe): 0 experts for a dense model.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    expert_biases: bool = False  # gpt-oss: a bias per expert projection and on the router
+    router: str = "softmax-topk"  # Qwen3-MoE: softmax over all experts, then top-k; gpt-oss: "topk-softmax"
+    attention_sinks: bool = False  # gpt-oss: a learned sink per head
+    o_proj_bias: bool = False  # gpt-oss: attention_bias covers the output projection too
+    eager_attention: bool = False  # transformers runs its attention eager (gpt-oss's sinks): T x T scores
+
+    is_moe = property(lambda self: self.num_experts > 0)
 
     @property
     def q_dim(self) -> int:
@@ -71,7 +82,9 @@ class ModelShape:
             attn = [Linear("qkv_proj", h, q + 2 * kv, b)]
         else:
             attn = [Linear("q_proj", h, q, b), Linear("k_proj", h, kv, b), Linear("v_proj", h, kv, b)]
-        attn.append(Linear("o_proj", q, h))
+        attn.append(Linear("o_proj", q, h, self.o_proj_bias))
+        if self.is_moe:  # the experts are fused 3-D weights, not linears (expert_matrices)
+            return attn
         if self.fused_gate_up:
             mlp = [Linear("gate_up_proj", h, 2 * i)]
         else:
@@ -88,6 +101,32 @@ class ModelShape:
     @property
     def linear_bias_params(self) -> int:
         return self.num_layers * sum(lin.out_features for lin in self.layer_linears() if lin.bias)
+
+    # -- experts ---------------------------------------------------------------------------------
+    def expert_matrices(self) -> list[tuple[int, int]]:
+        """(out, in) of one expert's two fused weights: gate and up (2 I x h), down (h x I)."""
+        h, i = self.hidden_size, self.expert_intermediate_size
+        return [(2 * i, h), (h, i)] if self.is_moe else []
+
+    @property
+    def expert_weight_params(self) -> int:
+        """Every expert's weights, every layer: what the 4-bit experts hold."""
+        return self.num_layers * self.num_experts * sum(o * i for o, i in self.expert_matrices())
+
+    @property
+    def moe_small_params(self) -> int:
+        """The router, the experts' biases and the attention sinks: kept in the non-quantized dtype."""
+        e, h, i = self.num_experts, self.hidden_size, self.expert_intermediate_size
+        per_layer = e * h + (e * (1 + 2 * i + h) if self.expert_biases else 0)
+        return self.num_layers * (per_layer + (self.num_heads if self.attention_sinks else 0))
+
+    def expert_lora_params(self, r: int) -> int:
+        """LoRA on every expert's fused weights (peft's target_parameters): r x (in + out) per expert matrix."""
+        return self.num_layers * self.num_experts * sum(r * (o + i) for o, i in self.expert_matrices())
+
+    def adapter_params(self, lora) -> int:
+        """The parameters of a LoRA section (``actor.lora``, ...): its linears, and its experts when set."""
+        return self.lora_params(lora.r, lora.target_modules) + self.expert_lora_params(lora.r) * lora.experts
 
     @property
     def norm_params(self) -> int:
@@ -111,6 +150,8 @@ class ModelShape:
             + self.norm_params
             + self.embedding_params
             + self.lm_head_params
+            + self.expert_weight_params
+            + self.moe_small_params
         )
 
     @property
@@ -146,8 +187,13 @@ class ModelShape:
         )
         if self.model_type != "phi3":  # Phi-3 derives head_dim from hidden / heads
             kwargs["head_dim"] = self.head_dim
-        if self.model_type in ("llama", "mistral", "qwen3"):
+        if self.model_type in ("llama", "mistral", "qwen3", "qwen3_moe", "gpt_oss"):
             kwargs["attention_bias"] = self.attention_bias
+        if self.is_moe:  # Qwen3-MoE's names, or gpt-oss's (its intermediate_size is the experts')
+            qwen = self.model_type == "qwen3_moe"
+            kwargs.update({"num_experts" if qwen else "num_local_experts": self.num_experts,
+                           "moe_intermediate_size" if qwen else "intermediate_size": self.expert_intermediate_size,
+                           "num_experts_per_tok": self.experts_per_token})
         return AutoConfig.for_model(self.model_type, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,6 +231,12 @@ BUILTIN_SHAPES: dict[str, ModelShape] = {
         _s("google/gemma-2-9b", "gemma2", 256000, 3584, 14336, 42, 16, 8, 256, True, 9.24, norms_per_layer=4),
         _s("microsoft/Phi-3-mini-4k-instruct", "phi3", 32064, 3072, 8192, 32, 32, 32, 96, False, 3.82,
            fused_qkv=True, fused_gate_up=True),
+        # Mixtures of experts: intermediate_size is the dense MLP's (no layer has one: mlp_only_layers is empty).
+        _s("Qwen/Qwen3-30B-A3B", "qwen3_moe", 151936, 2048, 6144, 48, 32, 4, 128, False, 30.5, qk_norm=True,
+           num_experts=128, experts_per_token=8, expert_intermediate_size=768),
+        _s("openai/gpt-oss-20b", "gpt_oss", 201088, 2880, 2880, 24, 64, 8, 64, False, 20.9, attention_bias=True,
+           o_proj_bias=True, num_experts=32, experts_per_token=4, expert_intermediate_size=2880, expert_biases=True,
+           router="topk-softmax", attention_sinks=True, eager_attention=True),
     ]
 }
 
@@ -231,8 +283,9 @@ def shape_from_config(config: "dict[str, Any] | Any", name: str, source: str) ->
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM under text_config
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
     model_type = str(cfg.get("model_type", "llama"))
-    if any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
-        raise UserError(f"{name}: mixture-of-experts models ({model_type}) are not planned yet; use a dense model")
+    from homerlhf.memory.experts import moe_shape_fields
+
+    moe = moe_shape_fields(cfg, name)
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
                if not cfg.get(k)]
     if missing:
@@ -256,6 +309,7 @@ def shape_from_config(config: "dict[str, Any] | Any", name: str, source: str) ->
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type == "phi3",
         source=source,
+        **moe,
     )
 
 
@@ -286,8 +340,8 @@ def _builtin_tiny(name: str) -> ModelShape:
     """``builtin:*`` models are the tiny ones of :mod:`homerlhf.tiny` (512-token BPE vocabulary)."""
     from homerlhf.tiny import model_config
 
-    arch = "qwen2" if "qwen2" in name else "llama"
-    return replace(shape_from_config(model_config(arch, vocab_size=512), name, "builtin-tiny"))
+    arch = next((a for a in ("qwen3_moe", "qwen2") if a.replace("_", "-") in name), "llama")
+    return replace(shape_from_config(model_config(arch, vocab_size=512).to_dict(), name, "builtin-tiny"))
 
 
 def table_names() -> list[str]:

@@ -138,7 +138,7 @@ def default_throughputs(shape: ModelShape, cfg: RunConfig, cores: int) -> Throug
         from homerlhf.models.static_decode import resolve_decoder
 
         upcast = bool(cfg.quant.load_in_4bit and cfg.quant.upcast_non_quantized)
-        decoder = resolve_decoder(cfg.rollout.decoder, "cuda")
+        decoder = "hf" if shape.is_moe else resolve_decoder(cfg.rollout.decoder, "cuda")  # 4-bit experts: declined
         trainer = gpu_trainer_rates(shape, card_spec(cfg.card.name) or MEASURED, decoder, upcast)
         gen_chunk = GPU_MEASURED_CHUNK
         source = f"GPU: {gpu_source(cfg.card.name)}; CPU workers: {DEFAULT_SOURCE}"

@@ -22,7 +22,6 @@ offload takes this module's path).
 from __future__ import annotations
 
 import inspect
-import warnings
 from typing import Optional
 
 import torch
@@ -65,10 +64,11 @@ def enable_checkpointing(model, every_n: int = 1, offload: bool = False, *, nati
     if native:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS),
                                               every_n_layers=every_n, offload=offload)
-    else:
-        with warnings.catch_warnings():  # transformers 5.24 calls it a deprecated alias; 5.17 has nothing else
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    elif hasattr(model, "activation_checkpointing_enable"):  # every layer here; ours are chosen below
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    else:  # transformers before 5.24: the method's name then (a deprecated alias since)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    if not native:
         for index, layer in enumerate(decoder_layers(model)):
             layer.gradient_checkpointing = index % every_n == 0
             if offload and layer.gradient_checkpointing:

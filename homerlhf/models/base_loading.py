@@ -54,13 +54,24 @@ def quantization_config(quant: QuantConfig, device: str, storage: torch.dtype = 
     )
 
 
-def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM"):
-    """peft's LoraConfig from a ``LoraConfig`` section; ``SEQ_CLS`` also trains the score head in full."""
+def peft_lora_config(lora: LoraConfig, task_type: str = "CAUSAL_LM", layout=None):
+    """peft's LoraConfig from a ``LoraConfig`` section; ``SEQ_CLS`` also trains the score head in full.
+    ``layout``: the base's experts layout (:func:`moe_layout`) for a mixture of experts: the targets
+    are named per :func:`homerlhf.models.expert_lora.lora_targets`, 4-bit experts wrapped by its wrapper."""
     from peft import LoraConfig as PeftLoraConfig
 
-    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                          bias="none", task_type=task_type)
+    if layout is None:
+        if lora.experts:
+            raise UserError("lora.experts is set but the model has no experts; unset it for a dense model")
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+        return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                              bias="none", task_type=task_type)
+    from homerlhf.models.expert_lora import lora_targets, register_experts
+
+    config = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
+                            task_type=task_type, **lora_targets(lora, layout))
+    register_experts(config)
+    return config
 
 
 def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None,
@@ -86,21 +97,42 @@ def load_tokenizer(model_path: str, *, trust_remote_code: bool = False, revision
     return tokenizer
 
 
+def moe_layout(model_path: str, cfg: RunConfig):
+    """The experts layout of ``model_path``'s config (None for a dense model), or a UserError for an
+    MoE homerlhf does not know: read from the config alone, before any weight."""
+    from transformers import AutoConfig
+
+    from homerlhf.models.moe import check_moe
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code,
+                                            revision=cfg.model.revision)
+    except (OSError, ValueError):  # said by from_pretrained, with its own message
+        return None
+    return check_moe(config.to_dict(), model_path)
+
+
 def load_base(model_path: str, cfg: RunConfig):
-    """The causal LM in 4-bit (or full precision when ``quant.load_in_4bit`` is off), frozen."""
+    """The causal LM in 4-bit (or full precision when ``quant.load_in_4bit`` is off), frozen. A mixture
+    of experts has its fused experts in 4-bit too (:mod:`homerlhf.models.moe`); its router's load-balancing
+    loss stays off (``output_router_logits``)."""
     from transformers import AutoModelForCausalLM
+
+    from homerlhf.models.moe import experts_in_4bit
 
     device = cfg.card.device
     dtype = compute_dtype(cfg.quant, device)
+    layout = moe_layout(model_path, cfg)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path,
-            quantization_config=quantization_config(cfg.quant, device),
-            device_map={"": torch.cuda.current_device()} if device == "cuda" else "cpu",  # a rank's own GPU
-            dtype=dtype,
-            trust_remote_code=cfg.model.trust_remote_code,
-            revision=cfg.model.revision,
-        )
+        with experts_in_4bit(layout if cfg.quant.load_in_4bit else None, cfg.quant.expert_chunk_mib):
+            model = AutoModelForCausalLM.from_pretrained(
+                model_path,
+                quantization_config=quantization_config(cfg.quant, device),
+                device_map={"": torch.cuda.current_device()} if device == "cuda" else "cpu",  # a rank's own GPU
+                dtype=dtype,
+                trust_remote_code=cfg.model.trust_remote_code,
+                revision=cfg.model.revision,
+            )
     except OSError as exc:
         raise UserError(
             f"cannot load model '{model_path}': {str(exc).splitlines()[0]} "
@@ -108,6 +140,8 @@ def load_base(model_path: str, cfg: RunConfig):
         ) from None
     for param in model.parameters():
         param.requires_grad_(False)
+    if layout is not None:
+        model.config.output_router_logits = False
     _keep_cpu_4bit_differentiable(model)
     return model
 

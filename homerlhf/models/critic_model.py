@@ -177,9 +177,12 @@ class CriticModel:
         ``actor_rows``: the rows of the actor's LM head, the ids it can sample; ``tokenizer``: the policy's."""
         from peft import get_peft_model
 
-        from homerlhf.models.base_loading import peft_lora_config
+        from homerlhf.models.base_loading import moe_layout, peft_lora_config
         from homerlhf.models.precision import adapters_to_fp32, prepare_frozen_base
 
+        if moe_layout(source, cfg) is not None:
+            raise UserError(f"critic.model {source}: a mixture of experts; the critic on a base of its own is a dense "
+                            "model (or leave critic.model unset: the critic on the policy's own base)")
         base = load_backbone(source, cfg)
         # The run's checkpointing, as the policy's base: every n-th of its own layers, their inputs offloaded.
         base = prepare_frozen_base(base, load_in_4bit=cfg.quant.load_in_4bit, upcast=cfg.quant.upcast_non_quantized,

@@ -39,7 +39,7 @@ from homerlhf.models.static_decode import StaticDecoder
 # The base's loaders live below this module and critic_model's; re-exported here for their old importers.
 from homerlhf.models.base_loading import (  # noqa: F401
     ACTOR, _DTYPES, _keep_cpu_4bit_differentiable, check_logits_path, compute_dtype, kernels_for, load_base,
-    load_tokenizer, peft_lora_config, quantization_config,
+    load_tokenizer, moe_layout, peft_lora_config, quantization_config,
 )
 
 class PolicyModel:
@@ -69,6 +69,10 @@ class PolicyModel:
         self.stop_ids = stop_token_ids(tokenizer, inner.generation_config)
         self.static_decoder = StaticDecoder(inner)  # generate(decoder="static")
         self.critic_model: Optional[CriticModel] = None  # critic.model: the critic's own base, LoRA and head
+        # ppo.router_aux_loss_coef of a mixture of experts: the weighted load-balancing loss of the actor's last
+        # forward with grad, taken by the update (take_router_aux_loss); 0 leaves it uncomputed.
+        self.router_aux_coef = 0.0
+        self.router_aux_loss: Optional[Tensor] = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model_path: str, tokenizer=None) -> "PolicyModel":
@@ -89,9 +93,10 @@ class PolicyModel:
             install_fp32_logits(base)  # a 16-bit head: fp32 logits for sampling and scoring alike
         kernels = kernels_for(cfg, base.device)  # TF32 and SDPA backends, on and off (process-wide)
         check_logits_path(base, model_path)
-        model = get_peft_model(base, peft_lora_config(cfg.actor.lora), adapter_name=ACTOR)
+        layout = moe_layout(model_path, cfg)
+        model = get_peft_model(base, peft_lora_config(cfg.actor.lora, layout=layout), adapter_name=ACTOR)
         if cfg.has_critic and not cfg.critic.shared_adapter and not own_critic:
-            model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora))
+            model.add_adapter(CRITIC, peft_lora_config(cfg.critic.lora, layout=layout))
         model.set_adapter(ACTOR)
         adapters_to_fp32(p for n, p in model.named_parameters() if "lora_" in n)
         critic = CriticModel.from_config(cfg, critic_src, base.config.get_text_config().vocab_size,
@@ -104,6 +109,7 @@ class PolicyModel:
                      logprob_chunk_size=cfg.ppo.logprob_chunk_size, temperature=cfg.rollout.temperature,
                      kernel_settings=kernels)
         policy.critic_model = critic
+        policy.router_aux_coef = cfg.ppo.router_aux_loss_coef if layout is not None else 0.0
         return policy
 
     # -- parameters ---------------------------------------------------------------------------
@@ -189,8 +195,30 @@ class PolicyModel:
     def actor_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor]:
         """(logprobs, entropy) of the response tokens under the actor at ``temperature``, each (B, T)."""
         with self.use_adapter(ACTOR):
-            hidden = self.hidden_states(input_ids, attention_mask)
+            if self.router_aux_coef and torch.is_grad_enabled():
+                hidden = self._hidden_and_router_aux(input_ids, attention_mask)
+            else:
+                hidden = self.hidden_states(input_ids, attention_mask)
             return self._logprobs(hidden, input_ids, response_len)
+
+    def _hidden_and_router_aux(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The actor's hidden states, its routers' load-balancing loss (transformers' own function of the
+        model) kept weighted in ``router_aux_loss``."""
+        import sys
+
+        inner = self.model.get_base_model()
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                            position_ids=position_ids_from_mask(attention_mask), output_router_logits=True)
+        config = inner.config.get_text_config()
+        balance = sys.modules[type(inner).__module__].load_balancing_loss_func
+        aux = balance(out.router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
+        self.router_aux_loss = self.router_aux_coef * aux
+        return out.last_hidden_state
+
+    def take_router_aux_loss(self) -> Optional[Tensor]:
+        """The weighted router loss of the last actor forward with grad (None without one), once."""
+        aux, self.router_aux_loss = self.router_aux_loss, None
+        return aux
 
     def critic_values(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
         """V(prompt + response[:t]) for each response position t: (B, T) fp32."""

@@ -4,7 +4,7 @@ The loop needs transformers' self-positioning ``StaticLayer`` (>= 5.0), an atten
 whose mask HF builds inside the forward from the 2D mask (sdpa, eager), full or sliding-window layers
 only, a forward that takes the cache, ``position_ids`` and ``logits_to_keep``, and a decode step a CUDA
 graph can capture: no rotary embedding that branches on a device value (a host sync, and a graph would
-freeze the branch taken at capture).
+freeze the branch taken at capture), no 4-bit experts (their routing is read on the host).
 """
 
 from __future__ import annotations
@@ -78,4 +78,6 @@ def refusal(causal_lm) -> Optional[str]:
     params = inspect.signature(causal_lm.forward).parameters
     if cache_keyword(causal_lm) is None or not {"position_ids", "logits_to_keep"} <= set(params):
         return f"{type(causal_lm).__name__}.forward takes no cache, position_ids or logits_to_keep"
+    if any(type(m).__name__ == "Experts4bit" for m in causal_lm.modules()):
+        return "4-bit experts (each step's routing picks the experts to dequantize on the host: no graph can hold it)"
     return _rope_refusal(causal_lm)

@@ -3,7 +3,8 @@
 The policy is ``AutoModelForCausalLM`` (4-bit base + LoRA), an in-process reward model
 ``AutoModelForSequenceClassification``: an architecture needs that class in transformers itself.
 A checkpoint that brings its own modeling code (``auto_map``, e.g. InternLM2) runs only with
-``model.trust_remote_code`` on, and then untested.
+``model.trust_remote_code`` on, and then untested. A mixture of experts needs a layout
+:mod:`homerlhf.models.moe` knows.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ def check_loadable(config: dict, where: str, kind: Kind, trust_remote_code: bool
     """A UserError unless transformers can load ``config``'s architecture as ``kind``."""
     import transformers
 
+    from homerlhf.models.moe import check_moe
+
     model_type = str(config.get("model_type", "?"))
     if model_type in _mapping(kind):
+        check_moe(config, where)  # a mixture of experts: a layout homerlhf knows
         return
     auto = "AutoModelForCausalLM" if kind == "causal-lm" else "AutoModelForSequenceClassification"
     remote = auto in (config.get("auto_map") or {})

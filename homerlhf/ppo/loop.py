@@ -106,6 +106,7 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
         logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
         loss, stats = clipped_group_loss(logprobs, micro.old_logprobs, micro.ref_logprobs, sequence_advantages(micro),
                                          mask, group, micro.is_weights)
+        loss = with_router_aux(policy, loss)
         backward(loss * share)
         return {"policy_loss": loss, "policy_clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
                 "kl_ref_loss": stats["kl_ref"], "kl_clamped_frac_loss": stats["kl_clamped"],
@@ -114,11 +115,13 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
     if policy.shared_adapter:  # PPO, one adapter: one forward, one backward of both losses
         logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, width)
         pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+        pg = (with_router_aux(policy, pg[0]), *pg[1:])
         vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
         backward((pg[0] + ppo.vf_coef * vf[0]) * share)
     else:  # PPO, two adapters: actor then critic, each backward at once (one graph alive at a time)
         logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
         pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+        pg = (with_router_aux(policy, pg[0]), *pg[1:])
         backward(pg[0] * share)
         values = policy.critic_values(input_ids, attention_mask, width)
         vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
@@ -126,3 +129,10 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
     (pg_loss, pg_clipfrac, approx_kl), (vf_loss, vf_clipfrac) = pg, vf
     return {"policy_loss": pg_loss, "value_loss": vf_loss, "policy_clipfrac": pg_clipfrac,
             "value_clipfrac": vf_clipfrac, "approx_kl": approx_kl, "entropy": masked_mean(entropy, mask)}
+
+
+def with_router_aux(policy, loss: Tensor) -> Tensor:
+    """The actor's loss plus its routers' weighted load-balancing loss (``ppo.router_aux_loss_coef`` of a
+    mixture of experts), when its forward computed one."""
+    aux = policy.take_router_aux_loss() if hasattr(policy, "take_router_aux_loss") else None
+    return loss if aux is None else loss + aux

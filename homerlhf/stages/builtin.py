@@ -23,10 +23,11 @@ from homerlhf.models.registry import PREFIX, register_builtin, tiny_recipe
 TASK_FILES = {"demo": "builtin.py", "reverse": "builtin_reverse.py"}  # in homerlhf/data/
 
 
-def _recipe_files(rm: bool, task: str = "demo") -> list[Path]:
-    """The files whose content determines the build of demo-sft (and, with ``rm``, demo-rm), or with
-    ``task="reverse"`` of reverse-sft: the loaders and that task's own file, not the other task's
-    (though :func:`tiny_recipe` keys every build by the demo task's file, the tokenizer's corpus)."""
+def _recipe_files(rm: bool, task: str = "demo") -> list:
+    """The files (paths; the preset a package resource) whose content determines the build of demo-sft
+    (and, with ``rm``, demo-rm), or with ``task="reverse"`` of reverse-sft: the loaders and that task's
+    own file, not the other task's (though :func:`tiny_recipe` keys every build by the demo task's
+    file, the tokenizer's corpus)."""
     import homerlhf.data.builtin as data_builtin
     import homerlhf.models.policy as policy
     from homerlhf.config import presets_dir
@@ -55,7 +56,7 @@ def demo_config(**overrides):
 # Batches of 32 at lr 4e-3 for the preset's 10 epochs (the preset: 16 at 3e-3): the same time, and an
 # SFT policy that leaves PPO more to raise without garbling the task's sentences (measured on AMD EPYC
 # with the demo's recipe, seeds 0-4: checker gain +0.39 median, +0.35 with the preset's SFT;
-# docs/ppo_details.md, detail 20).
+# docs/demo.md, "The RL recipe").
 DEMO_SFT = {"sft.batch_size": 32, "sft.lr": 4e-3}
 
 
@@ -67,8 +68,8 @@ def _build_demo_sft(out: Path) -> None:
 
 
 # 1,800 pairs (builtin.N_PAIRS) in batches of 32 for 2 epochs: measured on held-out pairs of every
-# rejected kind, as good as 2,400 pairs and better than 1,200 in batches of 16 (docs/ppo_details.md,
-# detail 20); the time goes with the pairs seen, not the batch. lr 7e-4 (the preset: 1e-3): with the
+# rejected kind, as good as 2,400 pairs and better than 1,200 in batches of 16 (docs/demo.md, "The RL
+# recipe"); the time goes with the pairs seen, not the batch. lr 7e-4 (the preset: 1e-3): with the
 # larger share of other-topic pairs, held-out 0.960 against 0.94 at 1e-3 on the preset's SFT model
 # (AMD EPYC); 0.945 on DEMO_SFT's, under default and AVX2 kernels.
 DEMO_RM = {"rm.batch_size": 32, "rm.lr": 7e-4}

@@ -161,6 +161,17 @@ def match_trainable_dtype(model, cfg, method: Method) -> list[str]:
     return cast_trainable(model, stage_compute_dtype(cfg, method), all_trainable=method == "qlora")
 
 
+def checkpointing_arg(on: bool) -> dict[str, bool]:
+    """TrainingArguments' switch of activation checkpointing by the installed transformers' name for it:
+    ``activation_checkpointing`` (5.24+), else ``gradient_checkpointing`` (a deprecated alias since)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": on}
+
+
 def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
     """Keyword arguments shared by TRL's SFTConfig and RewardConfig, from an sft/rm section."""
     return dict(
@@ -173,7 +184,7 @@ def trainer_args(section, cfg, out: Path) -> dict[str, Any]:
         gradient_accumulation_steps=section.grad_accum,
         warmup_steps=section.warmup_ratio,  # a float < 1 is a fraction of the steps
         weight_decay=cfg.training.weight_decay,
-        gradient_checkpointing=cfg.training.gradient_checkpointing and section.method != "full",
+        **checkpointing_arg(cfg.training.gradient_checkpointing and section.method != "full"),
         seed=cfg.seed,
         data_seed=cfg.seed,
         use_cpu=not on_cuda(cfg),

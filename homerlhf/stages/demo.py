@@ -1,9 +1,9 @@
 """`homerlhf demo`: the whole pipeline offline on CPU, with what it did shown and plotted.
 
 tiny tokenizer + Llama built from code -> SFT on the builtin task -> reward model on its preference
-pairs -> PPO with the llama.cpp reference and reward workers -> reward curve, before/after samples
-and a summary table. The SFT and reward models are the cached ``builtin:demo-sft`` /
-``builtin:demo-rm`` builds, so a second demo goes straight to PPO.
+pairs -> RL (GRPO on the PPO trainer) with the llama.cpp reference and reward workers -> reward curve,
+before/after samples and a summary table. The SFT and reward models are the cached ``builtin:demo-sft`` /
+``builtin:demo-rm`` builds, so a second demo goes straight to RL.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from homerlhf.config import RunConfig, load_config
 from homerlhf.errors import UserError
 
-# The demo's RL recipe on top of the cpu-tiny preset (docs/ppo_details.md, detail 20 has what each
+# The demo's RL recipe on top of the cpu-tiny preset (docs/demo.md, "The RL recipe", has what each
 # setting gave): GRPO, 4 samples per prompt (8 prompts x 4 per iteration), the k3 KL to the reference
 # in the loss at 0.3, rollouts sampled at temperature 0.85 (the held-out evaluation at 0.7, below).
 # Dr. GRPO advantages (the group's mean taken off, not divided by its spread: replies the reward model
@@ -42,7 +42,7 @@ RECIPE = [
 ]
 # --fast changes nothing here: the recipe is already 16 short iterations (about 16 s), and fewer fall
 # short of the verdict's +0.25 (measured, seed 0-1, both CPU settings: 8 iterations +0.21 to +0.24,
-# 12 iterations +0.21 to +0.30; docs/ppo_details.md, detail 20). It still shortens --algorithm runs.
+# 12 iterations +0.21 to +0.30; docs/demo.md). It still shortens --algorithm runs.
 N_SAMPLES = 6  # rows of the before/after sample table printed to the terminal
 EVAL_SAMPLES = 8  # answers per held-out prompt and side: 320 replies, so +-0.1 is not sampling noise
 # The held-out evaluation samples both sides at 0.7, below the rollouts' 0.85: what a user of the
@@ -99,16 +99,16 @@ def plot_reward_curve(metrics: list[dict[str, Any]], out_png: Path,
     ax_score.plot(its, mean, marker="o", color="tab:green", label="score mean")
     ax_score.fill_between(its, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                           color="tab:green", alpha=0.15, label="± std")
-    ax_score.set(title="Reward-model score", xlabel="PPO iteration", ylabel="score")
+    ax_score.set(title="Reward-model score", xlabel="RL iteration", ylabel="score")
     ax_score.legend(loc="lower right")
     accuracy = accuracy or {}
     ax_acc.plot(list(accuracy), list(accuracy.values()), marker="o", color="tab:blue",
                 label=f"checker accuracy ({PROBE_SAMPLES} rollout replies)")
-    ax_acc.set(title="Task checker: polite + on-topic", xlabel="PPO iteration", ylabel="fraction", ylim=(-0.05, 1.05))
+    ax_acc.set(title="Task checker: polite + on-topic", xlabel="RL iteration", ylabel="fraction", ylim=(-0.05, 1.05))
     ax_acc.legend(loc="lower right")
     ax_kl.plot(its, [row["kl_mean"] for row in metrics], marker="o", color="tab:purple", label="KL (nats/seq)")
     ax_kl.axhline(KL_BUDGET, color="tab:red", linestyle="--", label="KL budget")
-    ax_kl.set(title="KL(actor || reference)", xlabel="PPO iteration", ylabel="nats per response")
+    ax_kl.set(title="KL(actor || reference)", xlabel="RL iteration", ylabel="nats per response")
     ax_kl.legend(loc="upper left")
     for ax in (ax_score, ax_acc, ax_kl):
         ax.grid(alpha=0.3)
@@ -194,14 +194,15 @@ def verdict(figures: dict[str, tuple[float, float]], final_kl: float, margin: fl
 
 
 def write_samples_markdown(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]],
-                           verdict_line: str, path: Path) -> Path:
+                           verdict_line: str, path: Path, algorithm: str = "PPO") -> Path:
+    """``before_after.md``: the figures and every held-out answer, the RL column named by ``algorithm``."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ") or "(empty)"
 
-    lines = [f"# Before / after PPO on {len(rows)} held-out prompts", "", f"**{verdict_line}**", "",
-             "| figure | before PPO (SFT) | after PPO |", "|---|---|---|"]
+    lines = [f"# Before / after {algorithm} on {len(rows)} held-out prompts", "", f"**{verdict_line}**", "",
+             f"| figure | before {algorithm} (SFT) | after {algorithm} |", "|---|---|---|"]
     lines += [f"| {name} | {b:.3f} | {a:.3f} |" for name, (b, a) in figures.items()]
-    lines += ["", "| prompt | before PPO (SFT) | score | after PPO | score |", "|---|---|---|---|---|"]
+    lines += ["", f"| prompt | before {algorithm} (SFT) | score | after {algorithm} | score |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {cell(r['prompt'])} | {cell(r['before'])} | {r['before_score']:+.2f} "
                      f"| {cell(r['after'])} | {r['after_score']:+.2f} |")
@@ -211,14 +212,14 @@ def write_samples_markdown(rows: list[dict[str, Any]], figures: dict[str, tuple[
 
 def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, float]], verdict_line: str,
                   metrics: list[dict[str, Any]], times: dict[str, float], rm_accuracy: float | None,
-                  out: Path, rm_kinds: dict[str, float] | None = None) -> None:
+                  out: Path, rm_kinds: dict[str, float] | None = None, algorithm: str = "PPO") -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    samples = Table(title=f"Before / after PPO (first {N_SAMPLES} of {len(rows)} held-out prompts, same seed)",
+    samples = Table(title=f"Before / after {algorithm} (first {N_SAMPLES} of {len(rows)} held-out prompts, same seed)",
                     show_lines=True)
-    for col in ("prompt", "before (SFT)", "score", "after (PPO)", "score"):
+    for col in ("prompt", "before (SFT)", "score", f"after ({algorithm})", "score"):
         samples.add_column(col, overflow="fold")
     for r in rows[:N_SAMPLES]:
         samples.add_row(r["prompt"], r["before"], f"{r['before_score']:+.2f}", r["after"], f"{r['after_score']:+.2f}")
@@ -237,8 +238,8 @@ def print_summary(rows: list[dict[str, Any]], figures: dict[str, tuple[float, fl
     if rm_kinds:
         weakest = min(rm_kinds, key=rm_kinds.get)
         summary.add_row("reward model, weakest rejected kind", f"{weakest}: {rm_kinds[weakest]:.3f}")
-    summary.add_row(f"PPO score, first {k} iterations", f"{first:+.3f}")
-    summary.add_row(f"PPO score, last {k} iterations", f"{last:+.3f}")
+    summary.add_row(f"{algorithm} score, first {k} iterations", f"{first:+.3f}")
+    summary.add_row(f"{algorithm} score, last {k} iterations", f"{last:+.3f}")
     summary.add_row("KL at the last iteration (nats/response)", f"{metrics[-1]['kl_mean']:.3f} (budget {KL_BUDGET:.1f})")
     for name, (before, after) in figures.items():
         summary.add_row(f"held-out ({len(rows)}) {name}: before -> after", f"{before:.3f} -> {after:.3f}")
@@ -262,7 +263,7 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
 
     import torch
 
-    # Float results, and so the tiny models and the outcome, depend on these (README, the demo's table).
+    # Float results, and so the tiny models and the outcome, depend on these (docs/demo.md, the demo's table).
     _log(f"torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads")
     _log("1/4 tokenizer + tiny Llama + SFT on the builtin polite/on-topic task")
     t0 = time.perf_counter()
@@ -288,20 +289,21 @@ def run_demo(out: str | Path = "runs/demo", fast: bool = False, overwrite: bool 
          "reference and reward in llama.cpp CPU workers")
     t0 = time.perf_counter()
     result = run_ppo(cfg, out_dir=out, overwrite=True)
-    times["PPO"] = time.perf_counter() - t0
+    name = cfg.algorithm.upper()
+    times[name] = time.perf_counter() - t0
     metrics = read_metrics(out)
     if not metrics:
-        raise UserError(f"PPO wrote no metrics to {out}/metrics.jsonl; see the messages above")
+        raise UserError(f"{cfg.algorithm.upper()} wrote no metrics to {out}/metrics.jsonl; see the messages above")
 
-    _log("4/4 reward curve and the held-out evaluation before/after PPO")
+    _log(f"4/4 reward curve and the held-out evaluation before/after {name}")
     t0 = time.perf_counter()
     curve = plot_reward_curve(metrics, out / "reward_curve.png", probe_accuracy(_read_samples(out)))
     rows = before_after(result["checkpoint"], cfg)
     figures = held_out_figures(rows)
     improved, verdict_line = verdict(figures, metrics[-1]["kl_mean"])
-    samples_md = write_samples_markdown(rows, figures, verdict_line, out / "before_after.md")
+    samples_md = write_samples_markdown(rows, figures, verdict_line, out / "before_after.md", name)
     (out / "before_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     times["held-out evaluation + plot"] = time.perf_counter() - t0
-    print_summary(rows, figures, verdict_line, metrics, times, rm_accuracy, out, per_kind)
+    print_summary(rows, figures, verdict_line, metrics, times, rm_accuracy, out, per_kind, name)
     return {"metrics": metrics, "before_after": rows, "figures": figures, "improved": improved,
             "reward_curve": curve, "samples": samples_md, "rm_accuracy": rm_accuracy, "run_dir": out}

@@ -8,7 +8,7 @@ model itself (adapters off). Then the RL demo's held-out evaluation and verdict
 (:func:`homerlhf.stages.demo.before_after`, :func:`homerlhf.stages.demo.verdict`): 8 answers to each
 of the 40 held-out prompts per side at temperature 0.7, the task's checker and the well-formed
 check; the KL in the verdict is measured on those answers (:func:`answer_log_ratio`), as it is for
-every method of the README's side-by-side table.
+every method of docs/demo.md's side-by-side table.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ METHODS = ("dpo", "kto")
 # and TRL's sft loss on the chosen answers at weight 10 beside the DPO loss (RPO): without it, or at
 # weight 3, every DPO run lost 0.07-0.24 of its well-formed answers (facts garbled where a rejected reply
 # was pushed down), whichever kinds of pairs it trained on. KTO: 64 steps of 32 answers, lr 1.5e-3.
-# Measured on AMD EPYC, 1 thread (docs/ppo_details.md, detail 22, has every recipe tried): DPO said
+# Measured on AMD EPYC, 1 thread (docs/demo.md, "DPO and KTO beside RL", has every recipe tried): DPO said
 # "improved" on seeds 0-2 under default and AVX2 kernels; KTO on seed 0 only.
 RECIPE = {
     "dpo": ["dpo.lr=1e-3", "dpo.beta=1.0", "dpo.sft_weight=10.0", "dpo.batch_size=16", "dpo.grad_accum=1",

@@ -22,7 +22,9 @@ from homerlhf.ppo.backends import Backends, RewardBackend
 from homerlhf.stages.data_parallel import build_scorers, watch_launcher
 from homerlhf.stages.scorers import build_engine
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
+from homerlhf.workers import llama_log
 
+LLAMA_LOG = "llama.log"  # llama.cpp's own warnings and errors of the run's process (the workers: workers/*.log)
 # Files whose presence means a directory already holds a PPO run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
 
@@ -34,7 +36,7 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     return claim_run_dir(run_dir, RUN_MARKERS, overwrite,
                          f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
                          "--overwrite to replace it, or choose another --out",
-                         removals=("samples.jsonl", *TRACKER_DIRS))
+                         removals=("samples.jsonl", LLAMA_LOG, *TRACKER_DIRS))
 
 
 def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
@@ -44,17 +46,28 @@ def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
     return load_prompt_rows(cfg, tokenizer)[0]
 
 
-def load_prompt_rows(cfg: RunConfig, tokenizer) -> tuple[list[list[int]], list[dict]]:
-    """The prompts' token ids (as :func:`load_prompt_ids`) and, indexed alike, their dataset rows
-    (every column) for the reward."""
+def read_prompts(cfg: RunConfig):
+    """``data.prompts`` read and normalised, not tokenised: ``(records, report)``. A missing or empty
+    file, or pairs given as prompts, is a one-line error here, before any weight loads or file is written."""
+    from homerlhf.config import NO_PROMPTS
     from homerlhf.data.load import load_prompts
+
+    if not cfg.data.prompts:
+        raise UserError(NO_PROMPTS)
+    return load_prompts(cfg.data.prompts, cfg.data, keep_rows=True)
+
+
+def load_prompt_rows(cfg: RunConfig, tokenizer, loaded=None, quiet: bool = True) -> tuple[list[list[int]], list[dict]]:
+    """The prompts' token ids (as :func:`load_prompt_ids`) and, indexed alike, their dataset rows
+    (every column) for the reward. ``loaded``: what :func:`read_prompts` returned (else read now);
+    ``quiet``: the load report only when a prompt was cut or dropped (else always: the run's data line)."""
     from homerlhf.data.tokens import tokenize_prompts_indexed
 
-    records, report = load_prompts(cfg.data.prompts, cfg.data, keep_rows=True)
+    records, report = loaded if loaded is not None else read_prompts(cfg)
     kept = tokenize_prompts_indexed(records, tokenizer, cfg.rollout.max_prompt_len, overlong=cfg.data.overlong,
                                     report=report)
-    if report.n_truncated or report.n_dropped:
-        print(report.summary())
+    if report.n_truncated or report.n_dropped or not quiet:
+        print(f"data: {report.summary()}")
     return [ids for _, ids in kept], [records[i]["row"] for i, _ in kept]
 
 
@@ -127,6 +140,7 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
     from homerlhf.stages.preflight import check_reference_vocabulary, check_run
 
     check_run(cfg)  # what the config names, before any weight is read, run dir written or shape planned on
+    loaded = read_prompts(cfg)  # the prompts: a bad file is one line before anything is written
     placed = resolve_for_run(cfg, resume, reward_given=reward is not None)  # auto placement and generation chunk
     if placed is not cfg:
         check_run(placed)  # and what auto chose (a llama.cpp export of the policy for the engine or reference)
@@ -143,11 +157,13 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
 
     model_path = resolve_model(cfg.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
-    prompts, rows = load_prompt_rows(cfg, tokenizer)
+    prompts, rows = load_prompt_rows(cfg, tokenizer, loaded, quiet=not ranks.is_main)
     check_reference_vocabulary(cfg, tokenizer, model_path)
     policy = PolicyModel.from_config(cfg, model_path, tokenizer=tokenizer)
 
     with contextlib.ExitStack() as stack:
+        # llama.cpp's warnings in this process (the engine's, a reference on the GPU): the run dir, not the terminal
+        stack.callback(llama_log.log_to, llama_log.log_to(run_dir / LLAMA_LOG))
         stack.enter_context(trainer_threads(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         reference, reward = build_scorers(cfg, policy, model_path, run_dir, ranks, stack, reward)
         engine = build_engine(cfg, policy, model_path, run_dir)

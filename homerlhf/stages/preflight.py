@@ -179,8 +179,12 @@ def _check_builtin_adapter(key: str, name: str) -> None:
 
 
 def check_run(cfg: "RunConfig") -> None:
-    """Every role of a PPO run (policy, reference, reward) can load or serve its model, and every
-    tracker of ``logging.report_to`` is installed."""
+    """A PPO run names its prompts, every role (policy, reference, reward) can load or serve its model,
+    and every tracker of ``logging.report_to`` is installed."""
+    from homerlhf.config import NO_PROMPTS
+
+    if not cfg.data.prompts:
+        raise UserError(NO_PROMPTS)
     check_installed(cfg.logging)
     seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
     policy_config = _check_policy(cfg)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from homerlhf.errors import UserError
+from homerlhf.workers import llama_log
 from homerlhf.memory.threads import physical_cores
 from homerlhf.workers.logsoftmax import token_logprobs
 from homerlhf.workers.vocab import vocab_fingerprint
@@ -73,31 +73,6 @@ def read_gguf_info(path: Path, all_tokens: bool = False) -> ModelInfo:
     )
 
 
-_LOG_STATE = {"callback": None, "printing": False}
-
-
-def _quiet_llama_logs() -> None:
-    """Only llama.cpp's warnings and errors reach stderr (its info lines run to hundreds).
-
-    Our own callback: llama-cpp-python's maps an older ggml level enum and lets info lines through.
-    """
-    import llama_cpp
-
-    if _LOG_STATE["callback"] is not None:
-        return
-
-    @llama_cpp.llama_log_callback
-    def _log(level, text, user_data):
-        # ggml.h: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line).
-        if level != 5:
-            _LOG_STATE["printing"] = level in (3, 4)
-        if _LOG_STATE["printing"]:
-            sys.stderr.write(text.decode("utf-8", "replace"))
-
-    _LOG_STATE["callback"] = _log  # llama.cpp keeps calling it: it must never be collected
-    llama_cpp.llama_log_set(_log, None)
-
-
 class Engine:
     """A llama.cpp model + context, decoding packed batches of sequences."""
 
@@ -120,7 +95,7 @@ class Engine:
         self.threads = threads or physical_cores()
         self.f32_kv_cache = f32_kv_cache
 
-        _quiet_llama_logs()
+        llama_log.install()
         llama_cpp.llama_backend_init()
         self._model = _internals.LlamaModel(
             path_model=str(gguf_path), params=llama_cpp.llama_model_default_params(), verbose=False

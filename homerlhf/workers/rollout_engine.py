@@ -31,7 +31,7 @@ from homerlhf.config.schema import RolloutConfig
 from homerlhf.ppo.devices import to_trainer
 from homerlhf.ppo.engines import RolloutEngine
 from homerlhf.ppo.rollout import RolloutBatch, check_prompt_lengths, pad_sequences
-from homerlhf.workers.engine import _quiet_llama_logs
+from homerlhf.workers import llama_log
 from homerlhf.workers.gguf.lora import write_lora_gguf
 
 
@@ -60,7 +60,7 @@ class LlamaCppEngine(RolloutEngine):
         prefill = self.max_seqs * int(max_prompt_len)
         threads = threads or max(1, os.cpu_count() or 1)
 
-        _quiet_llama_logs()
+        llama_log.install()
         llama_cpp.llama_backend_init()
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()

@@ -180,3 +180,19 @@ def test_attach_takes_a_directory_typed_in_the_run_directory_box(tmp_path):
     assert train_tab.attach_choice(str(first), str(tmp_path / "nothing"), str(first)) == str(first)
     message, attached, *_ = train_tab.on_attach(str(first), str(typed), str(first))
     assert (message, attached) == (f"Attached to `{typed}`.", str(typed))
+
+
+def test_start_on_a_gpu_preset_without_prompts_says_where_to_give_them(tmp_path):
+    """The GPU presets carry no prompts: Start names the Data tab (the CLI names --data), with every other
+    problem found on the same line, and starts nothing."""
+    import torch
+
+    from homerlhf.errors import UserError
+
+    root = tmp_path / "runs"
+    with pytest.raises(UserError) as caught:
+        train_tab.on_start("4090", "Qwen/Qwen2.5-0.5B", "", "Qwen/Qwen2.5-7B-Instruct", "", False, str(root))
+    message = str(caught.value)
+    assert message.startswith(train_tab.NO_PROMPTS_HERE) and "--data" not in message
+    assert ("needs a CUDA GPU" in message) == (not torch.cuda.is_available())
+    assert not root.exists()

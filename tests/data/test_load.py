@@ -134,12 +134,28 @@ def test_prompt_column_override(tmp_path):
         load_prompts(src, cfg.data)
 
 
-def test_prompts_from_a_preference_file(tmp_path):
+def test_prompts_from_a_preference_file_when_asked(tmp_path):
     src = write_jsonl(tmp_path / "hh.jsonl", [
         {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello!", "rejected": "\n\nHuman: Hi?\n\nAssistant: Go away."},
     ])
-    records, _ = load_prompts(src)
+    records, _ = load_prompts(src, load_config("cpu-tiny", overrides=["data.prompts_from_pairs=true"]).data)
     assert records == [{"prompt": [user("Hi?")]}]
+
+
+@pytest.mark.parametrize("rows", [
+    [{"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello!", "rejected": "\n\nHuman: Hi?\n\nAssistant: Go away."}],
+    [{"prompt": "Hi?", "chosen": "Hello!", "rejected": "Go away."}],
+], ids=["hh", "prompt-chosen-rejected"])
+def test_a_preference_file_given_as_prompts_is_refused_in_one_line(tmp_path, rows):
+    """Pairs where prompts were asked for are most likely the wrong file (the reward model's)."""
+    src = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    with pytest.raises(UserError, match=r"pairs.jsonl holds preference pairs \(chosen, rejected\), not prompts: give "
+                                        r"it to `homerlhf reward`.*set data.prompts_from_pairs=true$"):
+        load_prompts(src)
+    # A prompt column named on purpose is taken as asked.
+    named = load_config("cpu-tiny", overrides=["data.prompt_column=prompt"]).data
+    if "prompt" in rows[0]:
+        assert load_prompts(src, named)[0] == [{"prompt": [user("Hi?")]}]
 
 
 # ------------------------------------------------------------------------------- preferences

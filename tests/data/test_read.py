@@ -39,6 +39,46 @@ def test_missing_file_and_bad_suffix(tmp_path):
         load_prompts(str(tmp_path / "data.txt"))
 
 
+def test_a_folder_of_files_reads_the_split_its_names_give(tmp_path):
+    """A folder as the hub lays one out: ``data/train-*.jsonl`` is the train split, ``test.jsonl`` another."""
+    (tmp_path / "mine" / "data").mkdir(parents=True)
+    write_jsonl(tmp_path / "mine" / "data" / "train-00000.jsonl", [{"prompt": "a?"}, {"prompt": "b?"}])
+    write_jsonl(tmp_path / "mine" / "data" / "train-00001.jsonl", [{"prompt": "c?"}])
+    write_jsonl(tmp_path / "mine" / "data" / "test.jsonl", [{"prompt": "held out?"}])
+    records, report = load_prompts(str(tmp_path / "mine"))
+    assert sorted(r["prompt"][0]["content"] for r in records) == ["a?", "b?", "c?"]
+    assert (report.source, report.n_rows) == (str(tmp_path / "mine"), 3)
+    cfg = load_config("cpu-tiny", overrides=["data.split=test"])
+    assert [r["prompt"][0]["content"] for r in load_prompts(str(tmp_path / "mine"), cfg.data)[0]] == ["held out?"]
+
+
+def test_a_folder_saved_by_datasets(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([{"question": "Why is the sky blue?"}, {"question": "What is rain?"}]).save_to_disk(
+        str(tmp_path / "saved"))
+    records, report = load_prompts(str(tmp_path / "saved"))
+    assert [r["prompt"][0]["content"] for r in records] == ["Why is the sky blue?", "What is rain?"]
+    assert report.format == "question"
+
+
+def test_a_folder_without_data_files_or_of_two_kinds_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"^folder .*empty holds no .jsonl, .json, .csv or .parquet file"):
+        load_prompts(str(tmp_path / "empty"))
+    (tmp_path / "mixed").mkdir()
+    write_jsonl(tmp_path / "mixed" / "a.jsonl", [{"prompt": "a?"}])
+    (tmp_path / "mixed" / "b.csv").write_text("prompt\nb?\n")
+    with pytest.raises(UserError, match=r"mixes file types \(csv, json\); keep one type per folder"):
+        load_prompts(str(tmp_path / "mixed"))
+
+
+def test_an_empty_file_is_one_line(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(UserError, match=r"cannot read .*empty.jsonl: no JSON rows found"):
+        load_prompts(str(tmp_path / "empty.jsonl"))
+
+
 def test_max_rows(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(10)])
     cfg = load_config("cpu-tiny", overrides=["data.max_rows=3"])

@@ -115,8 +115,11 @@ def test_unknown_model_is_one_clear_line():
 
 
 def test_bad_configs(tmp_path):
-    with pytest.raises(UserError, match="mixture-of-experts"):
+    with pytest.raises(UserError, match="mixture of experts 'mixtral' is not supported"):
         shape_from_config({"model_type": "mixtral", "num_local_experts": 8}, "m", "local")
+    with pytest.raises(UserError, match="mlp_only_layers"):
+        shape_from_config({**BUILTIN_SHAPES["Qwen/Qwen3-30B-A3B"].to_hf_config().to_dict(), "mlp_only_layers": [0]},
+                          "m", "local")
     with pytest.raises(UserError, match="lacks"):
         shape_from_config({"model_type": "llama", "hidden_size": 8}, "m", "local")
     (tmp_path / "config.json").write_text("{not json")

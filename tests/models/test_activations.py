@@ -183,3 +183,18 @@ def test_the_policy_applies_the_configured_layers_and_offload(tiny_llama_dir):
         enable_checkpointing(offloading, 2, True, native=True)
         assert checkpointing_report(offloading) == {"layers": 4, "recomputed": [0, 2], "offloaded": [0, 2],
                                                     "path": "transformers"}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=PATHS)
+def test_enabling_uses_transformers_current_names(native, tiny_llama_dir):
+    """No FutureWarning from our own calls (transformers 5.24+ deprecates gradient_checkpointing_enable and
+    is_gradient_checkpointing): either path, every n-th layer."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert enable_checkpointing(model, every_n=2, native=native) == PATHS[not native]
+    assert checkpointed_flags(model) == [i % 2 == 0 for i in range(len(checkpointed_flags(model)))]

@@ -1,5 +1,6 @@
 """`homerlhf demo --fast` as a user runs it: a subprocess, offline, CPU, real llama.cpp workers, under the
-default kernels and under AVX2 ones (another CPU's numerics)."""
+default kernels (from the installed wheel, outside the checkout: tests/wheel_venv.py) and under AVX2 ones
+(another CPU's numerics)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,19 @@ def _worker_processes(*markers: str):
 
 
 @pytest.mark.slow
-def test_demo_fast_end_to_end(tmp_path):
+def test_demo_fast_end_to_end(tmp_path, installed_wheel):
     out = tmp_path / "demo"
     markers = (str(tmp_path), os.environ.get("HOMERLHF_CACHE", str(tmp_path)))
     before = {p.pid for p in _worker_processes(*markers)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--seed", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = installed_wheel.run("demo", "--fast", "--seed", "0", "--out", str(out), cwd=tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    # Quiet: llama.cpp's own log (its n_ctx_seq warning, a LoRA buffer-type line per tensor on CPUs with AMX)
+    # goes to the run's llama.log, and no FutureWarning of transformers' renamed checkpointing reaches the user.
+    printed = proc.stdout + proc.stderr
+    assert [line for line in printed.splitlines() if "llama_" in line] == []
+    assert "FutureWarning" not in printed
+    assert "n_ctx_seq" in (out / "llama.log").read_text()
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 6
@@ -52,7 +56,7 @@ def test_demo_fast_end_to_end(tmp_path):
     assert (out / "reward_curve.png").stat().st_size > 10_000
     # The rollouts came from the engine the preset's rollout.engine auto took (no bench figures here: the
     # defaults, which on a CPU with llama-cpp-python take llama.cpp), said in the run's first lines; its
-    # samples are the trainer's to float error (README: IS weights 0.99997-1.00003 on every measured run).
+    # samples are the trainer's to float error (docs/demo.md: IS weights 0.99997-1.00003 on every measured run).
     from homerlhf.config import from_yaml_file
 
     assert from_yaml_file(out / "config.yaml").rollout.engine == "llamacpp"
@@ -67,7 +71,7 @@ def test_demo_fast_end_to_end(tmp_path):
     # checker up by 0.25 on 8 answers to each of the 40 held-out prompts, replies as whole task
     # sentences down by at most 0.05, none cut by the cap, KL within 4 nats/response. The recipe's
     # margin over the verdict's line: +0.30, which every measured run cleared (seeds 0-4, default and
-    # AVX2 kernels, AMD EPYC Zen 4: +0.38 to +0.45, either engine; README), so a CPU whose kernels land elsewhere
+    # AVX2 kernels, AMD EPYC Zen 4: +0.38 to +0.45, either engine; docs/demo.md), so a CPU whose kernels land elsewhere
     # still passes and a recipe that lost its margin does not.
     def mean(key):
         return sum(float(p[key]) for p in pairs) / len(pairs)
@@ -78,15 +82,17 @@ def test_demo_fast_end_to_end(tmp_path):
     assert mean("after_truncated") <= 0.05, mean("after_truncated")
     assert rows[-1]["kl_mean"] <= 4.0, rows[-1]["kl_mean"]
     md = (out / "before_after.md").read_text()
-    assert "| prompt | before PPO" in md and "| checker accuracy (polite + on-topic) |" in md
+    # The demo's RL is GRPO: its tables name it (never "after (PPO)")
+    assert "| prompt | before GRPO (SFT) | score | after GRPO | score |" in md and "PPO" not in md
+    assert "| checker accuracy (polite + on-topic) |" in md
+    assert "after (GRPO)" in proc.stdout and "(PPO)" not in proc.stdout
     assert "homerlhf demo summary" in proc.stdout
     assert [line for line in proc.stdout.splitlines() if line.startswith("alignment ")][0].startswith("alignment improved")
 
     assert {p.pid for p in _worker_processes(*markers)} - before == set()
 
     # A second demo into the same directory refuses to overwrite it, in one line.
-    again = subprocess.run([sys.executable, "-m", "homerlhf.cli", "demo", "--fast", "--out", str(out)],
-                           capture_output=True, text=True, timeout=300)
+    again = installed_wheel.run("demo", "--fast", "--out", str(out), cwd=tmp_path, timeout=300)
     assert again.returncode != 0 and "--overwrite" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
 

@@ -65,8 +65,10 @@ def test_before_after_markdown_and_curve_carry_the_figures(tmp_path):
     row = {"prompt": "Tell me about tea.", "before": "Ugh, figure it out yourself.", "before_score": -2.5,
            "after": "Gladly! Tea is made by steeping dried leaves in hot water.", "after_score": 2.25}
     figures = {ACC: (0.0, 1.0), "reward-model score": (-2.5, 2.25)}
-    text = demo.write_samples_markdown([row], figures, "alignment improved: x", tmp_path / "ba.md").read_text()
+    text = demo.write_samples_markdown([row], figures, "alignment improved: x", tmp_path / "ba.md", "GRPO").read_text()
     assert "**alignment improved: x**" in text
+    assert text.startswith("# Before / after GRPO on 1 held-out prompts") and "| figure | before GRPO (SFT) | after GRPO |" in text
+    assert "| prompt | before GRPO (SFT) | score | after GRPO | score |" in text and "PPO" not in text
     assert "| checker accuracy (polite + on-topic) | 0.000 | 1.000 |" in text
     assert "| Tell me about tea. | Ugh, figure it out yourself. | -2.50 | Gladly! Tea is made" in text
 

@@ -37,7 +37,7 @@ def test_demo_method_dpo_learns_the_task_from_its_pairs(tmp_path):
     improved = gain >= 0.25 and fluency >= -0.05 and summary["kl"] <= 4.0
     assert len(verdict) == 1 and verdict[0].startswith("alignment improved" if improved else "alignment did NOT"), verdict
     # It learned, without coming apart. Measured on AMD EPYC (default and AVX2 kernels, 1 and 2 threads,
-    # seeds 0-2): checker +0.30 to +0.39, well formed -0.02 to -0.04 (detail 22); the recipe before it
+    # seeds 0-2): checker +0.30 to +0.39, well formed -0.02 to -0.04 (docs/demo.md); the recipe before it
     # (sft loss at weight 3) lost 0.112 of its well-formed answers. The bounds leave another CPU room.
     assert gain >= 0.20, (mean("before_good"), mean("after_good"))
     assert fluency >= -0.08, (mean("before_well_formed"), mean("after_well_formed"))

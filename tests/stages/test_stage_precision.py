@@ -111,3 +111,25 @@ def test_a_qlora_stage_holds_the_base_as_the_policy_does(upcast, tiny_llama_dir)
     frozen = torch.float32 if upcast else torch.bfloat16
     assert model.model.embed_tokens.weight.dtype == model.model.norm.weight.dtype == frozen
     assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_trl_configs_take_checkpointing_by_its_current_name_without_a_future_warning(on, tmp_path):
+    """transformers 5.24+ renamed TrainingArguments' gradient_checkpointing activation_checkpointing (the
+    old name warns); the stages pass the name the installed version has, and the setting takes."""
+    import dataclasses
+    import warnings
+
+    from transformers import TrainingArguments
+    from trl import DPOConfig, RewardConfig, SFTConfig
+
+    from homerlhf.stages.common import checkpointing_arg, trainer_args
+
+    current = "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert checkpointing_arg(on) == {("activation_checkpointing" if current else "gradient_checkpointing"): on}
+    cfg = load_config("cpu-tiny", overrides=[f"training.gradient_checkpointing={str(on).lower()}", "sft.method=qlora"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for config_cls in (SFTConfig, RewardConfig, DPOConfig):
+            args = config_cls(**trainer_args(cfg.sft, cfg, tmp_path))
+            assert args.gradient_checkpointing is on and getattr(args, "activation_checkpointing", on) is on

@@ -73,14 +73,21 @@ def test_sft_reward_train_on_the_users_files_report_figures_of_that_data(real_vo
     assert last.startswith("reward done: 40 pairs, no held-out figure (rm.eval_data builtin:demo-pairs-heldout")
     assert last.endswith(f"training accuracy {rm_run['train_accuracy']:.3f}, run dir rm")
 
-    out = homerlhf(capsys, "train", "--out", "run", *sets(
-        "model.name_or_path=sft/model", "reward.model=rm", "reward.backend=hf", "ref.backend=adapter_off",
-        f"data.prompts={prompts_file}", "ppo.iterations=1", "rollout.batch_size=8", "rollout.chunk_size=8",
-        "rollout.max_new_tokens=6", "rollout.truncation_penalty=null", "ppo.mini_batch_size=8",
-        "ppo.micro_batch_size=8", "ppo.epochs=1", "logging.progress=false"))
+    out = homerlhf(capsys, "train", "--data", "prompts.jsonl", "--model", "sft/model", "--reward", "rm", "--out", "run",
+                   *sets("reward.backend=hf", "ref.backend=adapter_off", "ppo.iterations=1", "rollout.batch_size=8",
+                         "rollout.chunk_size=8", "rollout.max_new_tokens=6", "rollout.truncation_penalty=null",
+                         "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.epochs=1", "logging.progress=false"))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1] and rows[0]["kl_flag"] == 0
     asked = {f"Say something about {t}." for t in TOPICS[:8]}
     assert samples and all(sum(p in s["prompt"] for p in asked) == 1 for s in samples)  # the user's prompts only
     assert out.strip().splitlines()[-1].startswith(f"PPO done: 1 iterations, score {rows[0]['score_mean']:.3f} -> ")
+    # The run's data line names the file --data gave (as typed: relative to where the user ran it).
+    data_lines = [line for line in out.splitlines() if line.startswith("data: ")]
+    assert data_lines == ["data: prompts.jsonl: prompt (prompt), 8 rows, 8 usable, 0 bad, 0 truncated, "
+                          "0 dropped as too long"], out
+    from homerlhf.config import from_yaml_file
+
+    saved = from_yaml_file(tmp_path / "run" / "config.yaml")
+    assert (saved.data.prompts, saved.model.name_or_path, saved.reward.model) == ("prompts.jsonl", "sft/model", "rm")

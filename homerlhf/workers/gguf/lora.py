@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from homerlhf.errors import UserError
+from homerlhf.models.expert_lora import expert_lora_weights
 from homerlhf.workers.gguf.registry import family_for
 from homerlhf.workers.gguf.tensors import LazyTensor
 from homerlhf.workers.gguf.writer import atomic_gguf_writer
@@ -30,11 +31,13 @@ _PEFT_PREFIX = "base_model.model."
 def lora_weights(model, adapter: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """HF weight name -> ``(A [r, in], scaling * B [out, r])``, float32, for every module of the peft
     ``model`` that carries ``adapter``."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer, ParamWrapper
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, module in model.named_modules():
         if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
+            continue
+        if isinstance(module, ParamWrapper):  # fused experts: expert_lora.expert_lora_weights
             continue
         if module.use_dora.get(adapter, False):
             raise UserError(f"{name}: DoRA adapters have no llama.cpp LoRA form; use rollout.engine=hf")
@@ -42,7 +45,7 @@ def lora_weights(model, adapter: str) -> dict[str, tuple[np.ndarray, np.ndarray]
         b = module.lora_B[adapter].weight.detach().float().cpu().numpy() * float(module.scaling[adapter])
         base = name[len(_PEFT_PREFIX):] if name.startswith(_PEFT_PREFIX) else name
         out[f"{base}.weight"] = (np.ascontiguousarray(a), np.ascontiguousarray(b))
-    if not out:
+    if not out and not expert_lora_weights(model, adapter):
         raise UserError(f"the policy has no LoRA modules for adapter {adapter!r}")
     return out
 
@@ -55,6 +58,9 @@ def write_lora_gguf(model, adapter: str, config: dict, out_path: str | Path) -> 
     family = family_for(config, str(config.get("_name_or_path", "the policy")))
     arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
     name_map = gguf.get_tensor_name_map(arch_enum, int(config["num_hidden_layers"]))
+    if expert_lora_weights(model, adapter):
+        raise UserError("LoRA on the experts has no llama.cpp adapter form here; use rollout.engine=hf "
+                        "(or actor.lora.experts=false)")
     out_path = Path(out_path)
     with atomic_gguf_writer(out_path, family.gguf_arch) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)

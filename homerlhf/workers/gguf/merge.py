@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from homerlhf.errors import UserError
+from homerlhf.models.expert_lora import adapter_config, expert_lora_weights
 from homerlhf.workers.gguf.lora import lora_weights
 from homerlhf.workers.gguf.tensors import LazyTensor, checkpoint_tensors, load_nf4_model, nf4_tensors
 
@@ -43,6 +44,7 @@ class TrainedPolicy:
     base_tensors: dict[str, LazyTensor]
     lora: dict[str, tuple[np.ndarray, np.ndarray]]
     quantized: bool
+    experts: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # LoRA on fused experts
 
 
 def load_trained_policy(base_dir: Path, adapter_dir: Path, quant: "QuantConfig", device: str) -> TrainedPolicy:
@@ -63,10 +65,10 @@ def load_trained_policy(base_dir: Path, adapter_dir: Path, quant: "QuantConfig",
 
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=compute_dtype(quant, device), device_map="cpu")
         tensors = checkpoint_tensors(base_dir)
-    model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR)
+    model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=ACTOR, config=adapter_config(adapter_dir, base))
     model.eval()
     _check_plain_lora(model)
-    return TrainedPolicy(model, tensors, lora_weights(model, ACTOR), quant.load_in_4bit)
+    return TrainedPolicy(model, tensors, lora_weights(model, ACTOR), quant.load_in_4bit, expert_lora_weights(model, ACTOR))
 
 
 def _check_plain_lora(model) -> None:
@@ -79,9 +81,16 @@ def _check_plain_lora(model) -> None:
 
 
 def merged_tensors(base: dict[str, LazyTensor], lora: dict[str, tuple[np.ndarray, np.ndarray]],
-                   config: dict) -> dict[str, LazyTensor]:
-    """``base`` with ``B @ A`` added to every adapted weight, when each is loaded."""
+                   config: dict, experts: Optional[dict] = None) -> dict[str, LazyTensor]:
+    """``base`` with ``B @ A`` added to every adapted weight, when each is loaded; ``experts``: LoRA on fused
+    expert weights (E, out, in), or (E, in, out) for gpt-oss's layout, ``B_e @ A_e`` added to each expert's."""
     out = dict(base)
+    for name, (a, b) in (experts or {}).items():
+        if name not in out:
+            raise UserError(f"the actor adapts the experts {name}, which the base tensors do not hold fused; "
+                            "merge into the NF4 base (--base nf4)")
+        transposed = config.get("model_type") == "gpt_oss"
+        out[name] = out[name].then(partial(_add_expert_lora, a, b, transposed))
     for name, (a, b) in lora.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             raise UserError("the actor adapts the LM head, which this model ties to its embedding; "
@@ -91,6 +100,12 @@ def merged_tensors(base: dict[str, LazyTensor], lora: dict[str, tuple[np.ndarray
                             "export with the run's own base model")
         out[name] = out[name].then(partial(_add_lora, a, b))
     return out
+
+
+def _add_expert_lora(a: np.ndarray, b: np.ndarray, transposed: bool, weight: np.ndarray) -> np.ndarray:
+    # W_e [out, in] + B_e [out, r] @ A_e [r, in] for every expert e; stored (E, in, out): its transpose.
+    delta = np.matmul(b, a)
+    return np.asarray(weight, dtype=np.float32) + (delta.transpose(0, 2, 1) if transposed else delta)
 
 
 def _add_lora(a: np.ndarray, b: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -104,7 +119,7 @@ def policy_tensors(policy: TrainedPolicy, base_dir: Path, base: str) -> dict[str
         raise UserError(f"--base {base!r} is not known; use nf4 or original")
     weights = checkpoint_tensors(base_dir) if base == "original" else policy.base_tensors
     config = json.loads((Path(base_dir) / "config.json").read_text())
-    return merged_tensors(weights, policy.lora, config)
+    return merged_tensors(weights, policy.lora, config, policy.experts)
 
 
 def write_safetensors(tensors: dict[str, LazyTensor], out_dir: Path, dtype, shard_bytes: int = SHARD_BYTES) -> list[Path]:

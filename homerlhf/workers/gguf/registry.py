@@ -11,6 +11,7 @@ from homerlhf.errors import UserError
 from homerlhf.workers.gguf.family import ArchFamily
 from homerlhf.workers.gguf.gemma import Gemma2Family, Gemma3Family
 from homerlhf.workers.gguf.llama import LlamaFamily
+from homerlhf.workers.gguf.moe import Qwen3MoeFamily
 from homerlhf.workers.gguf.phi3 import Phi3Family
 from homerlhf.workers.gguf.qwen import Qwen2Family, Qwen3Family
 
@@ -22,6 +23,7 @@ FAMILIES: dict[str, ArchFamily] = {
     "phi3": Phi3Family(),
     "qwen2": Qwen2Family(),
     "qwen3": Qwen3Family(),
+    "qwen3_moe": Qwen3MoeFamily(),
 }
 SUPPORTED_ARCHS = tuple(FAMILIES)
 

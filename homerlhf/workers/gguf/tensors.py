@@ -1,7 +1,8 @@
 """Checkpoint tensors known by name and shape, loaded one at a time only when written.
 
 A 7B export then needs the memory of one tensor, not of the model. ``nf4_tensors`` swaps every
-4-bit linear weight for its NF4 dequantization: the weights the actor really computes with.
+4-bit linear weight (and a mixture of experts' 4-bit experts) for its NF4 dequantization: the weights
+the actor really computes with.
 """
 
 from __future__ import annotations
@@ -93,13 +94,15 @@ def load_nf4_model(model_dir: Path, quant: Optional["QuantConfig"] = None, devic
     from transformers import AutoModelForCausalLM
 
     from homerlhf.config.schema import QuantConfig
+    from homerlhf.models.moe import check_moe, experts_in_4bit
     from homerlhf.models.policy import compute_dtype, quantization_config
 
     quant = quant or QuantConfig()
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, quantization_config=quantization_config(quant, device),
-        dtype=compute_dtype(quant, device), device_map="cpu",
-    )
+    with experts_in_4bit(check_moe(read_config(model_dir), str(model_dir)), quant.expert_chunk_mib):
+        return AutoModelForCausalLM.from_pretrained(
+            model_dir, quantization_config=quantization_config(quant, device),
+            dtype=compute_dtype(quant, device), device_map="cpu",
+        )
 
 
 def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: str = "cpu",
@@ -119,7 +122,7 @@ def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: 
     for key, param in model.named_parameters():
         if key in tensors and tuple(param.shape) == tensors[key].shape and param.dtype.is_floating_point:
             tensors[key] = LazyTensor(tensors[key].shape, partial(_torch_to_numpy, param.data))
-    n_quantized = 0
+    n_quantized = _dequantized_experts(model, tensors)
     for name, module in model.named_modules():
         if isinstance(module, bnb.nn.Linear4bit):
             weight = module.weight
@@ -133,6 +136,30 @@ def nf4_tensors(model_dir: Path, quant: Optional["QuantConfig"] = None, device: 
     if n_quantized == 0:
         raise UserError(f"{model_dir}: bitsandbytes quantized no layer; --from-nf4 needs a model with linear layers")
     return tensors
+
+
+def _dequantized_experts(model, tensors: dict[str, LazyTensor]) -> int:
+    """A mixture of experts' 4-bit experts (:mod:`homerlhf.models.experts4bit`) as transformers fuses them,
+    ``<experts>.gate_up_proj`` / ``down_proj`` (E, d1, d2), dequantized when written, in place of the
+    checkpoint's per-expert weights of that layer; returns the weights replaced."""
+    from homerlhf.models.experts4bit import Experts4bit
+
+    replaced = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Experts4bit):
+            continue
+        for key in [k for k in tensors if k.startswith(f"{name}.") and k.count(".") > name.count(".") + 1]:
+            del tensors[key]  # the checkpoint's per-expert matrices (mlp.experts.<e>.*)
+        for weight in module.weight_names:
+            tensors[f"{name}.{weight}"] = LazyTensor(module.shapes[weight], partial(_dequantize_experts, module, weight))
+            replaced += 1
+    return replaced
+
+
+def _dequantize_experts(module, weight: str) -> np.ndarray:
+    import torch
+
+    return module.dequantize(weight, torch.arange(module.num_experts)).float().cpu().numpy()
 
 
 def _dequantize(weight, dequantize_4bit) -> np.ndarray:

@@ -15,15 +15,20 @@ from homerlhf.workers.gguf.registry import FAMILIES, SUPPORTED_ARCHS, family_for
 def test_every_family_is_an_architecture_llama_cpp_knows():
     import gguf
 
-    assert SUPPORTED_ARCHS == ("gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
+    assert SUPPORTED_ARCHS == ("gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe")
     for family in FAMILIES.values():
         assert family.gguf_arch in gguf.MODEL_ARCH_NAMES.values()
 
 
 def test_the_planner_table_lists_only_models_the_default_backends_serve():
+    """gpt-oss has no GGUF family here: its reference is the policy's base with the adapters off (the presets'
+    auto placement), and a run that names the llama.cpp reference for it is refused before it starts."""
     from homerlhf.memory.shapes import BUILTIN_SHAPES
+    from homerlhf.stages.preflight import check_exportable
 
-    assert {s.model_type for s in BUILTIN_SHAPES.values()} <= set(FAMILIES)
+    assert {s.model_type for s in BUILTIN_SHAPES.values()} - set(FAMILIES) == {"gpt_oss"}
+    with pytest.raises(UserError, match="set ref.backend=adapter_off"):
+        check_exportable({"model_type": "gpt_oss"}, "openai/gpt-oss-20b", "ref", 768)
 
 
 @pytest.mark.parametrize("family, config, factor", [
