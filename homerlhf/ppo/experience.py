@@ -38,7 +38,8 @@ class Experience:
     raw_scores: Optional[Tensor] = None  # (B,) reward-model score as returned
     rewards: Optional[Tensor] = None  # (B, T) KL-shaped per-token rewards
     kl: Optional[Tensor] = None  # (B, T) per-token KL estimate used in the rewards
-    advantages: Optional[Tensor] = None  # (B, T) GAE advantages (whitened if configured)
+    advantages: Optional[Tensor] = None  # (B, T) PPO's GAE advantages (whitened if configured)
+    sequence_advantages: Optional[Tensor] = None  # (B,) GRPO / RLOO: one advantage per response
     returns: Optional[Tensor] = None  # (B, T) GAE returns, the critic's targets
     behaviour_logprobs: Optional[Tensor] = None  # (B, T) log-probs under the engine that sampled (mu)
     is_weights: Optional[Tensor] = None  # (B, T) truncated importance weights min(exp(old - behaviour), cap)

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
-from homerlhf.ppo.advantages import (compute_advantages, compute_group_advantages, normalized_scores,
-                                     sequence_advantages, sequence_kl)
+from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.distributed import Reduce, mean_over_ranks
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.group import GroupLoss, clipped_group_loss
@@ -104,7 +103,7 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
     mask, width, backward = micro.response_mask, micro.response_len, updater.backward
     if group is not None:  # GRPO / RLOO: the actor alone, one advantage per response
         logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
-        loss, stats = clipped_group_loss(logprobs, micro.old_logprobs, micro.ref_logprobs, sequence_advantages(micro),
+        loss, stats = clipped_group_loss(logprobs, micro.old_logprobs, micro.ref_logprobs, micro.sequence_advantages,
                                          mask, group, micro.is_weights)
         loss = with_router_aux(policy, loss)
         backward(loss * share)

@@ -84,3 +84,27 @@ def test_default_score_normalisation_keeps_value_clipping_alive_on_a_reward_mode
     # score-0 row) exceed 0.2 and are clipped, so the critic barely moves: value clipping pinned.
     assert clipfrac(ppo) == 0.0
     assert clipfrac(PPOConfig(score_norm=False)) == 7 / 8
+
+
+def test_group_advantages_keep_one_advantage_per_response():
+    """GRPO / RLOO: the advantage the loss reads is each response's own, (B,), whatever its length."""
+    from homerlhf.config import load_config
+    from homerlhf.ppo.advantages import compute_group_advantages
+
+    # Two groups of two responses of 1, 3, 2 and 3 tokens; the KL in the loss: the sequence reward is the score.
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    exp = Experience(
+        prompt_ids=torch.full((4, 1), 5), prompt_mask=torch.ones(4, 1, dtype=torch.long),
+        response_ids=2 * mask, response_mask=mask, old_logprobs=-0.3 * mask, ref_logprobs=-0.4 * mask,
+        values=torch.zeros(4, 3), scores=torch.tensor([1.0, 3.0, 0.7, 0.7]), truncated=torch.zeros(4, dtype=torch.bool),
+    )
+    dr_grpo = load_config("cpu-tiny", overrides=["algorithm=grpo", "ppo.group_size=2", "ppo.dr_grpo=true", "ppo.kl_in=loss"])
+    out = compute_group_advantages(exp, dr_grpo, 0.1, exp.scores)
+    # Group means 2 and 0.7, no std division: -1, +1 and 0, 0; none spread over tokens, none averaged back.
+    assert out.advantages is None and out.returns is None
+    assert out.sequence_advantages.tolist() == [-1.0, 1.0, 0.0, 0.0]
+    # RLOO: r_i - the other response's reward: -2, +2 and 0, 0.
+    rloo = load_config("cpu-tiny", overrides=["algorithm=rloo", "ppo.group_size=2", "ppo.kl_in=loss"])
+    assert compute_group_advantages(exp, rloo, 0.1, exp.scores).sequence_advantages.tolist() == [-2.0, 2.0, 0.0, 0.0]
+    # A mini-batch of it carries them by row.
+    assert out.select(torch.tensor([3, 1])).sequence_advantages.tolist() == [0.0, 1.0]
