@@ -49,7 +49,7 @@ def our_config(model_dir: Path, args, engine: str):
     from homerlhf.config import load_config
 
     batch = args.prompts * args.group
-    algorithm = ["algorithm=grpo", f"ppo.group_size={args.group}", "ppo.kl_in=loss"] if args.algorithm == "grpo" \
+    algorithm = ["algorithm=grpo", f"group.size={args.group}", "group.kl_in=loss"] if args.algorithm == "grpo" \
         else ["algorithm=ppo"]
     return load_config("cpu-tiny", overrides=[
         *algorithm, f"model.name_or_path={model_dir}", "ref.backend=adapter_off", "reward.backend=hf",

@@ -132,7 +132,7 @@ def main() -> None:
             f"rollout.max_prompt_len={args.prompt}", f"rollout.max_new_tokens={args.new}",
             f"ppo.mini_batch_size={c}", f"ppo.micro_batch_size={args.micro}", "ppo.epochs=1",
             "actor.optimizer=adamw_8bit", "ref.backend=adapter_off", "reward.backend=hf", "reward.model=in-process",
-            f"algorithm={args.algorithm}", *(["ppo.group_size=4"] if args.algorithm != "ppo" else []),
+            f"algorithm={args.algorithm}", *(["group.size=4"] if args.algorithm != "ppo" else []),
             "logging.tensorboard=false", "logging.progress=false",
             *([f"rollout.prefill_tokens={args.prefill_tokens}"] if args.prefill_tokens is not None else []),
             *([f"training.checkpoint_every_n_layers={args.every_n}"] if args.every_n is not None else []),

@@ -89,13 +89,13 @@ def small_cases(preset: str, gib: float) -> list[Case]:
                  keep=("quant.compute_dtype=fp16", "ppo.mini_batch_size=2")) if gib >= 15 else
             Case("ppo-fp16-1.5b", preset, SMALL_MODEL, SMALL + ("ppo.mini_batch_size=4", "quant.compute_dtype=fp16"), 2,
                  H200_S["ppo-fp16"], keep=("quant.compute_dtype=fp16", "ppo.mini_batch_size=2")))
-    grpo = SMALL + ("algorithm=grpo", "ppo.group_size=4")
+    grpo = SMALL + ("algorithm=grpo", "group.size=4")
     return [
         Case("grpo-1.5b", preset, SMALL_MODEL, grpo, 1, H200_S["grpo"]),
         # The GRPO run with the fp32 upcast of the H200 calibration: both dtype settings measured side by side.
         Case("grpo-1.5b-upcast", preset, SMALL_MODEL, grpo + ("quant.upcast_non_quantized=true",), 1,
              H200_S["grpo-upcast"]),
-        Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1, H200_S["rloo"]),
+        Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "group.size=4"), 1, H200_S["rloo"]),
         # Two optimizer steps an iteration (mini-batches of 4 of 8 rows; the smoke's of 2 of 4): the scaler steps.
         fp16,
         # PPO with the reward an adapter on the shared base and the critic a base of its own (critic.model).

@@ -55,7 +55,7 @@ def experience_kl_estimator(cfg: RunConfig) -> str:
 def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, scores: Tensor) -> Experience:
     """GRPO / RLOO: each response's sequence reward (the score, minus ``kl_coef`` times its summed KL
     when the KL goes in the reward), turned into an advantage by its group (rows ``[g * n, (g + 1) * n)``
-    hold one prompt's ``n = ppo.group_size`` responses): ``sequence_advantages`` (B,), the one the loss
+    hold one prompt's ``n = group.size`` responses): ``sequence_advantages`` (B,), the one the loss
     reads for every token of the response. No values, no returns, no per-token ``advantages``.
 
     With the KL in the loss (``cfg.kl_in_loss``) the rewards carry no KL and ``kl`` is the k3 estimate
@@ -66,9 +66,9 @@ def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, sc
                                        0.0 if cfg.kl_in_loss else kl_coef, experience_kl_estimator(cfg))
     sequence_rewards = rewards.sum(dim=1)
     if cfg.algorithm == "grpo":
-        advantages = grpo_advantages(sequence_rewards, cfg.ppo.group_size, scale_std=not cfg.ppo.dr_grpo)
+        advantages = grpo_advantages(sequence_rewards, cfg.group.size, scale_std=not cfg.group.dr_grpo)
     else:
-        advantages = rloo_advantages(sequence_rewards, cfg.ppo.group_size)
+        advantages = rloo_advantages(sequence_rewards, cfg.group.size)
     return replace(exp, rewards=rewards, kl=kl, returns=None, sequence_advantages=advantages.to(exp.old_logprobs.dtype))
 
 

@@ -233,7 +233,7 @@ def check_data_parallel(batch_size: int, group_size: int, world: int) -> None:
     """The global rollout batch splits evenly over ``world`` processes, in whole prompt groups."""
     if world > 1 and batch_size % (world * group_size):
         raise UserError(f"rollout.batch_size {batch_size} does not split over {world} processes in whole groups "
-                        f"of ppo.group_size {group_size}; use a multiple of {world * group_size}")
+                        f"of group.size {group_size}; use a multiple of {world * group_size}")
 
 
 def gather_batch(ranks: Ranks, exp: Experience, scores: Tensor, entropy: Tensor, components: dict[str, list],

@@ -229,7 +229,7 @@ def iteration_metrics(iteration: int, rollout: Rollout, scores: Tensor, kl_coef:
         "iteration": iteration,
         **rollout_metrics(exp, scores, rollout.entropy, kl_coef),
         **version_lag_metrics(exp, iteration),
-        **(group_metrics(exp, cfg.ppo.group_size) if not cfg.has_critic else {}),
+        **(group_metrics(exp, cfg.group.size) if not cfg.has_critic else {}),
         **(kl_clamp_metrics(exp) if experience_kl_estimator(cfg) == "k3" else {}),
         **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},

@@ -72,7 +72,7 @@ class RLTrainer:
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
         check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
-        check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+        check_data_parallel(cfg.rollout.batch_size, cfg.group.size, ranks.world)
         self.cfg, self.policy, self.ranks = cfg, policy, ranks
         self.backends = backends if backends.engine is not None else replace(backends, engine=HFEngine(policy))
         self.prompts = Prompts([list(p) for p in prompts], list(rows) if rows is not None else None)
@@ -107,9 +107,9 @@ class RLTrainer:
     # pins the position, which is all a resume needs.
     def next_indices(self) -> list[int]:
         """Indices into ``prompts`` (and ``rows``) of the next ``rollout.batch_size`` samples:
-        ``batch_size / ppo.group_size`` distinct prompts, each repeated ``group_size`` times in a row
+        ``batch_size / group.size`` distinct prompts, each repeated ``group.size`` times in a row
         (one group per prompt)."""
-        group = self.cfg.ppo.group_size
+        group = self.cfg.group.size
         wanted = self.cfg.rollout.batch_size // group
         batch: list[int] = []
         while len(batch) < wanted:

@@ -133,7 +133,7 @@ def relaunch(cfg: RunConfig, cli_args: list[str]) -> None:
     from homerlhf.ppo.distributed import check_data_parallel
 
     check_trainable_sharded(cfg)
-    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
+    check_data_parallel(cfg.rollout.batch_size, cfg.group.size, cfg.distributed.gpus)
     cmd, env = launch_command(cfg, cli_args, free_port())
     sys_flush()
     os.execvpe(cmd[0], cmd, env)

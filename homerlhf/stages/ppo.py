@@ -147,7 +147,7 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
     cfg = placed
     check_trainable_sharded(cfg)
     ranks = current_ranks()
-    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+    check_data_parallel(cfg.rollout.batch_size, cfg.group.size, ranks.world)
     watch_launcher(ranks)
     run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})

@@ -39,7 +39,7 @@ MEASURED = {
 # script's defaults, the T4's or the 4090 preset's gave them, with the planner of then).
 RUNS = {
     "ppo-7b": ("4090", "Qwen/Qwen2.5-7B", 16, 4, 512, 256),
-    "grpo-1.5b": ("4090", "Qwen/Qwen2.5-1.5B", 16, 4, 512, 256, "algorithm=grpo", "ppo.group_size=4",
+    "grpo-1.5b": ("4090", "Qwen/Qwen2.5-1.5B", 16, 4, 512, 256, "algorithm=grpo", "group.size=4",
                   "rollout.batch_size=16"),
     "t4-fp16-1.5b": ("t4-colab", "Qwen/Qwen2.5-1.5B", 8, 2, 384, 192),
 }

@@ -98,13 +98,13 @@ def test_group_advantages_keep_one_advantage_per_response():
         response_ids=2 * mask, response_mask=mask, old_logprobs=-0.3 * mask, ref_logprobs=-0.4 * mask,
         values=torch.zeros(4, 3), scores=torch.tensor([1.0, 3.0, 0.7, 0.7]), truncated=torch.zeros(4, dtype=torch.bool),
     )
-    dr_grpo = load_config("cpu-tiny", overrides=["algorithm=grpo", "ppo.group_size=2", "ppo.dr_grpo=true", "ppo.kl_in=loss"])
+    dr_grpo = load_config("cpu-tiny", overrides=["algorithm=grpo", "group.size=2", "group.dr_grpo=true", "group.kl_in=loss"])
     out = compute_group_advantages(exp, dr_grpo, 0.1, exp.scores)
     # Group means 2 and 0.7, no std division: -1, +1 and 0, 0; none spread over tokens, none averaged back.
     assert out.advantages is None and out.returns is None
     assert out.sequence_advantages.tolist() == [-1.0, 1.0, 0.0, 0.0]
     # RLOO: r_i - the other response's reward: -2, +2 and 0, 0.
-    rloo = load_config("cpu-tiny", overrides=["algorithm=rloo", "ppo.group_size=2", "ppo.kl_in=loss"])
+    rloo = load_config("cpu-tiny", overrides=["algorithm=rloo", "group.size=2", "group.kl_in=loss"])
     assert compute_group_advantages(exp, rloo, 0.1, exp.scores).sequence_advantages.tolist() == [-2.0, 2.0, 0.0, 0.0]
     # A mini-batch of it carries them by row.
     assert out.select(torch.tensor([3, 1])).sequence_advantages.tolist() == [0.0, 1.0]

@@ -96,7 +96,7 @@ def test_an_iteration_makes_no_tensor_without_naming_its_device(policy_and_promp
     from homerlhf.ppo.trainer import RLTrainer
 
     policy, prompts = policy_and_prompts
-    group = ("algorithm=grpo", "ppo.group_size=2") if algorithm == "grpo" else ()
+    group = ("algorithm=grpo", "group.size=2") if algorithm == "grpo" else ()
     cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "ppo.mini_batch_size=2",
                   "ppo.micro_batch_size=1", "ppo.epochs=1", *group)
     trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: float(sum(r) % 5))),
