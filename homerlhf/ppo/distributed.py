@@ -16,10 +16,13 @@ process they are the identity. The sum-and-count helpers are pure: no process gr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
+import torch.distributed as dist
+from accelerate import PartialState
 from torch import Tensor
 
 from homerlhf.errors import UserError
@@ -152,8 +155,6 @@ class Ranks:
         It is reduced on the process group's device (:func:`collective_device`), wherever it lives."""
         if not self.distributed:
             return t
-        import torch.distributed as dist
-
         out = t.detach().to(collective_device(dist.get_backend()), copy=True).contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.to(t.device)
@@ -164,16 +165,12 @@ class Ranks:
 
     def barrier(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
-
             dist.barrier()
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         if not self.distributed:
             return [obj]
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
@@ -182,8 +179,6 @@ class Ranks:
         """``obj`` of rank ``src`` on every rank."""
         if not self.distributed:
             return obj
-        import torch.distributed as dist
-
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
@@ -210,12 +205,8 @@ def current_ranks() -> Ranks:
     """The ranks of this process as ``accelerate launch`` (or torchrun) set them up: the process group
     is initialised through accelerate's ``PartialState`` (gloo on CPU, nccl on GPUs); one process
     when not launched that way."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return SINGLE
-    from accelerate import PartialState
-
     state = PartialState(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
     return Ranks(state.process_index, state.num_processes, state.local_process_index)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import homerlhf.data as data_pkg
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import RewardBackend, TokenIds
 
@@ -49,8 +50,6 @@ class RewardFunctionError(UserError):
 def parse_function_spec(spec: str, key: str = "reward.function") -> tuple[Path, str]:
     """``"path/to/file.py:fn"`` (or a ``builtin:`` name) -> (file path, function name)."""
     if spec in BUILTIN_FUNCTIONS:
-        import homerlhf.data as data_pkg
-
         file_name, fn_name = BUILTIN_FUNCTIONS[spec]
         return Path(data_pkg.__file__).parent / file_name, fn_name
     if spec.startswith("builtin:"):

@@ -29,7 +29,7 @@ from homerlhf.ppo.asynchronous import RolloutsAhead
 from homerlhf.ppo.backends import Backends
 from homerlhf.ppo.checkpoint import RunState, checkpoint_name, load_checkpoint, save_checkpoint
 from homerlhf.ppo.collect import Prompts, SyncRollouts, rollout_state
-from homerlhf.ppo.distributed import SINGLE, Ranks, check_data_parallel, gather_batch
+from homerlhf.ppo.distributed import SINGLE, Ranks, gather_batch
 from homerlhf.ppo.engines import HFEngine
 from homerlhf.ppo.experience import Experience, Rollout
 from homerlhf.ppo.guards import KLJump
@@ -72,7 +72,6 @@ class RLTrainer:
         if not prompts:
             raise UserError("no prompts to train on: check data.prompts")
         check_prompt_lengths(prompts, cfg.rollout.max_prompt_len)
-        check_data_parallel(cfg.rollout.batch_size, cfg.group.size, ranks.world)
         self.cfg, self.policy, self.ranks = cfg, policy, ranks
         self.backends = backends if backends.engine is not None else replace(backends, engine=HFEngine(policy))
         self.prompts = Prompts([list(p) for p in prompts], list(rows) if rows is not None else None)
@@ -96,12 +95,11 @@ class RLTrainer:
         self.rollouts = self._rollout_source()
 
     def _rollout_source(self) -> SyncRollouts | RolloutsAhead:
+        """``rollout.async`` samples a batch ahead (one process: :func:`homerlhf.stages.data_parallel.check_processes`)."""
         parts = (self.policy, self.cfg, self.backends, self.prompts, self.rollout_state, self.meters)
-        if not self.cfg.rollout.async_:
-            return SyncRollouts(*parts, self.ranks)
-        if self.ranks.distributed:
-            raise UserError("rollout.async runs in one process; drop it or launch without data parallelism")
-        return RolloutsAhead(*parts, self.run_dir)
+        if self.cfg.rollout.async_:
+            return RolloutsAhead(*parts, self.run_dir)
+        return SyncRollouts(*parts, self.ranks)
 
     # Prompts come from a seeded permutation per pass over the data: (data_epoch, data_cursor)
     # pins the position, which is all a resume needs.
