@@ -1,31 +1,13 @@
-"""Full PPO checkpoints: atomic writes, the last K kept, loading, resume-compatibility checks.
+"""Full run checkpoints: atomic writes, the last K kept, loading, resume-compatibility checks.
 
-A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
-
-- ``actor/``, ``critic/``            the LoRA adapters in peft format (no ``critic/`` when shared)
-- ``value_head.safetensors``         the critic's fp32 value head (none for GRPO/RLOO: no critic)
-- ``optimizers.pt``                  ``{name: optimizer.state_dict()}``
-- ``rng.pt``                         python, numpy, torch, CUDA and named ``torch.Generator`` states
-- ``trainer_state.json``             iteration, data cursor, KL controller, score normaliser, the
-                                     byte offsets of ``metrics.jsonl``/``samples.jsonl`` at save time
-                                     and the config fingerprint
-- ``config.yaml``                    the resolved run config
-- ``buffer/``                        the asynchronous mode's batch sampled ahead, if one is pending
-                                     (:mod:`homerlhf.ppo.buffer`)
-- ``MANIFEST.json``                  every file above with its size and sha256, written last
-                                     (:mod:`homerlhf.ppo.manifest`)
-
-It is written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
-then renamed into place and the parent fsynced. A crash at any moment therefore leaves either the
-previous checkpoints untouched plus a ``.tmp-`` directory (ignored and later removed), or a
-complete new one: a directory named ``iter_*`` whose manifest matches its files. ``.pt`` files are
-our own tensors and plain containers and are loaded with ``torch.load(..., weights_only=True)``.
-What reads a checkpoint (``--resume``, ``export policy``, the app) first checks that the files it
-loads are what the manifest recorded (:func:`verify_checkpoint`): a file changed, cut short or gone
-since is named in one line, with the newest earlier checkpoint that is intact.
-
-The random states are :mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds (which checkpoint, which
-config, the logs cut back) is :mod:`homerlhf.ppo.resuming`.
+A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` (:func:`save_checkpoint` lists its
+files), written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
+then renamed into place and the parent fsynced: a crash at any moment leaves either the previous
+checkpoints plus a ``.tmp-`` directory (ignored and later removed), or a complete new one whose
+manifest (:mod:`homerlhf.ppo.manifest`, written last) matches its files. ``.pt`` files are our own
+tensors and containers, loaded with ``torch.load(..., weights_only=True)``. What reads a checkpoint
+first checks its files against the manifest (:func:`verify_checkpoint`). The random states are
+:mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds is :mod:`homerlhf.ppo.resuming`. docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -233,7 +215,17 @@ class RunState:
 def save_checkpoint(run_dir: str | Path, iteration: int, state: RunState, config, *, keep: int = 3,
                     rng_state: Optional[Mapping[str, Any]] = None,
                     write_extra: Optional[Callable[[Path], None]] = None) -> Path:
-    """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``.
+    """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``. It holds:
+
+    - ``actor/``, ``critic/``: the LoRA adapters in peft format (no ``critic/`` when shared);
+    - ``value_head.safetensors``: the critic's fp32 value head (none for GRPO/RLOO: no critic);
+    - ``optimizers.pt``: ``{name: optimizer.state_dict()}``;
+    - ``rng.pt``: python, numpy, torch, CUDA and named ``torch.Generator`` states;
+    - ``trainer_state.json``: iteration, data cursor, KL controller, score normaliser, the byte offsets
+      of ``metrics.jsonl`` / ``samples.jsonl`` at save time and the config fingerprint;
+    - ``config.yaml``: the resolved run config;
+    - ``buffer/``: the asynchronous mode's batch sampled ahead, if one is pending (``write_extra``);
+    - ``MANIFEST.json``: every file above with its size and sha256, written last.
 
     ``rng_state``: a :func:`capture_rng_state` result (default: captured now, with ``state.generators``);
     a caller that checkpoints the state from before an abandoned half iteration passes its own.
