@@ -12,24 +12,43 @@ docs/ppo_details.md explains each detail of the algorithm and measures it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
 from homerlhf.ppo.advantages import compute_advantages, compute_group_advantages, normalized_scores, sequence_kl
 from homerlhf.ppo.distributed import Reduce, mean_over_ranks
-from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.experience import Experience, Rollout
 from homerlhf.ppo.group import GroupLoss, clipped_group_loss
 from homerlhf.ppo.importance import weighted_policy_loss
 from homerlhf.ppo.math import masked_mean, value_loss
 from homerlhf.ppo.update import Updater
 
-if TYPE_CHECKING:
-    from homerlhf.ppo.trainer import RLTrainer
+
+class Run(Protocol):
+    """What an iteration takes from the run around it (:class:`homerlhf.ppo.trainer.RLTrainer`)."""
+
+    cfg: RunConfig
+    policy: Any  # homerlhf.models.policy.PolicyModel
+    iteration: int  # this one's number, from 1
+    total_iterations: int  # the last one's: nothing is sampled ahead for after it
+    rollouts: Any  # collect(iteration, draw, last_iteration) -> Rollout: .collect.SyncRollouts or .asynchronous.RolloutsAhead
+    kl_controller: Any  # .kl: .value and .update(kl, samples)
+    score_moments: Any  # .running.RunningMoments of the scores
+    reduce: Optional[Reduce]  # the sum over data-parallel ranks; None with one process
+    ranks: Any  # .distributed.Ranks
+    meters: Any  # .meters.Meters: stage times and memory phases
+    updater: Updater
+    next_indices: Callable[[], list[int]]  # the next batch's prompts, from the data cursor
+
+    def stop_agreed(self) -> bool: ...
+
+    def log(self, rollout: Rollout, exp: Experience, scores: Tensor, kl_coef: float,
+            update: dict[str, float]) -> dict[str, Any]: ...
 
 
-def iteration(run: "RLTrainer") -> Optional[dict[str, Any]]:
+def iteration(run: Run) -> Optional[dict[str, Any]]:
     """One iteration on ``run`` (the trainer: what lives across iterations). Returns its metrics row,
     or None when a stop request came during the rollout (the trainer then drops the iteration)."""
     cfg, policy = run.cfg, run.policy
