@@ -118,7 +118,8 @@ def generate_chunk(engine: RolloutEngine, prompts: Prompts, cfg: RunConfig, stat
     while True:
         n = min(len(prompts), state.generating)
         try:
-            return engine.generate(prompts.ids[:n], cfg.rollout, seeds=None if prompts.seeds is None else prompts.seeds[:n])
+            seeds = None if prompts.seeds is None else prompts.seeds[:n]
+            return engine.generate(prompts.ids[:n], cfg.rollout, seeds=seeds)
         except BaseException as exc:  # noqa: BLE001 - halved_after_oom re-raises all but an OOM
             halved = halved_after_oom(exc, n, "generation")
             if state.generation_chunk is None:
@@ -129,7 +130,8 @@ def generate_chunk(engine: RolloutEngine, prompts: Prompts, cfg: RunConfig, stat
 
 
 def collect_experience(policy, prompts: Prompts, cfg: RunConfig, backends: Backends,
-                       state: Optional[RolloutState] = None, meters: Optional[Meters] = None) -> tuple[Experience, Tensor]:
+                       state: Optional[RolloutState] = None,
+                       meters: Optional[Meters] = None) -> tuple[Experience, Tensor]:
     """Generate and score one iteration's batch, chunk by chunk, overlapping CPU scoring.
 
     ``backends``: the reference, the reward and the engine that samples (default: the actor's own

@@ -12,6 +12,7 @@ docs/ppo_details.md explains each detail of the algorithm and measures it.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Optional, Protocol
 
 from torch import Tensor
@@ -33,8 +34,8 @@ class Run(Protocol):
     policy: Any  # homerlhf.models.policy.PolicyModel
     iteration: int  # this one's number, from 1
     total_iterations: int  # the last one's: nothing is sampled ahead for after it
-    rollouts: Any  # collect(iteration, draw, last_iteration) -> Rollout: .collect.SyncRollouts or .asynchronous.RolloutsAhead
-    kl_controller: Any  # .kl: .value and .update(kl, samples)
+    rollouts: Any  # .collect.SyncRollouts or .asynchronous.RolloutsAhead: collect(iteration, draw, last) -> Rollout
+    kl_controller: Any  # a .kl controller: .value, .update(kl, samples)
     score_moments: Any  # .running.RunningMoments of the scores
     reduce: Optional[Reduce]  # the sum over data-parallel ranks; None with one process
     ranks: Any  # .distributed.Ranks
@@ -53,7 +54,7 @@ def iteration(run: Run) -> Optional[dict[str, Any]]:
     or None when a stop request came during the rollout (the trainer then drops the iteration)."""
     cfg, policy = run.cfg, run.policy
     # 1. Sample: responses to a batch of prompts, scored: the reference's log-probs, the reward's
-    #    scores, the actor's own log-probs (old_logprobs) and the critic's values.
+    #    scores, the actor's own log-probs (old_logprobs) and, for PPO, the critic's values.
     rollout = run.rollouts.collect(run.iteration, run.next_indices, run.total_iterations)
     if run.stop_agreed():  # nothing the rollout made touched a weight: dropping it is exact
         return None
@@ -97,13 +98,14 @@ def update(policy, exp: Experience, updater: Updater, group: Optional[GroupLoss]
     (:meth:`Updater.step`: micro-batches, clipping, guards), stopped once a step's ``approx_kl`` passes
     ``ppo.early_stop_kl``. ``group``: GRPO / RLOO's loss; None for PPO's. Returns the update's stats."""
     ppo = updater.cfg.ppo
+    loss = partial(micro_batch_loss, policy, updater=updater, group=group)  # (micro, share) -> its loss terms
+    per_row = group is not None and group.per_row  # a mean over rows: micro-batches weigh by their rows
     steps: list[dict[str, float]] = []
     early_stopped = False
     policy.checkpoint_activations(True)
     for _ in range(ppo.epochs):
         for minibatch, rows in updater.minibatches(exp):
-            steps.append(updater.step(minibatch, rows, lambda micro, share: micro_batch_loss(
-                policy, micro, share, updater, group), per_row=group is not None and group.per_row))
+            steps.append(updater.step(minibatch, rows, loss, per_row))
             early_stopped = ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > ppo.early_stop_kl
             if early_stopped:
                 break
@@ -132,13 +134,15 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
     ppo = updater.cfg.ppo
     if policy.shared_adapter:  # PPO, one adapter: one forward, one backward of both losses
         logprobs, entropy, values = policy.actor_logprobs_and_values(input_ids, attention_mask, width)
-        pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+        pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask,
+                                  ppo.clip_range)
         pg = (with_router_aux(policy, pg[0]), *pg[1:])
         vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
         backward((pg[0] + ppo.vf_coef * vf[0]) * share)
     else:  # PPO, two adapters: actor then critic, each backward at once (one graph alive at a time)
         logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
-        pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask, ppo.clip_range)
+        pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask,
+                                  ppo.clip_range)
         pg = (with_router_aux(policy, pg[0]), *pg[1:])
         backward(pg[0] * share)
         values = policy.critic_values(input_ids, attention_mask, width)
