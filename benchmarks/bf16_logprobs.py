@@ -34,8 +34,8 @@ def measure(model_dir: str, upcast: bool, fp32_logits: bool, prompts: int, new: 
     from homerlhf.config import load_config
     from homerlhf.data.builtin import all_examples
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.collect import collect_experience, score_with_policy
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.collect import Prompts, collect_experience, score_with_policy
     from homerlhf.ppo.engines import HFEngine
     from homerlhf.ppo.trainer import seed_everything
 
@@ -58,15 +58,15 @@ def measure(model_dir: str, upcast: bool, fp32_logits: bool, prompts: int, new: 
     old, _, _ = score_with_policy(policy, batch)
     mask = batch.response_mask.bool()
     gap = (batch.behaviour_logprobs - old)[mask]
-    start, _ = collect_experience(policy, ids, cfg, AdapterOffReference(policy), reward)
-    kl0 = (start.logprobs - start.ref_logprobs)[start.response_mask.bool()].abs().max()
+    start, _ = collect_experience(policy, Prompts(ids), cfg, Backends(AdapterOffReference(policy), reward))
+    kl0 = (start.old_logprobs - start.ref_logprobs)[start.response_mask.bool()].abs().max()
     for p in policy.actor_parameters() + policy.critic_parameters():
         torch.nn.init.normal_(p, std=0.05)
-    exp, _ = collect_experience(policy, ids, cfg, AdapterOffReference(policy), reward)
-    policy.train()
+    exp, _ = collect_experience(policy, Prompts(ids), cfg, Backends(AdapterOffReference(policy), reward))
+    policy.checkpoint_activations(True)
     new_lp, _ = policy.actor_logprobs(*exp.sequences(), exp.response_len)
     rmask = exp.response_mask.bool()
-    ratio = (torch.exp(new_lp - exp.logprobs)[rmask] - 1).abs().max()
+    ratio = (torch.exp(new_lp - exp.old_logprobs)[rmask] - 1).abs().max()
     return {"max": gap.abs().max().item(), "mean": gap.abs().mean().item(),
             "k3": (torch.exp(-gap) - 1 + gap).mean().item(), "tokens": int(mask.sum()), "kl0": kl0.item(),
             "ratio": ratio.item()}

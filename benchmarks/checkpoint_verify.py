@@ -41,7 +41,7 @@ def tiny_checkpoint(root: Path) -> Path:
     """A real checkpoint of the cpu-tiny demo's shape, as the trainer writes it."""
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.checkpoint import save_checkpoint
+    from homerlhf.ppo.checkpoint import RunState, save_checkpoint
     from homerlhf.tiny import build_causal_lm
 
     cfg = load_config("cpu-tiny", overrides=["ref.backend=adapter_off", "quant.load_in_4bit=false"])
@@ -52,8 +52,7 @@ def tiny_checkpoint(root: Path) -> Path:
         params = [p for group in opt.param_groups for p in group["params"]]
         sum((p ** 2).sum() for p in params).backward()
         opt.step()
-    return save_checkpoint(root / "tiny-run", 1, policy=policy, optimizers=optimizers, config=cfg,
-                           trainer_state={"data_cursor": 0})
+    return save_checkpoint(root / "tiny-run", 1, RunState(policy, optimizers, counters={"data_cursor": 0}), cfg)
 
 
 def lora_40m_checkpoint(root: Path) -> Path:

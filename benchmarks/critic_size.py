@@ -44,7 +44,7 @@ from pathlib import Path
 
 TASKS = {"verifiable": ("base", "small", "random"), "demo": ("base", "rm", "small")}
 # The demo's RECIPE is GRPO; these make it PPO (a critic, GAE, the KL in the reward), all else as it is.
-DEMO_PPO = ("algorithm=ppo", "ppo.group_size=1", "ppo.kl_in=null", "ppo.dr_grpo=false")
+DEMO_PPO = ("algorithm=ppo", "group.size=1", "group.kl_in=null", "group.dr_grpo=false")
 CURVES = ("value_loss", "explained_variance", "score_mean", "kl_mean")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 METHODS = ("grpo", "ppo", "dpo", "kto")
 # The demo recipe as PPO: one reply per prompt, a critic, the KL coefficient in the reward.
-PPO_OVERRIDES = ["algorithm=ppo", "ppo.group_size=1", "ppo.kl_in=reward", "ppo.dr_grpo=false"]
+PPO_OVERRIDES = ["algorithm=ppo", "group.size=1", "group.kl_in=reward", "group.dr_grpo=false"]
 
 
 def parse_args(argv=None):

@@ -148,14 +148,14 @@ def planned_chunk(args, cfg, model_dir: Path) -> tuple[int, str]:
 def iteration_figures(policy, cfg, prompts, decoder: str, chunk: int, steps: int) -> dict:
     """Seconds of the last of ``steps`` PPO iterations (the first creates optimizer states) with
     ``decoder`` at ``chunk``: reference adapter_off, a reward function in process."""
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
     chunk = min(chunk, cfg.rollout.batch_size)
     run_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"decoder": decoder, "chunk_size": chunk})})
     seed_everything(0)
     reward = CallableReward(lambda p, r: float(len(r)) / cfg.rollout.max_new_tokens)
-    trainer = PPOTrainer(run_cfg, policy, AdapterOffReference(policy), reward, prompts[: cfg.rollout.batch_size])
+    trainer = RLTrainer(run_cfg, policy, Backends(AdapterOffReference(policy), reward), prompts[: cfg.rollout.batch_size])
     rows = [trainer.step() for _ in range(steps)]
     keys = ("time_iteration_s", "time_generation_s", "time_scoring_s", "time_update_s", "rollout_chunk_size",
             "is_weight_mean", "response_length_mean")

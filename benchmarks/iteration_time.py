@@ -2,7 +2,7 @@
 
 For each model, ``homerlhf bench`` measures its throughputs (full mode, every thread share), the time
 model (:mod:`homerlhf.memory.timing`) predicts each phase for each placement, and the real trainer
-(``PPOTrainer.step``, real llama.cpp workers, the NF4 policy) runs the same iterations. Models:
+(``RLTrainer.step``, real llama.cpp workers, the NF4 policy) runs the same iterations. Models:
 
 - ``cpu-tiny``: the embedded preset's settings on ``builtin:tiny-llama`` (the shape of the demo's
   SFT model, random init: its responses run to full length, as the time model counts them);
@@ -134,7 +134,8 @@ class Timed:
 def measure(cfg, policy_dir: Path, prompts, iterations: int) -> dict[str, float]:
     """Mean seconds per phase over ``iterations`` real PPO iterations (after one warm-up)."""
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.backends import Backends
+    from homerlhf.ppo.trainer import RLTrainer
     from homerlhf.stages.ppo import trainer_threads
     from homerlhf.stages.scorers import build_reference, build_reward
 
@@ -144,7 +145,7 @@ def measure(cfg, policy_dir: Path, prompts, iterations: int) -> dict[str, float]
         inner = build_reward(cfg, policy.tokenizer, Path(tmp))
         reward = Timed(inner, sync=inner.shares_policy or inner.on_trainer_cpu)  # as submit_score does
         try:
-            trainer = PPOTrainer(cfg, policy, ref, reward, prompts)
+            trainer = RLTrainer(cfg, policy, Backends(ref, reward), prompts)
             trainer.step()  # warm-up: buffers, the workers' first decode
             totals = dict.fromkeys(("generation", "reference", "reward", "policy_scoring", "update", "iteration"), 0.0)
             for _ in range(iterations):

@@ -5,7 +5,7 @@ Each recipe runs in process on the builtin demo models as ``homerlhf train`` doe
 as the policy, ``builtin:demo-rm`` in a llama.cpp worker, the reference the NF4 base's export in
 another), and records every optimizer step's ``approx_kl`` (the k3 KL(old || new) of its mini-batch:
 what ``ppo.early_stop_kl`` is compared with after each step) by wrapping
-``homerlhf.ppo.update:train_minibatch`` (it records, it changes nothing), and each iteration's
+``homerlhf.ppo.update:Updater.step`` (it records, it changes nothing), and each iteration's
 ``kl_mean``, ``kl_jump``, ``approx_kl`` and ``kl_flag``. Prints one line per recipe:
 
 - ``demo``: the demo's recipe (``homerlhf.stages.demo:RECIPE``, GRPO, 16 iterations);
@@ -47,23 +47,23 @@ def config(name: str, out: Path, models: list[str]):
 
 
 def run(name: str, root: Path, models: list[str]) -> str:
-    import homerlhf.ppo.update as update
+    from homerlhf.ppo.update import Updater
     from homerlhf.stages.ppo import run_ppo
 
     steps: list[float] = []
-    original = update.train_minibatch
+    original = Updater.step
 
-    def recording(*args, **kwargs):
-        stats = original(*args, **kwargs)
+    def recording(self, *args, **kwargs):
+        stats = original(self, *args, **kwargs)
         steps.append(math.nan if stats.get("skipped") else stats["approx_kl"])
         return stats
 
-    update.train_minibatch = recording
+    Updater.step = recording
     started = time.perf_counter()
     try:
         rows = run_ppo(config(name, root / name, models), out_dir=root / name)["metrics"]
     finally:
-        update.train_minibatch = original
+        Updater.step = original
     finite = sorted(s for s in steps if math.isfinite(s))
     jumps = [r["kl_jump"] for r in rows if "kl_jump" in r]
     return (f"{name}: {len(rows)} iterations, {len(steps)} steps; step approx_kl max {finite[-1]:.4f}, "

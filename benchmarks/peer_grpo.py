@@ -49,7 +49,7 @@ def our_config(model_dir: Path, args, engine: str):
     from homerlhf.config import load_config
 
     batch = args.prompts * args.group
-    algorithm = ["algorithm=grpo", f"ppo.group_size={args.group}", "ppo.kl_in=loss"] if args.algorithm == "grpo" \
+    algorithm = ["algorithm=grpo", f"group.size={args.group}", "group.kl_in=loss"] if args.algorithm == "grpo" \
         else ["algorithm=ppo"]
     return load_config("cpu-tiny", overrides=[
         *algorithm, f"model.name_or_path={model_dir}", "ref.backend=adapter_off", "reward.backend=hf",
@@ -71,8 +71,8 @@ def choose_engine(model_dir: Path, args) -> dict:
 
 def run_ours(model_dir: Path, args) -> dict:
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
     from homerlhf.stages.scorers import build_engine, build_reference
 
     cfg = our_config(model_dir, args, args.side.removeprefix("ours-"))
@@ -87,7 +87,7 @@ def run_ours(model_dir: Path, args) -> dict:
     try:
         # The reference as a run builds it (adapter-off, in micro-batches of ppo.micro_batch_size).
         reference = build_reference(cfg, policy, str(model_dir), Path(args.tmp) / "run")
-        trainer = PPOTrainer(cfg, policy, reference, reward, ids, engine=engine)
+        trainer = RLTrainer(cfg, policy, Backends(reference, reward, engine), ids)
         times, generation = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()

@@ -119,8 +119,8 @@ def main() -> None:
     from homerlhf.memory.planner import plan
     from homerlhf.memory.shapes import shape_from_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         config = build(args, tmp)
@@ -132,7 +132,7 @@ def main() -> None:
             f"rollout.max_prompt_len={args.prompt}", f"rollout.max_new_tokens={args.new}",
             f"ppo.mini_batch_size={c}", f"ppo.micro_batch_size={args.micro}", "ppo.epochs=1",
             "actor.optimizer=adamw_8bit", "ref.backend=adapter_off", "reward.backend=hf", "reward.model=in-process",
-            f"algorithm={args.algorithm}", *(["ppo.group_size=4"] if args.algorithm != "ppo" else []),
+            f"algorithm={args.algorithm}", *(["group.size=4"] if args.algorithm != "ppo" else []),
             "logging.tensorboard=false", "logging.progress=false",
             *([f"rollout.prefill_tokens={args.prefill_tokens}"] if args.prefill_tokens is not None else []),
             *([f"training.checkpoint_every_n_layers={args.every_n}"] if args.every_n is not None else []),
@@ -142,9 +142,9 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             policy = PolicyModel.from_config(cfg, tmp)
             prompts = torch.randint(8, 512, (2 * c, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
-            trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32),
+            trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32)),
                                  prompts)
-            trainer.meter = LabelledPhases()
+            trainer.meters.memory = LabelledPhases()
             for i in range(2):
                 with record_function(f"iteration {i}"):
                     trainer.step()

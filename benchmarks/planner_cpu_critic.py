@@ -52,8 +52,8 @@ def measure(args, tmp: str):
     from homerlhf.memory.planner import plan
     from homerlhf.memory.shapes import shape_from_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer
 
     config = build(args, tmp)
     critic_dir = os.path.join(tmp, "critic")
@@ -73,8 +73,8 @@ def measure(args, tmp: str):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         policy = PolicyModel.from_config(cfg, tmp)
         prompts = torch.randint(8, 512, (2 * c, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
-        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32), prompts)
-        trainer.meter = LabelledPhases()
+        trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 32)), prompts)
+        trainer.meters.memory = LabelledPhases()
         for i in range(2):
             with record_function(f"iteration {i}"):
                 trainer.step()

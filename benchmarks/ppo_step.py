@@ -30,8 +30,8 @@ def main() -> None:
 
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, HFReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, HFReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
     from homerlhf.stages.ppo import load_prompt_ids
     from homerlhf.tiny import build_causal_lm, build_sequence_classifier
 
@@ -52,7 +52,7 @@ def main() -> None:
         reward = HFReward(str(rm_dir), device=args.device)
         print(f"load: {time.perf_counter() - t0:.2f} s   device: {args.device}   "
               f"batch {args.batch} x {args.new_tokens} new tokens, micro-batch {args.micro}")
-        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts)
+        trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts)
         header = f"{'iter':>4} " + " ".join(f"{s[:10]:>10}" for s in STAGES) + \
             f" {'total':>7} {'gen tok/s':>10} {'score tok/s':>11} {'upd tok/s':>10} {'peak GiB':>9}"
         print(header)
@@ -67,7 +67,7 @@ def main() -> None:
                       f" {row['tokens_per_s_scoring']:>11.1f} {row['tokens_per_s_update']:>10.1f} {peak:>9.3f}")
         finally:
             reward.close()
-            trainer.meter.close()
+            trainer.meters.memory.close()
         steady = rows[1:] or rows
         mean = {k: sum(r[k] for r in steady) / len(steady) for k in steady[0] if isinstance(steady[0][k], (int, float))}
         print("mean " + " ".join(f"{mean[f'time_{s}_s']:>10.3f}" for s in STAGES)

@@ -41,8 +41,8 @@ def timed_rounds(engine, prompts, rollout, rounds: int) -> tuple[float, int]:
 def iteration_seconds(cfg, model_path: str, prompts, iterations: int) -> tuple[float, float]:
     """Mean seconds per PPO iteration after the first, and mean seconds waiting for the batch."""
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
     from homerlhf.workers.rollout_engine import llamacpp_engine
 
     seed_everything(0)
@@ -50,8 +50,8 @@ def iteration_seconds(cfg, model_path: str, prompts, iterations: int) -> tuple[f
     with tempfile.TemporaryDirectory() as tmp:
         engine = llamacpp_engine(cfg, policy, model_path, Path(tmp))
         try:
-            trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 10),
-                                 prompts, engine=engine)
+            trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: len(r) / 10), engine),
+                                 prompts)
             rows = trainer.train(iterations + 1)[1:]
         finally:
             engine.close()

@@ -108,7 +108,9 @@ def trainer_rollout_overlap(model_dir: str, work: Path, batch_size: int, chunk: 
     the compute time the two workers report in ``/health`` (``busy_s``)."""
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.ppo.collect import StageTimes, collect_experience
+    from homerlhf.ppo.backends import Backends
+    from homerlhf.ppo.collect import Prompts, collect_experience
+    from homerlhf.ppo.meters import Meters
     from homerlhf.stages.ppo import load_prompt_ids
     from homerlhf.tiny import build_sequence_classifier
     from homerlhf.workers.backends import llamacpp_reference, llamacpp_reward
@@ -125,16 +127,17 @@ def trainer_rollout_overlap(model_dir: str, work: Path, batch_size: int, chunk: 
     reference = llamacpp_reference(cfg, model_dir, tokenizer, work / "run")
     reward = llamacpp_reward(cfg, tokenizer, work / "run")
     try:
-        collect_experience(policy, prompts[:chunk], cfg, reference, reward)  # warm-up
+        collect_experience(policy, Prompts(prompts[:chunk]), cfg, Backends(reference, reward))  # warm-up
         busy0 = reference.health()["busy_s"] + reward.health()["busy_s"]
-        times = StageTimes()
+        meters = Meters()
         started = time.perf_counter()
-        collect_experience(policy, prompts, cfg, reference, reward, times=times)
+        collect_experience(policy, Prompts(prompts), cfg, Backends(reference, reward), meters=meters)
         wall = time.perf_counter() - started
         ref_busy, rm_busy = reference.health()["busy_s"], reward.health()["busy_s"]
     finally:
         reference.close()
         reward.close()
+    times = meters.times
     gpu = times.generation + times.scoring
     cpu = ref_busy + rm_busy - busy0
     print(f"\ntrainer rollout stage (collect_experience, {batch_size} prompts in chunks of {chunk}, NF4 tiny Llama on {cfg.card.device}):")

@@ -104,7 +104,7 @@ def plan(
     from homerlhf.ppo.distributed import check_data_parallel
     from homerlhf.workers.bench import cached_throughputs
 
-    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
+    check_data_parallel(cfg.rollout.batch_size, cfg.group.size, cfg.distributed.gpus)
     shape = shape_for(cfg, model)
     rewards = possible_reward_backends(cfg.reward.model, model or cfg.model.name_or_path)
     rates = cached_throughputs(cfg, shape)

@@ -61,8 +61,8 @@ def run_one(name: str, args, tmp: Path) -> dict:
     from homerlhf.memory.planner import compare, plan
     from homerlhf.memory.shapes import resolve_shape
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer
 
     shape = resolve_shape(name)
     started = time.perf_counter()
@@ -88,7 +88,7 @@ def run_one(name: str, args, tmp: Path) -> dict:
         policy = PolicyModel.from_config(cfg, str(model_dir))
         prompts = random_prompts(policy.tokenizer, 2 * chunk, args.prompt_len)  # the worst case the plan is for
         reward = CallableReward(lambda p, r: float(len(r)) / args.new_tokens)
-        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts)
+        trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts)
         run = measured_iterations(trainer, args.iterations)
         measured, metrics = run["measured_gib"], run["rows"][-1]
         row.update(

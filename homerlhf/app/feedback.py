@@ -1,16 +1,12 @@
 """The feedback the Evaluate tab collects for one policy, in the files the DPO / KTO stages read.
 
-Three kinds of record, all in the evaluated checkpoint's own run directory and all naming that
-``checkpoint`` (so "for this policy" is the rows whose ``checkpoint`` is the one picked):
+Every record is in the evaluated checkpoint's own run directory and names that ``checkpoint``:
 
 - a pair, *Left/Right better* (:mod:`homerlhf.app.preferences`): ``RUN_DIR/preferences.jsonl``;
-- a rating, *Thumbs up / down* on one answer: ``RUN_DIR/ratings.jsonl``
-  (:data:`homerlhf.data.ratings.RATINGS_FILE`), ``{"prompt", "completion", "label"}`` plus provenance
-  (``completion_source``, ``checkpoint``, ``sampling``, ``reward_score``, ``time``) the loader ignores;
+- a rating, *Thumbs up / down* on one answer: ``RUN_DIR/ratings.jsonl`` (:func:`record_rating`);
 - drafts: *Another draft* samples the actor once more (the next seed); *Best of these* records the
-  picked answer as the chosen side of one pair against every other answer on screen whose text
-  differs (the reference's and the other drafts), into ``preferences.jsonl``: DPO's data, and for KTO
-  one good and one bad answer each. A pair already recorded for this exchange is not written twice.
+  picked answer as the chosen side of a pair against every other answer on screen (:func:`record_best`):
+  DPO's data, and for KTO one good and one bad answer each.
 
 :func:`write_training_data` copies one policy's rows into a feedback run's own directory, so the run
 trains on (and ``--resume`` finds) exactly what was collected when it started.
@@ -35,7 +31,10 @@ def owner_run(checkpoint: str | Path) -> Path:
 
 def record_rating(run_dir: str | Path, prompt: str, completion: str, good: bool, source: str,
                   score: Optional[float] = None, extra: Optional[dict] = None) -> Path:
-    """Append one rated answer to ``RUN_DIR/ratings.jsonl``; returns the file."""
+    """Append one rated answer to ``RUN_DIR/ratings.jsonl``; returns the file.
+
+    Rows are ``{"prompt", "completion", "label"}`` (:data:`homerlhf.data.ratings.RATINGS_FILE`) plus
+    provenance the loader ignores: ``completion_source``, ``checkpoint``, ``sampling``, ``reward_score``, ``time``."""
     path = Path(run_dir) / RATINGS_FILE
     preferences.append_record(path, {"prompt": prompt, "completion": completion, "label": bool(good),
                                      "completion_source": source, "reward_score": score,
@@ -46,7 +45,10 @@ def record_rating(run_dir: str | Path, prompt: str, completion: str, good: bool,
 def record_best(run_dir: str | Path, prompt: str, answers: list[dict], best: int, extra: Optional[dict] = None,
                 done: frozenset = frozenset()) -> list[tuple[str, str]]:
     """``answers[best]`` preferred to every other answer whose text differs: one pair each, skipping the
-    (chosen, rejected) texts in ``done``. Returns the pairs written as (chosen, rejected) texts."""
+    (chosen, rejected) texts in ``done``. Returns the pairs written as (chosen, rejected) texts.
+
+    The other answers are the reference's and the other drafts; a pair already recorded for this
+    exchange is not written twice."""
     chosen = answers[best]
     written = []
     for i, other in enumerate(answers):

@@ -59,7 +59,7 @@ def settings_components(default_preset: str) -> Settings:
                           elem_id="plan-gpu-gib"),
         preset_model=gr.State(model),
         algorithm=gr.Radio(["ppo", "grpo", "rloo"], value="ppo", label="Algorithm", render=False,
-                           info="grpo / rloo: no critic, ppo.group_size samples per prompt", elem_id="plan-algorithm"),
+                           info="grpo / rloo: no critic, group.size samples per prompt", elem_id="plan-algorithm"),
         reward_function=gr.Textbox("", label="Reward function (empty: the preset's reward model)", render=False,
                                    placeholder="builtin:reverse or path/to/rewards.py:fn", elem_id="plan-reward-function"),
         reward_components=gr.Textbox("", lines=2, label="More rewards, one 'WEIGHT SPEC' per line", render=False,
@@ -258,9 +258,9 @@ def _layout(settings: Settings) -> PlanPanel:
 def on_algorithm(algorithm: str, overrides: str) -> str:
     """The overrides with ``algorithm`` set; GRPO / RLOO get a group of 4 unless one is set already."""
     overrides = set_override(overrides, "algorithm", algorithm)
-    has_group = any(item.startswith("ppo.group_size=") for item in parse_overrides(overrides))
+    has_group = any(item.startswith(("group.size=", "ppo.group_size=")) for item in parse_overrides(overrides))
     if algorithm != "ppo" and not has_group:
-        overrides = set_override(overrides, "ppo.group_size", "4")
+        overrides = set_override(overrides, "group.size", "4")
     return overrides
 
 

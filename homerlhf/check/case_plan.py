@@ -1,20 +1,7 @@
 """The plan each case of ``homerlhf check`` is compared with: the planner's
 :class:`~homerlhf.memory.components.Assumptions` for what the compared iteration (a case's last) ran,
-phase by phase, read from the case's optimizer steps (``trainer.update_state.history``, in order).
-
-What the trainer's code makes of them (``homerlhf/ppo/update.py``, ``checkpoint.py``):
-
-- **Optimizer states** exist from the first optimizer step *taken* (AdamW and bitsandbytes make them
-  lazily in ``step``; a step the fp16 scaler or the non-finite guard skips makes none), or from a
-  resume (``load_optimizers`` hands the checkpoint's states to the new optimizer, beside its parameters).
-- **Gradients held** through the next generation and scoring: after a taken step only (a skipped step
-  zeroes them, ``zero_grad(set_to_none=True)``), and never right after a resume (new parameters).
-- **cuBLAS handles**: one per thread that multiplies; autograd's backward thread makes its own at the
-  first backward. ``runs.release_memory`` frees every workspace between cases (and between the
-  resume case's two trainers), so a case's first iteration plans one handle for generation and scoring.
-- **The update** of the compared iteration: its optimizer states exist for every mini-batch after a
-  taken step, so an iteration of several steps counts them there even in the first.
-- **The decoder** the case resolved (``runs.decoder_used``): ``hf`` or ``static``, not ``any``.
+phase by phase, read from the case's optimizer steps (``trainer.updater.state.history``, in order):
+:func:`iteration_assumptions` says what the trainer's code makes of them.
 """
 
 from __future__ import annotations
@@ -27,7 +14,7 @@ PHASES = ("generation", "scoring", "update")
 
 def step_flags(rows: list[dict], skipped: Optional[list[bool]] = None) -> list[list[bool]]:
     """Per iteration, per optimizer step in order: taken (True) or skipped. From the trainer's steps in
-    order (``skipped``, ``trainer.update_state.history``'s flags) when given, else from the rows'
+    order (``skipped``, ``trainer.updater.state.history``'s flags) when given, else from the rows'
     counts (taken first: exact for one step an iteration, or none skipped)."""
     counts = [int(r.get("optimizer_steps", 0)) for r in rows]
     if skipped is not None and len(skipped) >= sum(counts):
@@ -54,7 +41,20 @@ def compared_steps(result: dict, kind: str) -> tuple[list[list[bool]], bool]:
 def iteration_assumptions(steps: list[list[bool]], decoder: str, resumed_states: bool = False) -> dict:
     """``{phase: Assumptions}`` for the last iteration of ``steps`` (this process's, since the last
     workspace release): ``resumed_states`` when a checkpoint's optimizer states were loaded before the
-    first of them (a checkpoint written after a taken step). See the module docstring."""
+    first of them (a checkpoint written after a taken step). What the trainer's code makes of the steps
+    (``homerlhf/ppo/update.py``, ``checkpoint.py``):
+
+    - **Optimizer states** exist from the first optimizer step *taken* (AdamW and bitsandbytes make them
+      lazily in ``step``; a step the fp16 scaler or the non-finite guard skips makes none), or from a
+      resume (``load_optimizers`` hands the checkpoint's states to the new optimizer).
+    - **Gradients held** through the next generation and scoring: after a taken step only (a skipped
+      step zeroes them), and never right after a resume (new parameters).
+    - **cuBLAS handles**: one per thread that multiplies; autograd's backward thread makes its own at
+      the first backward. ``runs.release_memory`` frees every workspace between cases, so a case's
+      first iteration plans one handle for generation and scoring.
+    - **The update**: its optimizer states exist for every mini-batch after a taken step, so an
+      iteration of several steps counts them there even in the first.
+    - **The decoder** the case resolved (``runs.decoder_used``): ``hf`` or ``static``, not ``any``."""
     from homerlhf.memory.components import Assumptions
 
     *before, last = steps

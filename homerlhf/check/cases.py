@@ -1,39 +1,7 @@
-"""The cases of ``homerlhf check``, sized to a card: the preset it runs at, the models and settings the
-planner says fit that preset's card, and each case's time estimate on the card.
-
-**The preset.** The preset whose card is the GPU found (:func:`card_preset`: the same model words and,
-within 10%, the same memory: :func:`homerlhf.memory.check_report.card_matches`), or ``--preset``. A
-card no preset names (an H200, an A100 40GB, an L4) runs at the ``4090`` preset when it holds its 24
-GiB (the process is capped at the preset's card either way), else at the largest preset it holds.
-
-**The cases** at the 4090 preset are the ones our own GPU session runs (:data:`REFERENCE`, their H200
-figures in :data:`H200_S`); at another preset the same cases with that preset's settings:
-
-- ``ppo-<size>``: PPO on the largest model of :data:`MAIN_MODELS` no larger than the preset's own that
-  the planner fits at the preset's settings (its lengths, micro-batch; one chunk of prompts; the
-  settings its plan suggests when they keep the lengths), 2 iterations (peaks read from the last) when
-  they take at most :data:`MAIN_BUDGET_S` on the card, else 1 (a first iteration's plan), else the next
-  model (none within it: the quickest that fits): Qwen2.5-7B at the 4090 preset;
-- ``grpo-1.5b``, ``grpo-1.5b-upcast``, ``rloo-1.5b``, ``reward-adapter-1.5b``, ``resume-1.5b``,
-  ``cli-1.5b``: Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens, at the preset;
-  ``reward-adapter-1.5b`` with a critic of its own (``critic.model``: Qwen2.5-0.5B, :data:`CRITIC_MODEL`,
-  random weights on the same tokenizer), ``resume-1.5b`` with every 2nd layer checkpointed and their
-  inputs in host memory (``training.activation_offload``);
-- ``ppo-fp16-1.5b``: the fp16 path (its GradScaler) at the ``t4-colab`` preset where the card holds its
-  15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``;
-- ``dpo-1.5b``, ``kto-1.5b``: ``homerlhf dpo`` / ``kto`` on Qwen2.5-1.5B at the preset's dpo / kto settings,
-  :data:`PREFERENCE_STEPS` optimizer steps on :data:`PREFERENCE_PAIRS` pairs the check writes, the held-out
-  pass on :data:`PREFERENCE_HELD` (:mod:`homerlhf.check.preference_case`). They run last, after every PPO case: those run
-  without ``datasets`` and ``trl`` (absent, as on our GPU machine: :mod:`homerlhf.check.cli_case`), which
-  the preference stage needs.
-
-A case the planner says does not fit its preset's card (nor with a suggestion that keeps its lengths)
-is left out, and said so. **Estimates**: each case's H200 seconds (:data:`H200_S`, the arithmetic in
-``scripts/gpu_session.sh``; a case of another model or preset: the 4090 case's seconds times the
-planner's iteration time of the two configs on an H200), times the planner's iteration time of its
-config on the card over on the H200 (:func:`card_factor`; :func:`homerlhf.memory.timing.iteration_time`
-with the H200's rates scaled to the card by its published figures, :mod:`homerlhf.memory.cards`); a
-preference case's H200 seconds with its forwards and backwards (:func:`preference_work_s`) priced on the card.
+"""The cases of ``homerlhf check``, sized to a card: the preset it runs at (:func:`card_preset`), the
+models and settings the planner says fits that preset's card, and each case's time estimate on the card
+(:func:`estimated`). :func:`sized_cases` lists the cases: at the 4090 preset the ones our own GPU session
+runs (:data:`REFERENCE`, their H200 figures in :data:`H200_S`), at another the same with its settings.
 """
 
 from __future__ import annotations
@@ -89,13 +57,13 @@ def small_cases(preset: str, gib: float) -> list[Case]:
                  keep=("quant.compute_dtype=fp16", "ppo.mini_batch_size=2")) if gib >= 15 else
             Case("ppo-fp16-1.5b", preset, SMALL_MODEL, SMALL + ("ppo.mini_batch_size=4", "quant.compute_dtype=fp16"), 2,
                  H200_S["ppo-fp16"], keep=("quant.compute_dtype=fp16", "ppo.mini_batch_size=2")))
-    grpo = SMALL + ("algorithm=grpo", "ppo.group_size=4")
+    grpo = SMALL + ("algorithm=grpo", "group.size=4")
     return [
         Case("grpo-1.5b", preset, SMALL_MODEL, grpo, 1, H200_S["grpo"]),
         # The GRPO run with the fp32 upcast of the H200 calibration: both dtype settings measured side by side.
         Case("grpo-1.5b-upcast", preset, SMALL_MODEL, grpo + ("quant.upcast_non_quantized=true",), 1,
              H200_S["grpo-upcast"]),
-        Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "ppo.group_size=4"), 1, H200_S["rloo"]),
+        Case("rloo-1.5b", preset, SMALL_MODEL, SMALL + ("algorithm=rloo", "group.size=4"), 1, H200_S["rloo"]),
         # Two optimizer steps an iteration (mini-batches of 4 of 8 rows; the smoke's of 2 of 4): the scaler steps.
         fp16,
         # PPO with the reward an adapter on the shared base and the critic a base of its own (critic.model).
@@ -134,7 +102,10 @@ def gpu_presets() -> dict:
 
 
 def card_preset(device: str, device_gib: float) -> tuple[str, str]:
-    """(the preset for the GPU ``device`` of ``device_gib``, why in words): see the module docstring."""
+    """(the preset for the GPU ``device`` of ``device_gib``, why in words): the preset whose card is that GPU
+    (the same model words and, within 10%, the same memory: :func:`homerlhf.memory.check_report.card_matches`).
+    A card no preset names (an H200, an A100 40GB, an L4) runs at the ``4090`` preset when it holds its 24
+    GiB (the process is capped at the preset's card either way), else at the largest preset it holds."""
     from homerlhf.check.runs import REPORTED_SHORT
     from homerlhf.memory.check_report import card_matches
 
@@ -213,7 +184,13 @@ def card_factor(cfg, model: str, spec) -> float:
 
 
 def estimated(case: Case, h200_s: float, spec) -> Case:
-    """``case`` with its estimates: ``h200_s`` on the H200, times :func:`card_factor` on the card."""
+    """``case`` with its estimates: ``h200_s`` on the H200, times :func:`card_factor` on the card.
+
+    A case's H200 seconds: :data:`H200_S` (the arithmetic in ``scripts/gpu_session.sh``); one of another
+    model or preset: the 4090 case's seconds times the planner's iteration time of the two configs on an
+    H200. The card factor scales the H200's rates to the card by its published figures
+    (:mod:`homerlhf.memory.cards`); a preference case's forwards and backwards are priced on the card
+    (:func:`preference_work_s`)."""
     cfg = case_config(case.preset, case.model, case.overrides)
     return replace(case, estimate_s=round(h200_s * card_factor(cfg, case.model, spec)), estimate_h200_s=round(h200_s))
 
@@ -288,7 +265,7 @@ def sized_preference(case: Case, spec) -> Optional[Case]:
 
 def main_case(preset: str, spec) -> Optional[Case]:
     """The PPO case: the largest of :data:`MAIN_MODELS` no larger than the preset's model that fits the
-    preset's card, 2 iterations within :data:`MAIN_BUDGET_S` on the card, else 1 (see the module docstring)."""
+    preset's card, 2 iterations within :data:`MAIN_BUDGET_S` on the card, else 1 (see :func:`sized_cases`)."""
     from homerlhf.memory.cards import MEASURED
     from homerlhf.memory.shapes import builtin_shape
 
@@ -316,8 +293,24 @@ def main_case(preset: str, spec) -> Optional[Case]:
 
 def sized_cases(preset: str, spec) -> tuple[list[Case], list[str]]:
     """(every case for ``preset`` on the card ``spec``: the PPO case first, then the other PPO cases and
-    then the preference ones (see the module docstring), each from the quickest to the slowest (a run
-    cut short by a timeout loses the fewest), lines naming the cases the planner fits nowhere on that card)."""
+    then the preference ones, each from the quickest to the slowest (a run cut short by a timeout loses
+    the fewest), lines naming the cases the planner fits nowhere on that card (nor with a suggestion that
+    keeps their lengths)). The cases:
+
+    - ``ppo-<size>`` (:func:`main_case`): PPO on the largest model of :data:`MAIN_MODELS` no larger than the
+      preset's own that the planner fits at the preset's settings (one chunk of prompts; the settings its
+      plan suggests when they keep the lengths), 2 iterations when they take at most :data:`MAIN_BUDGET_S`
+      on the card, else 1, else the next model (none within it: the quickest): Qwen2.5-7B at the 4090 preset;
+    - ``grpo-1.5b``, ``grpo-1.5b-upcast``, ``rloo-1.5b``, ``reward-adapter-1.5b``, ``resume-1.5b``,
+      ``cli-1.5b``: Qwen2.5-1.5B, 8 prompts of 256 + 64 tokens; ``reward-adapter-1.5b`` with a critic of
+      its own (:data:`CRITIC_MODEL`, random weights on the same tokenizer), ``resume-1.5b`` with every 2nd
+      layer checkpointed and their inputs in host memory;
+    - ``ppo-fp16-1.5b``: the fp16 path (its GradScaler) at the ``t4-colab`` preset where the card holds its
+      15 GiB, else at the card's preset with ``quant.compute_dtype=fp16``;
+    - ``dpo-1.5b``, ``kto-1.5b``: ``homerlhf dpo`` / ``kto`` at the preset's settings, :data:`PREFERENCE_STEPS`
+      steps on :data:`PREFERENCE_PAIRS` pairs, the held-out pass on :data:`PREFERENCE_HELD`
+      (:mod:`homerlhf.check.preference_case`), last: the PPO cases run without ``datasets`` and ``trl``
+      (absent, as on our GPU machine: :mod:`homerlhf.check.cli_case`), which the preference stage needs."""
     gib = float(gpu_presets()[preset].card.gpu_gib)
     main, rest, preference, left = main_case(preset, spec), [], [], []
     if main is None:

@@ -3,25 +3,10 @@
 On a CUDA machine it sizes its cases to the card (:mod:`homerlhf.check.cases`: the preset matching it,
 or ``--preset``), runs them one by one (:mod:`homerlhf.check.run`), prints one line per case (``ok``
 with its figures, or ``FAIL`` and the error's last line: a failed case never stops the others) and
-writes one JSON report (``--out``), rewritten before and after every case (``running`` names the one
-under way), always through :func:`homerlhf.memory.check_report.scrub_report`: no path, host or user
-name, token or model contents. Without CUDA (and without ``--cpu-smoke``) it prints what it would run
-and exits 0; ``--cpu-smoke`` runs every case's code path on the CPU with tiny models.
-
-The report: ``mode`` (``gpu`` or ``cpu-smoke``), ``date``, the versions (python, torch, CUDA,
-transformers, peft, bitsandbytes, accelerate, trl, datasets), the card (``device``, ``device_gib``,
-``compute_capability``, ``driver``; none in a CPU smoke), the ``preset`` and why, the estimates
-(``estimate_s`` on the card, ``estimate_h200_s``), ``left_out`` (cases the planner fits nowhere on the
-card), ``wall_s``, and per case: ``case``, ``kind``, ``preset``, ``model``, ``cap_gib``, ``estimate_s``,
-``iterations``, ``overrides``, ``settings``, ``plan`` (``phases``: the planned allocated GiB of the
-iteration measured; ``steady_state``), ``plan_assumptions``, ``measured_gib`` (the last iteration's
-allocated peak per phase), ``comparison``, ``max_reserved_gib``, ``rows`` (every iteration's metrics),
-``seconds``, ``tokens_per_s``, ``optimizer_steps``, ``decoder``, ``graphs_captured``,
-``captured_replays``, ``kernel_settings``, ``activation_checkpointing`` (per model, ``policy`` and with a
-critic of its own ``critic``: its ``layers``, the indices ``recomputed`` in backward and ``offloaded``, the
-``path`` that set them), ``sampled_vs_scored``, ``absent`` (the packages missing while it ran), ``wall_s``; a failed case: ``error``
-and ``traceback``. A preference case (``dpo-1.5b``, ``kto-1.5b``) has its own figures
-(:mod:`homerlhf.check.preference_case`).
+writes one JSON report (``--out``, :func:`run_cases` lists its fields), rewritten before and after every
+case, always through :func:`homerlhf.memory.check_report.scrub_report`: no path, host or user name,
+token or model contents. Without CUDA (and without ``--cpu-smoke``) it prints what it would run and
+exits 0; ``--cpu-smoke`` runs every case's code path on the CPU with tiny models.
 """
 
 from __future__ import annotations
@@ -113,7 +98,23 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def run_cases(sized: Sizing, smoke: bool, out: Path, echo: Callable[[str], None]) -> dict:
-    """Every case of ``sized``, the report written before and after each; returns the report."""
+    """Every case of ``sized``, the report written before and after each (``running`` names the case under
+    way); returns the report.
+
+    The report: ``mode`` (``gpu`` or ``cpu-smoke``), ``date``, the versions (python, torch, CUDA,
+    transformers, peft, bitsandbytes, accelerate, trl, datasets), the card (``device``, ``device_gib``,
+    ``compute_capability``, ``driver``; none in a CPU smoke), the ``preset`` and why, the estimates
+    (``estimate_s`` on the card, ``estimate_h200_s``), ``left_out`` (cases the planner fits nowhere on the
+    card), ``wall_s``, and per case: ``case``, ``kind``, ``preset``, ``model``, ``cap_gib``, ``estimate_s``,
+    ``iterations``, ``overrides``, ``settings``, ``plan`` (``phases``: the planned allocated GiB of the
+    iteration measured; ``steady_state``), ``plan_assumptions``, ``measured_gib`` (the last iteration's
+    allocated peak per phase), ``comparison``, ``max_reserved_gib``, ``rows`` (every iteration's metrics),
+    ``seconds``, ``tokens_per_s``, ``optimizer_steps``, ``decoder``, ``graphs_captured``, ``captured_replays``,
+    ``kernel_settings``, ``activation_checkpointing`` (per model, ``policy`` and with a critic of its own
+    ``critic``: its ``layers``, the indices ``recomputed`` in backward and ``offloaded``, the ``path`` that
+    set them), ``sampled_vs_scored``, ``absent`` (the packages missing while it ran), ``wall_s``; a failed
+    case: ``error`` and ``traceback``. A preference case (``dpo-1.5b``, ``kto-1.5b``) has its own figures
+    (:mod:`homerlhf.check.preference_case`)."""
     from homerlhf.check.cases import estimated_seconds
     from homerlhf.check.cli_case import absent_now
     from homerlhf.check.lines import line

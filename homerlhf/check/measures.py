@@ -34,7 +34,7 @@ class SampledLogprobs:
 
     def compare(self, exp) -> dict[str, Any]:
         """The gap of this iteration's kept batches (in the order sampled: the experience's rows)
-        against ``exp.logprobs``; raises when the experience holds other tokens."""
+        against ``exp.old_logprobs``; raises when the experience holds other tokens."""
         import torch
 
         batches, self.batches = self.batches, []
@@ -45,14 +45,14 @@ class SampledLogprobs:
         width = exp.response_ids.shape[1]
 
         def cat(i: int, pad) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(b[i].to(exp.logprobs.device), (0, width - b[i].shape[1]),
+            return torch.cat([torch.nn.functional.pad(b[i].to(exp.old_logprobs.device), (0, width - b[i].shape[1]),
                                                       value=pad) for b in batches])
 
         ids, mask, sampled = cat(0, 0), cat(1, 0).bool(), cat(2, 0.0).float()
         on = mask & exp.response_mask.bool()
         if ids.shape != exp.response_ids.shape or not torch.equal(ids[on], exp.response_ids[on]):
             raise AssertionError("the experience does not hold the sampled tokens: the gap cannot be compared")
-        diff = (exp.logprobs.float() - sampled).abs()[on]
+        diff = (exp.old_logprobs.float() - sampled).abs()[on]
         gap = {"tokens": int(on.sum()), "max_abs": float(diff.max()), "mean_abs": float(diff.mean())}
         self.iterations.append(gap)
         return gap
@@ -65,11 +65,12 @@ class SampledLogprobs:
 
 
 def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
-    """A ``PPOTrainer`` whose engine (the actor's own, as a run's) keeps the sampled behaviour
+    """A ``RLTrainer`` whose engine (the actor's own, as a run's) keeps the sampled behaviour
     log-probs, and which compares them with its old log-probs as it records each iteration
     (``trainer.sampled``: :class:`SampledLogprobs`). Training is the plain trainer's."""
+    from homerlhf.ppo.backends import Backends
     from homerlhf.ppo.engines import HFEngine
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.trainer import RLTrainer
 
     sampled = SampledLogprobs()
 
@@ -79,12 +80,12 @@ def recording_trainer(cfg, policy, reference, reward, prompts, run_dir):
             sampled.keep(batch)
             return batch
 
-    class RecordingTrainer(PPOTrainer):
+    class RecordingTrainer(RLTrainer):
         def record(self, row, exp) -> None:
             sampled.compare(exp)
             super().record(row, exp)
 
-    trainer = RecordingTrainer(cfg, policy, reference, reward, prompts, run_dir, engine=RecordingEngine(policy))
+    trainer = RecordingTrainer(cfg, policy, Backends(reference, reward, RecordingEngine(policy)), prompts, run_dir)
     trainer.sampled = sampled
     return trainer
 

@@ -106,9 +106,9 @@ def new_trainer(cfg, model_dir: Path, run_dir):
 
 
 def close(trainer) -> None:
-    trainer.reward.close()
-    trainer.reference.close()
-    trainer.meter.close()
+    trainer.backends.reward.close()
+    trainer.backends.reference.close()
+    trainer.meters.memory.close()
     if trainer.writer is not None:
         trainer.writer.close()
 

@@ -158,14 +158,14 @@ def cap_memory(cap_gib: float | None) -> float:
 
 def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
     """Run ``iterations`` trainer steps. Returns every iteration's metrics row (``rows``), the last
-    iteration's allocated peak per phase (``measured_gib``, ``trainer.meter.peaks()``: the first
+    iteration's allocated peak per phase (``measured_gib``, ``trainer.meters.memory.peaks()``: the first
     iteration runs before the optimizer states exist) and the most memory the allocator reserved
     (``max_reserved_gib``; None on the CPU). The meter resets CUDA's peak counters at every phase,
     so reserved memory is read after each iteration as well as the last phase's peak: the
     allocator returns nothing to the driver unless emptied."""
     import torch
 
-    on_cuda = trainer.meter.kind == "cuda_max_allocated"
+    on_cuda = trainer.meters.memory.kind == "cuda_max_allocated"
     rows, reserved = [], 0
     for _ in range(iterations):
         rows.append(trainer.step())
@@ -173,10 +173,10 @@ def measured_iterations(trainer, iterations: int) -> dict[str, Any]:
             reserved = max(reserved, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
     decoder = trainer.policy.static_decoder
     sampled = getattr(trainer, "sampled", None)  # measures.recording_trainer's
-    return {"rows": rows, "measured_gib": dict(trainer.meter.peaks()),
+    return {"rows": rows, "measured_gib": dict(trainer.meters.memory.peaks()),
             "max_reserved_gib": round(reserved / GIB, 4) if on_cuda else None, "decoder": decoder_used(trainer),
             "graphs_captured": decoder.graphs_captured, "captured_replays": decoder.replays,
-            "step_skipped": [bool(s.get("skipped")) for s in trainer.update_state.history],
+            "step_skipped": [bool(s.get("skipped")) for s in trainer.updater.state.history],
             "sampled_vs_scored": sampled.summary() if sampled is not None else None}
 
 
@@ -231,7 +231,7 @@ def snapshot(trainer) -> dict:
         flat(f"optimizer.{name}", opt.state_dict()["state"], state)
     flat("trainer", trainer.state_dict(), state)
     flat("stateful", {k: v.state_dict() for k, v in trainer._stateful().items()}, state)
-    state["generator"] = trainer.generator.get_state()
+    state["generator"] = trainer.updater.generator.get_state()
     return state
 
 

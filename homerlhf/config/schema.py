@@ -7,7 +7,7 @@ Every field has a one-line description (at most 30 words; the why goes in docs/)
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from homerlhf.config.section import Section
 from homerlhf.config.training import TrainingConfig
 from homerlhf.config.preference import DPOTrainConfig, KTOTrainConfig
 from homerlhf.config.distributed import DistributedConfig
+from homerlhf.config.group import GroupConfig, read_old_names
 
 
 # extra="forbid" (an unknown key is an error) and frozen (never mutated during a run): Section's.
@@ -49,12 +50,14 @@ class QuantConfig(_Section):
         False, description="With a 4-bit base, keep embeddings, LM head and norms (and so activations) in fp32, at twice "
         "their bytes; off: all in compute_dtype (docs/memory.md).")
     expert_chunk_mib: float = Field(
-        256, gt=0, description="4-bit mixture of experts: the most MiB of expert weights dequantized at once; routed "
-        "experts go in chunks of as many as fit (docs/moe.md).")
+        256, gt=0, description="Mixture of experts on a 4-bit base: the most MiB of routed expert weights dequantized "
+        "at once (at least one expert).")
 
 
 class PPOConfig(_Section):
-    iterations: int = Field(100, ge=1, description="PPO iterations (rollout + update).")
+    """The clipped-ratio update all three algorithms run, its critic's settings (PPO) and the KL penalty."""
+
+    iterations: int = Field(100, ge=1, description="Iterations (rollout, then update) of the run, whatever its algorithm.")
     epochs: int = Field(1, ge=1, description="Passes over each iteration's experience.")
     mini_batch_size: int = Field(16, ge=1, description="Samples per optimizer step.")
     micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward (gradient accumulation).")
@@ -81,22 +84,8 @@ class PPOConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
     logprob_chunk_size: int = Field(64, ge=1, description="Sequence positions per log-prob chunk.")
     router_aux_loss_coef: float = Field(
-        0.0, ge=0, description="Mixture of experts: weight of the routers' load-balancing loss in the actor's loss; 0 "
-        "(off) leaves the frozen routing alone (docs/moe.md).")
-    group_size: int = Field(
-        1, ge=1, description="Responses sampled per prompt (grpo/rloo: >= 2, their baseline is the group)."
-    )
-    dr_grpo: bool = Field(
-        False, description="grpo: Dr. GRPO (no std scaling of advantages, loss divided by B * max_new_tokens)."
-    )
-    loss_aggregation: Optional[Literal["token_mean", "seq_mean_token_mean", "constant"]] = Field(
-        None, description="grpo/rloo: per-token losses to one number (None: seq_mean_token_mean for grpo, "
-        "constant for Dr. GRPO, token_mean for rloo)."
-    )
-    kl_in: Optional[Literal["reward", "loss"]] = Field(
-        None, description="Where the KL to the reference goes: 'reward' (per token, k1/k3 as kl_estimator) or "
-        "'loss' (k3 per token, grpo/rloo only). None: 'loss' for grpo, 'reward' for ppo and rloo."
-    )
+        0.0, ge=0, description="Mixture of experts: weight of its routers' load-balancing loss (transformers' own) in "
+        "the actor's loss; 0: off, the routing left alone (docs/moe.md).")
 
 
 class BackendConfig(_Section):
@@ -267,7 +256,7 @@ class RunConfig(_Section):
 
     preset: str = Field("cpu-tiny", description="The preset this config started from.")
     algorithm: Literal["ppo", "grpo", "rloo"] = Field(
-        "ppo", description="ppo: actor + critic (GAE); grpo / rloo: critic-free, advantages from ppo.group_size "
+        "ppo", description="ppo: actor + critic (GAE); grpo / rloo: critic-free, advantages from group.size "
         "samples per prompt (no critic adapter or value head is loaded)."
     )
     description: str = Field("", description="One line about the preset.")
@@ -280,6 +269,7 @@ class RunConfig(_Section):
     critic: CriticConfig = CriticConfig()
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
+    group: GroupConfig = GroupConfig()
     ref: BackendConfig = BackendConfig()
     reward: RewardConfig = RewardConfig(backend="llamacpp", model="builtin:demo-rm", from_nf4=False)
     data: DataConfig = DataConfig()
@@ -291,6 +281,11 @@ class RunConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return read_old_names(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
@@ -334,17 +329,17 @@ class RunConfig(_Section):
         return out
 
     def _group_problems(self) -> list[str]:
-        group, out = self.ppo.group_size, []
+        group, out = self.group.size, []
         if self.algorithm != "ppo" and group < 2:
-            out.append(f"algorithm {self.algorithm} needs ppo.group_size >= 2 (samples per prompt), got {group}")
+            out.append(f"algorithm {self.algorithm} needs group.size >= 2 (samples per prompt), got {group}")
         if self.algorithm != "ppo" and self.critic.model:
             out.append(f"critic.model is the base of PPO's critic, and algorithm {self.algorithm} trains none; "
                        "unset critic.model or set algorithm=ppo")
         if self.rollout.batch_size % group:
-            out.append(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of ppo.group_size "
-                       f"({group}): each prompt is sampled group_size times")
-        if self.algorithm == "ppo" and (self.ppo.kl_in == "loss" or self.ppo.dr_grpo or self.ppo.loss_aggregation):
-            out.append("ppo.kl_in=loss, ppo.dr_grpo and ppo.loss_aggregation are for algorithm grpo/rloo; "
+            out.append(f"rollout.batch_size ({self.rollout.batch_size}) must be a multiple of group.size "
+                       f"({group}): each prompt is sampled group.size times")
+        if self.algorithm == "ppo" and (self.group.kl_in == "loss" or self.group.dr_grpo or self.group.loss_aggregation):
+            out.append("group.kl_in=loss, group.dr_grpo and group.loss_aggregation are for algorithm grpo/rloo; "
                        "set algorithm: grpo (or rloo) or leave them unset")
         return out
 
@@ -355,13 +350,13 @@ class RunConfig(_Section):
     @property
     def kl_in_loss(self) -> bool:
         """True when the KL to the reference is a loss term (k3) rather than a reward penalty."""
-        return (self.ppo.kl_in or ("loss" if self.algorithm == "grpo" else "reward")) == "loss"
+        return (self.group.kl_in or ("loss" if self.algorithm == "grpo" else "reward")) == "loss"
 
     @property
     def loss_aggregation(self) -> str:
         """How the actor's per-token losses become one number (PPO and RLOO: ``token_mean``)."""
-        grpo = "constant" if self.ppo.dr_grpo else "seq_mean_token_mean"
-        return self.ppo.loss_aggregation or (grpo if self.algorithm == "grpo" else "token_mean")
+        grpo = "constant" if self.group.dr_grpo else "seq_mean_token_mean"
+        return self.group.loss_aggregation or (grpo if self.algorithm == "grpo" else "token_mean")
 
 
 def _reward_problems(key: str, reward: RewardComponentConfig) -> list[str]:

@@ -3,7 +3,7 @@ in backward, and whether their saved inputs wait in host memory) and the update'
 
 Kept beside ``schema.py`` (which imports it). ``auto`` settings are the memory plan's to resolve when a
 run starts (:func:`homerlhf.memory.checkpointing.resolve_checkpointing`); read unresolved (a model
-loaded outside a run), ``auto`` is every layer and no offload, as before these settings existed.
+loaded outside a run), ``auto`` is every layer and no offload.
 """
 
 from __future__ import annotations

@@ -7,19 +7,9 @@ own tokenizer renders them (``apply_chat_template``):
 - SFT record:         ``{"prompt": [msg, ...], "completion": [assistant msg, ...]}``
 - preference record:  ``{"prompt": [msg, ...], "chosen": [assistant msg, ...], "rejected": [...]}``
 
-Formats recognised (column names can be overridden with ``cfg.data.*_column``):
-
-- prompt-only: ``prompt`` (text or messages), ``question``, ``instruction`` (+ ``input``), a
-  ``messages`` list (trailing assistant turns are dropped), ShareGPT ``conversations``;
-- SFT: ``prompt``/``completion`` (or ``response``/``output``/``answer``), ``instruction`` +
-  ``input`` + ``output`` (Alpaca), ``messages`` or ``conversations`` ending in an assistant turn;
-- preference: ``prompt``/``chosen``/``rejected`` as text; ``chosen``/``rejected`` full dialogues
-  with a shared prefix, as text (Anthropic HH ``\\n\\nHuman: ... \\n\\nAssistant: ...``) or as
-  message lists (UltraFeedback-binarized); ShareGPT ``conversations`` (``from``/``value``) with
-  ``chosen``/``rejected`` replies (LLaMA-Factory style).
-
-Each ``*_converter(columns, cols)`` picks the format from the column names once and returns
-``(format name, convert)``; ``convert(row)`` raises :class:`BadRow` for a row it cannot use.
+:func:`prompt_converter`, :func:`sft_converter` and :func:`preference_converter` (their docstrings list
+the formats recognised; ``cfg.data.*_column`` names the columns) pick the format from the column names
+once and return ``(format name, convert)``; ``convert(row)`` raises :class:`BadRow` for a row it cannot use.
 """
 
 from __future__ import annotations
@@ -158,6 +148,9 @@ def _find(columns: Iterable[str], *names: Optional[str]) -> Optional[str]:
 
 
 def preference_converter(columns: Sequence[str], cols: Columns) -> tuple[str, Callable[[dict], Record]]:
+    """``prompt``/``chosen``/``rejected`` as text; ``chosen``/``rejected`` full dialogues with a shared prefix,
+    as text (Anthropic HH ``\n\nHuman: ... \n\nAssistant: ...``) or as message lists (UltraFeedback-binarized);
+    ShareGPT ``conversations`` (``from``/``value``) with ``chosen``/``rejected`` replies (LLaMA-Factory style)."""
     chosen = _find(columns, cols.chosen, "chosen")
     rejected = _find(columns, cols.rejected, "rejected")
     if not chosen or not rejected:
@@ -201,6 +194,8 @@ def preference_converter(columns: Sequence[str], cols: Columns) -> tuple[str, Ca
 
 
 def prompt_converter(columns: Sequence[str], cols: Columns) -> tuple[str, Callable[[dict], list[Message]]]:
+    """``prompt`` (text or messages), ``question``, ``instruction`` (+ ``input``), a ``messages`` list
+    (trailing assistant turns are dropped), ShareGPT ``conversations``."""
     if cols.prompt and cols.prompt in columns:
         return f"prompt ({cols.prompt})", lambda row: _check_prompt(_as_messages(row.get(cols.prompt), cols.prompt, "user"))
     if cols.prompt:
@@ -232,6 +227,8 @@ def _instruction(row: dict) -> str:
 
 
 def sft_converter(columns: Sequence[str], cols: Columns) -> tuple[str, Callable[[dict], Record]]:
+    """``prompt``/``completion`` (or ``response``/``output``/``answer``), ``instruction`` + ``input`` +
+    ``output`` (Alpaca), ``messages`` or ``conversations`` ending in an assistant turn."""
     reply = _find(columns, cols.chosen, "completion", "response", "output", "answer")
     msgs = _find(columns, cols.messages, "messages", "conversations")
     if not reply and not msgs and "chosen" in columns and "rejected" in columns:

@@ -7,13 +7,11 @@ A ratings file has one row per rated answer::
 - the prompt: ``prompt`` (text or a message list), ``question``, ``instruction`` (+ ``input``), or a
   ``messages`` / ``conversations`` list (its trailing assistant turns dropped);
 - the answer: ``completion``, ``response``, ``answer`` or ``output`` (text, a message or messages);
-- the rating: ``label``, ``rating`` or ``thumbs``: ``true`` / ``false``, ``1`` / ``0`` / ``-1``,
-  ``"up"`` / ``"down"``, ``"good"`` / ``"bad"``, ``"desirable"`` / ``"undesirable"``.
+- the rating: ``label``, ``rating`` or ``thumbs`` (:func:`parse_label` lists the values).
 
-Other columns (where the answer came from, the checkpoint, the time) are kept out of training.
-``RUN_DIR/ratings.jsonl`` (:data:`RATINGS_FILE`) is where the app's thumbs go. For KTO a preference
-pair counts as two rated answers, the chosen one good and the rejected one bad
-(:func:`load_rated`), so the app's ``preferences.jsonl`` and any pairs dataset train KTO as they are.
+Other columns are kept out of training. ``RUN_DIR/ratings.jsonl`` (:data:`RATINGS_FILE`) is where the
+app's thumbs go. A preference pair counts as two rated answers (:func:`load_rated`), so the app's
+``preferences.jsonl`` and any pairs dataset train KTO as they are.
 """
 
 from __future__ import annotations
@@ -33,7 +31,8 @@ BAD = {"false", "0", "-1", "down", "bad", "undesirable", "thumbs_down", "no"}
 
 
 def parse_label(value: Any) -> bool:
-    """A rating as True (good) or False (bad); :class:`BadRow` for anything else."""
+    """A rating as True (good) or False (bad): ``true`` / ``false``, ``1`` / ``0`` / ``-1``, ``"up"`` /
+    ``"down"``, ``"good"`` / ``"bad"``, ``"desirable"`` / ``"undesirable"``; :class:`BadRow` for anything else."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (1, 0, -1):

@@ -1,27 +1,12 @@
 """A ``homerlhf check`` report read back by the planner: the trainer's measured rates and each phase's
 measured peak, for the card the check ran on, in place of the H200's figures scaled by datasheets.
 
-The report is the JSON ``homerlhf check`` writes (:mod:`homerlhf.check.main`): the versions and the card
-(``device``, ``device_gib``; none in a ``cpu-smoke`` run), and per case its preset and model (a
-shape of the planner's table, random weights), the plan's settings (``settings``), the planned
-allocated GiB per phase (``plan.phases``) beside the measured peaks (``measured_gib``), and the last
-iteration's tokens per second (``tokens_per_s``). One case is used, the one nearest the plan (same
-model shape, then dtype, algorithm, a plain training run):
-
-- **time** becomes :class:`~homerlhf.memory.timing.Throughputs`, the object ``homerlhf bench`` caches,
-  so the time model and the placement choice read it exactly as they read a bench (one way for measured
-  figures to reach a plan). The trainer's rates are the case's, counted as
-  :func:`homerlhf.memory.timing.iteration_time` counts: generation at the case's generation chunk;
-  the scoring phase's tokens/s times the forwards it ran (actor and critic, the adapter-off reference, a
-  reward adapter); the update's tokens/s (tokens per epoch) times the adapters it trained. The
-  CPU workers' rates stay this machine's (a bench, else the defaults).
-- **memory**: per phase, the case's measured / planned allocated peak. A factor above 1 raises the
-  phase's allocated bytes by it (a component of its own in the plan); one at or below 1 leaves the
-  phase as planned: a report never makes a plan more optimistic, the margin stays for what nothing
-  measured. A ``cpu-smoke`` report measures the process's RSS, not the CUDA allocator: no factor.
-
-:func:`scrub_report` takes out of a report what identifies a machine or a person (paths, host and user
-names, secrets) before anyone attaches it to a bug report.
+The report is the JSON ``homerlhf check`` writes (:func:`homerlhf.check.main.run_cases` lists its fields).
+One case is used, the one nearest the plan (:func:`calibration_for`): its **time** becomes the
+:class:`~homerlhf.memory.timing.Throughputs` a bench caches (:func:`calibrated`), so the time model reads
+it as it reads a bench; its **memory**, per phase the measured / planned allocated peak, raises a phase
+by a factor above 1 and never lowers one (:func:`apply_memory`). :func:`scrub_report` takes out of a
+report what identifies a machine or a person before anyone attaches it to a bug report.
 """
 
 from __future__ import annotations
@@ -189,7 +174,8 @@ def _fit(case: dict, cfg: RunConfig) -> tuple:
 
 def calibration_for(report: dict, cfg: RunConfig, shape: ModelShape, file: str) -> Calibration:
     """The report's case for a plan of ``cfg`` on ``shape``: measured on the plan's card
-    (:func:`card_matches`) and on the plan's model shape, the nearest in settings (:func:`_fit`).
+    (:func:`card_matches`) and on the plan's model shape, the nearest in settings (:func:`_fit`: same
+    dtype, algorithm, a plain training run).
     A report of another card or model is a one-line :class:`UserError`."""
     cases = [c for c in report["cases"] if usable(c)]
     on_card = [c for c in cases if card_matches(cfg.card.name, cfg.card.gpu_gib, _case_card(report, c),
@@ -212,7 +198,11 @@ def calibrated(report: dict, cfg: RunConfig, shape: ModelShape, file: str,
                base: Optional[Throughputs] = None) -> tuple[Calibration, Throughputs]:
     """The report's case for this plan (:func:`calibration_for`) and the throughputs a plan takes from
     it: ``base`` (this machine's bench figures; default: the documented defaults) with the trainer's
-    rates replaced by the case's (:meth:`Calibration.throughputs`)."""
+    rates replaced by the case's (:meth:`Calibration.throughputs`), counted as
+    :func:`homerlhf.memory.timing.iteration_time` counts: generation at the case's generation chunk; the
+    scoring phase's tokens/s times the forwards it ran (actor and critic, the adapter-off reference, a
+    reward adapter); the update's tokens/s (tokens per epoch) times the adapters it trained. The CPU
+    workers' rates stay this machine's."""
     from homerlhf.memory.threads import physical_cores
     from homerlhf.memory.timing import default_throughputs
 
@@ -246,7 +236,10 @@ def apply_calibration(plan_, cal: Calibration, cfg: RunConfig, shape: ModelShape
 
 def apply_memory(plan_, cal: Calibration, cfg: RunConfig, shape: ModelShape) -> None:
     """Raise each phase of ``plan_`` by its measured factor above 1 (a component of its own); when that
-    takes the plan out of fitting, the suggestion is searched for the card over the largest factor."""
+    takes the plan out of fitting, the suggestion is searched for the card over the largest factor. A
+    factor at or below 1 leaves the phase as planned: a report never makes a plan more optimistic, the
+    margin stays for what nothing measured. A ``cpu-smoke`` report measures RSS, not the CUDA allocator:
+    no factor."""
     factors = cal.factors()
     for phase in plan_.phases:
         factor = factors.get(phase.name, 1.0)

@@ -1,7 +1,7 @@
 """The critic on a base of its own (``critic.model``) in the scoring and update phases.
 
 Its forward and backward run on its own base, one after the actor's (the actor's graph is freed by
-then: :func:`homerlhf.ppo.update.backward_separate_adapters`), so each is a moment of its own, counted
+then: :func:`homerlhf.ppo.loop.micro_batch_loss`), so each is a moment of its own, counted
 on the critic's shape (:func:`homerlhf.memory.shapes.critic_shape`) with the formulas the policy's
 moments use (:mod:`homerlhf.memory.phases`); its activation checkpointing is the run's, as the policy's
 (every n-th of its own layers, their inputs in host memory under ``training.activation_offload``). Its

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-from homerlhf.errors import UserError
 from homerlhf.memory.shapes import ModelShape
 
 ROUTING_SKEW = 1.5
@@ -121,23 +120,3 @@ def moe_backward_per_token(shape: ModelShape, a: int) -> float:
     """The backward's transients of one MoE layer per token: the gradients of the routed tokens'
     intermediates (2 I per routed token) and of the layer's input and output (2 h)."""
     return a * (2 * shape.experts_per_token * shape.expert_intermediate_size + 2 * shape.hidden_size)
-
-
-def moe_shape_fields(cfg: dict, name: str) -> dict:
-    """The ModelShape fields of a mixture of experts (none for a dense model); a UserError for one
-    homerlhf cannot load, or one with dense MLP layers among its experts' (not planned)."""
-    from homerlhf.models.moe import check_moe
-
-    layout = check_moe(cfg, name)
-    if layout is None:
-        return {}
-    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
-        raise UserError(f"{name}: dense MLP layers among the experts' (mlp_only_layers, decoder_sparse_step) are "
-                        "not planned; every layer of a planned MoE routes to experts")
-    fields = dict(num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
-                  experts_per_token=int(cfg.get("num_experts_per_tok") or cfg["experts_per_token"]))
-    if cfg.get("model_type") == "gpt_oss":
-        return dict(fields, expert_intermediate_size=int(cfg["intermediate_size"]), expert_biases=True,
-                    router="topk-softmax", attention_sinks=True, o_proj_bias=bool(cfg.get("attention_bias", True)),
-                    eager_attention=True)
-    return dict(fields, expert_intermediate_size=int(cfg["moe_intermediate_size"]))

@@ -1,22 +1,9 @@
-"""Dynamic micro-batching: on an out-of-memory error in a phase, free, halve the micro-batch (update)
-or the rollout chunk (generation, scoring: :func:`halved_after_oom`), redo.
+"""Dynamic micro-batching: on an out-of-memory error in a phase, free, halve the micro-batch (update,
+:func:`run_with_backoff`) or the rollout chunk (generation, scoring: :func:`halved_after_oom`), redo.
 
-The contract with a ``step_fn(micro_batch_size)``:
-
-- it does **all** the work of one phase for one mini-batch (e.g. zero grads, forward/backward over
-  the mini-batch in micro-batches of ``micro_batch_size`` samples, accumulate), and it
-- **zeroes the gradients at its start** (``optimizer.zero_grad(set_to_none=True)``), and
-- does **not** call ``optimizer.step()``: the caller steps only after ``run_with_backoff`` returns.
-
-Then a retry after an OOM half-way through the micro-batches starts from clean gradients, and the
-optimizer step sees the gradients of exactly one full pass: none lost, none applied twice. For the
-result to be independent of the micro-batch size, ``step_fn`` must weight each micro-batch's loss by
-its share of the mini-batch (``loss_mb * n_mb / n_total`` for a per-sample mean, or sum token losses
-and divide by the mini-batch's token count).
-
-On CPU the same path is exercised by an injected fault: ``step_fn`` calls
-``maybe_raise(micro_batch_size)`` where a forward would allocate, and a test wraps the run in
-``with inject_oom_at(micro_batch_size=8): ...`` to make that call raise ``SimulatedOOM`` once.
+On CPU the same path is exercised by an injected fault: a step calls :func:`maybe_raise` where a
+forward would allocate, and a test wraps the run in ``with inject_oom_at(micro_batch_size=8): ...``
+to make that call raise :class:`SimulatedOOM` once.
 """
 
 from __future__ import annotations
@@ -169,8 +156,17 @@ def run_with_backoff(
 
     ``on_retry(old, new, exc)`` is called before each redo (log it). At micro-batch 1 an OOM raises
     ``OutOfMemoryAtMicroBatch1`` (a ``UserError`` naming settings that lower memory), chained to the
-    original error. Any other exception passes through untouched. See the module docstring for
-    what ``step_fn`` must do so gradients are neither lost nor applied twice.
+    original error. Any other exception passes through untouched. The contract with ``step_fn``:
+
+    - it does **all** the work of one phase for one mini-batch (zero grads, forward/backward over the
+      mini-batch in micro-batches of ``micro_batch_size`` samples, accumulate), and it
+    - **zeroes the gradients at its start** (``optimizer.zero_grad(set_to_none=True)``), and
+    - does **not** call ``optimizer.step()``: the caller steps only after ``run_with_backoff`` returns.
+
+    Then a retry after an OOM half-way through the micro-batches starts from clean gradients, and the
+    optimizer step sees the gradients of exactly one full pass: none lost, none applied twice. For the
+    result not to depend on the micro-batch size, ``step_fn`` weights each micro-batch's loss by its
+    share of the mini-batch (its rows, or its tokens for a token mean).
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")

@@ -1,26 +1,10 @@
 """The memory planner: bytes per component for each PPO phase, a verdict for a card, and suggestions.
 
 Pure functions on a :class:`~homerlhf.memory.shapes.ModelShape` and a ``RunConfig``; nothing is
-loaded or allocated. Formulas and their sources are in ``docs/memory.md``. What the trainer does,
-and so what is counted:
-
-- the base is NF4 (``bnb_4bit_use_double_quant``); its other parameters (embeddings, LM head, norms)
-  and with them the residual stream, activations and the KV cache are in the compute dtype, or in
-  fp32 under ``quant.upcast_non_quantized`` (peft's ``prepare_model_for_kbit_training``); logits, LoRA,
-  its gradients and AdamW states are fp32 either way, and peft's LoRA keeps fp32 copies of its inputs;
-- **generation** samples ``rollout.generation_chunk`` prompts at a time (default
-  ``rollout.chunk_size``; ``auto``: the largest the card affords, :mod:`homerlhf.memory.chunks`) with a
-  KV cache;
-- **scoring** runs no-grad forwards of the actor (old log-probs), critic (values) and, with
-  ``ref.backend: adapter_off``, the adapter-less base, on a rollout chunk; log-probs are computed
-  ``ppo.logprob_chunk_size`` positions at a time;
-- **update** runs forward/backward on ``ppo.micro_batch_size`` sequences, accumulating LoRA grads
-  of actor and critic over a mini-batch; optimizer states stay resident between iterations, and the
-  last step's gradients until the next update.
-
-The byte counts are :mod:`homerlhf.memory.components`, the phases :mod:`homerlhf.memory.phases`,
-a plan as data :mod:`homerlhf.memory.plans`, the search for settings that fit
-:mod:`homerlhf.memory.search`; this module puts them together.
+loaded or allocated. :func:`plan` says what the trainer does, and so what is counted; the formulas and
+their sources are in ``docs/memory.md``. The byte counts are :mod:`homerlhf.memory.components`, the
+phases :mod:`homerlhf.memory.phases`, a plan as data :mod:`homerlhf.memory.plans`, the search for
+settings that fit :mod:`homerlhf.memory.search`; this module puts them together.
 """
 
 from __future__ import annotations
@@ -52,7 +36,20 @@ def plan(
     ``auto`` checkpointing settings are resolved first (:mod:`homerlhf.memory.checkpointing`;
     ``plan.checkpointing`` says to what), then an ``auto`` generation chunk (``plan.generation`` says to
     what and why). When the plan does not fit with the margin (over, or tight), ``plan.suggestion`` holds
-    overrides that do (see :func:`homerlhf.memory.search.suggest`).
+    overrides that do (see :func:`homerlhf.memory.search.suggest`). What the trainer does, and so what is
+    counted:
+
+    - the base is NF4 (``bnb_4bit_use_double_quant``); its other parameters (embeddings, LM head, norms)
+      and with them the residual stream, activations and the KV cache are in the compute dtype, or in
+      fp32 under ``quant.upcast_non_quantized``; logits, LoRA, its gradients and AdamW states are fp32
+      either way, and peft's LoRA keeps fp32 copies of its inputs;
+    - **generation** samples ``rollout.generation_chunk`` prompts at a time with a KV cache;
+    - **scoring** runs no-grad forwards of the actor (old log-probs), critic (values) and, with
+      ``ref.backend: adapter_off``, the adapter-less base, on a rollout chunk; log-probs are computed
+      ``ppo.logprob_chunk_size`` positions at a time;
+    - **update** runs forward/backward on ``ppo.micro_batch_size`` sequences, accumulating LoRA grads of
+      actor and critic over a mini-batch; optimizer states stay resident between iterations, and the
+      last step's gradients until the next update.
     """
     budget = cfg.card.gpu_gib if gpu_gib is None else float(gpu_gib)
     assumptions = for_shape(assumptions, shape)

@@ -38,8 +38,8 @@ def preference_view(cfg: RunConfig, method: str) -> RunConfig:
     answer = section.max_len // 2
     data = cfg.model_dump(mode="json", by_alias=True)
     data["algorithm"] = "grpo"
-    data["ppo"] = {**data["ppo"], "group_size": 2, "micro_batch_size": rows, "mini_batch_size": rows,
-                   "kl_in": None, "dr_grpo": False, "loss_aggregation": None}
+    data["ppo"] = {**data["ppo"], "micro_batch_size": rows, "mini_batch_size": rows}
+    data["group"] = {"size": 2, "kl_in": None, "dr_grpo": False, "loss_aggregation": None}
     data["rollout"] = {**data["rollout"], "batch_size": rows, "chunk_size": rows, "generation_chunk": None,
                        "max_prompt_len": section.max_len - answer, "max_new_tokens": answer, "async": False,
                        "engine": "hf", "decoder": "hf"}  # nothing decodes: no static decoder's side stream

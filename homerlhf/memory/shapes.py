@@ -283,7 +283,7 @@ def shape_from_config(config: "dict[str, Any] | Any", name: str, source: str) ->
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM under text_config
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
     model_type = str(cfg.get("model_type", "llama"))
-    from homerlhf.memory.experts import moe_shape_fields
+    from homerlhf.models.moe import moe_shape_fields
 
     moe = moe_shape_fields(cfg, name)
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")

@@ -1,20 +1,10 @@
 """Seconds per PPO iteration: per phase from throughputs, and the critical path.
 
 Pure functions on a ``RunConfig`` and :class:`Throughputs` (tokens/s measured by ``homerlhf bench``,
-cached per machine and model, or the documented defaults of :func:`default_throughputs`). Nothing
-is loaded or timed here; the placements compared are :mod:`homerlhf.memory.placement`. What the trainer does (:mod:`homerlhf.ppo.collect`), and so what is counted:
-
-- the batch is generated ``rollout.generation_chunk`` prompts at a time (default ``rollout.chunk_size``);
-- after each chunk's generation, its reference log-probs and then its scores are *submitted*: a
-  llama.cpp worker (``llamacpp``) computes them in its own process while the trainer goes on, one
-  request at a time per worker; an ``adapter_off`` reference or an ``adapter``/``hf`` reward model
-  computes on the trainer's device in the trainer's own sequence (they share its modules or its
-  device), before the chunk's old log-probs and values and the next chunk's generation;
-- after the last chunk the trainer waits for the workers (the ``reference_reward_wait``);
-- then the update: ``ppo.epochs`` passes of forward + backward over the whole batch.
-
-Every sequence is counted at full length (``max_prompt_len + max_new_tokens``): an upper bound
-when responses stop early.
+cached per machine and model, or the documented defaults of :func:`default_throughputs`). Nothing is
+loaded or timed here; the placements compared are :mod:`homerlhf.memory.placement`; what the trainer
+does, and so what is counted, is :func:`iteration_time`'s. Every sequence is counted at full length
+(``max_prompt_len + max_new_tokens``): an upper bound when responses stop early.
 """
 
 from __future__ import annotations
@@ -244,9 +234,14 @@ def iteration_time(cfg: RunConfig, rates: Throughputs, placement: Optional[Place
     reward c x L / their rate (a worker's, or the trainer's forward rate on the device); old
     log-probs / values forwards x c x L / forward rate. The update: epochs x forwards x B x L /
     train rate (with ``shape``: x the recompute share, + offload copies, :mod:`homerlhf.memory.recompute`).
-    The rollout stage's wall clock follows the trainer's chunk loop (see the module
-    docstring) with one queue per worker; under ``rollout.async`` with the llamacpp engine, the
-    next batch is made while this one is scored and updated (:func:`_ahead`).
+    The rollout stage's wall clock follows the trainer's chunk loop (:mod:`homerlhf.ppo.collect`) with
+    one queue per worker; under ``rollout.async`` with the llamacpp engine, the next batch is made while
+    this one is scored and updated (:func:`_ahead`). After each chunk's generation its reference
+    log-probs and scores are *submitted*: a llama.cpp worker computes them in its own process while the
+    trainer goes on, one request at a time per worker; an ``adapter_off`` reference or an
+    ``adapter``/``hf`` reward model computes on the trainer's device in the trainer's own sequence,
+    before the chunk's old log-probs and values and the next chunk's generation. After the last chunk
+    the trainer waits for the workers (``reference_reward_wait``), then updates.
     """
     placement = placement or placement_of(cfg)
     threads = thread_counts(placement, cfg, cores, logical or cores)

@@ -3,20 +3,12 @@ inputs they keep for the recompute wait.
 
 ``every_n``: layers 0, n, 2n, ... are checkpointed (their forward runs again in backward; only their
 input is kept), the others keep every activation their backward needs. ``offload``: the checkpointed
-layers' inputs go to pinned host memory in the forward (a device-to-host copy) and come back for the
-recompute (host-to-device), through ``torch.autograd.graph.save_on_cpu``. Under non-reentrant
-checkpointing a checkpointed layer saves nothing else (its saved tensors are placeholders refilled by
-the recompute), so the bytes moved are its positional inputs: the hidden states, tokens x hidden x
-the activation dtype's bytes per layer, each way (:func:`homerlhf.memory.recompute.offloaded_bytes`).
-
-Two paths to the same layers and the same bytes: transformers' own
-``PreTrainedModel.activation_checkpointing_enable(every_n_layers=..., offload=...)`` where the
-installed version has it (5.24 does), else (:func:`native_supported` false; the GPU machine's 5.17
-may lack it) every layer's checkpointing is enabled the old way and each layer's flag and
-checkpoint function are set here, the latter wrapped in ``save_on_cpu`` as transformers wraps it.
-On a CPU there is nothing to offload to: ``save_on_cpu`` without pinning keeps a CPU tensor where it
-is (transformers' own offload asks for pinned memory, which a CPU-only torch refuses: on a CPU model the
-offload takes this module's path).
+layers' inputs go to pinned host memory in the forward and come back for the recompute, through
+``torch.autograd.graph.save_on_cpu``. Under non-reentrant checkpointing a checkpointed layer saves
+nothing else, so the bytes moved are its hidden states, each way
+(:func:`homerlhf.memory.recompute.offloaded_bytes`). Two paths to the same layers and bytes:
+transformers' own ``activation_checkpointing_enable`` where the installed version has it, else this
+module's (:func:`enable_checkpointing`).
 """
 
 from __future__ import annotations
@@ -55,7 +47,12 @@ def enable_checkpointing(model, every_n: int = 1, offload: bool = False, *, nati
     (default: where it has one) or this module's wrapping of the same layers. Returns the path taken:
     ``transformers`` or ``save_on_cpu``. Calling it again replaces the earlier settings. On a CPU model
     the offload is this module's (transformers' pins host memory, which needs an accelerator: on a
-    CPU-only torch it raises), unless ``native`` asks for transformers'."""
+    CPU-only torch it raises), unless ``native`` asks for transformers'.
+
+    Transformers' ``PreTrainedModel.activation_checkpointing_enable(every_n_layers=..., offload=...)`` is
+    in 5.24 (:func:`native_supported`); without it (5.17) every layer's checkpointing is enabled the old
+    way and each layer's flag and checkpoint function are set here, the latter wrapped in ``save_on_cpu``
+    as transformers wraps it. On a CPU ``save_on_cpu`` without pinning keeps a CPU tensor where it is."""
     if every_n < 1:
         raise ValueError(f"every_n must be >= 1, got {every_n}")
     device_type = next(model.parameters()).device.type

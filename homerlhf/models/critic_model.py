@@ -2,18 +2,13 @@
 
 By default the critic is a LoRA on the policy's shared 4-bit base (:mod:`homerlhf.models.policy`).
 With ``critic.model`` it has a base of its own, usually much smaller than the actor's (InstructGPT's
-6B value function for every policy; DeepSpeed-Chat's 350M critic beside a 1.3B actor; verl's
-``critic.model.path``): any causal LM with the **policy's tokenizer**, or a reward model (a sequence
-classifier, or a reward run dir holding one in ``model/``), whose score head then initialises the value
-head. Only its decoder is loaded (``AutoModel``: no LM head, which a critic never uses), in 4-bit or at
-the compute dtype as ``quant`` says, frozen, checkpointed as the policy's base
-(``training.checkpoint_every_n_layers`` of its own layers, ``training.activation_offload``), with its own LoRA (``critic.lora``, adapter ``critic``) and
-an fp32 value head on its final hidden state. It reads the actor's token ids, so its tokenizer must be
-the actor's: vocabulary, special tokens and chat template are compared from the tokenizer files alone,
-before any weight of either model is read (:func:`check_same_tokenizer`). Embedding sizes may differ,
-families pad them differently (Qwen2.5: 151,936 rows up to 3B, 152,064 from 7B, for 151,665 tokens): the
-critic must embed every token, and an actor id past the critic's rows, which names no token (the actor
-samples over its whole head), is read as a filler id the critic holds (:meth:`CriticModel.embeddable`).
+6B value function for every policy; DeepSpeed-Chat's 350M critic beside a 1.3B actor): any causal LM
+with the **policy's tokenizer**, or a reward model whose score head then initialises the value head.
+Only its decoder is loaded (:func:`load_backbone`), checkpointed as the policy's base, with its own
+LoRA (``critic.lora``) and an fp32 value head on its final hidden state. It reads the actor's token
+ids, so its tokenizer must be the actor's, compared from the tokenizer files alone before any weight
+is read (:func:`check_same_tokenizer`); its embedding may be smaller than the actor's head, whose ids
+past it it reads as a filler id (:meth:`CriticModel.embeddable`). docs/ppo_details.md has the details.
 """
 
 from __future__ import annotations
@@ -215,11 +210,11 @@ class CriticModel:
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return self.value_head(response_hidden(out.last_hidden_state, response_len))
 
-    def train(self, mode: bool) -> None:
-        """Eval mode but for the modules that checkpoint activations (as the policy's ``train``)."""
+    def checkpoint_activations(self, on: bool) -> None:
+        """Eval mode but, with ``on``, for the modules that checkpoint activations (as the policy's)."""
         self.model.eval()
         self.value_head.eval()
-        for module in self.model.modules() if mode else ():
+        for module in self.model.modules() if on else ():
             if getattr(module, "gradient_checkpointing", False) is True:
                 module.training = True
 

@@ -5,23 +5,9 @@ cases one after another, a notebook running an upcast stage after a bf16 one) wo
 last one set. Each policy therefore sets all of them, on and off (:func:`apply`, called by
 :meth:`homerlhf.models.policy.PolicyModel.from_config`, which records what it set as ``policy.kernel_settings``),
 and a script that runs several can put the previous flags back (:func:`current_flags`, :func:`restore`).
-
-- **TF32** (cuBLAS matmuls and cuDNN: ``fp32_precision`` "tf32" / "ieee" on torch >= 2.9, whose legacy
-  ``allow_tf32`` flags raise once anything in the process used the new API; ``allow_tf32`` before): on only on
-  CUDA under 16-bit compute without the fp32 upcast. The fp32 matmuls left there (LoRA, value head) take
-  16-bit values or fp32 weights whose results are rounded to the compute dtype, so TF32's 10-bit mantissa
-  loses nothing that is kept; with the upcast the fp32 LM head makes the logits, and TF32 would round
-  them. Off otherwise, explicitly. cuDNN's flag (torch's default: on) governs cuDNN convolutions and RNNs;
-  it follows the matmul flag so that "off" means no TF32 anywhere.
-- **SDPA backends** on CUDA: flash, memory-efficient and math; never cuDNN. torch >= 2.11 prefers cuDNN's
-  attention on sm90 and later (PyTorch issue #196678), whose backward has a known non-finite dQ with
-  masks at sequence lengths = 64 mod 128 (TRL #7181 met it with Qwen2.5): a Hopper run would lose
-  micro-batches to the non-finite guard, and measure other kernels than the consumer cards the presets
-  are for. Below sm90 the same three, so every CUDA card runs what an RTX 4090 runs. On the CPU the SDPA
-  flags are left as they are: ``torch.backends.cuda.enable_flash_sdp`` also steers the CPU's SDPA (flash for
-  CPU vs math; checked with torch 2.13's profiler), and the CPU's kernels are not chosen here.
-
-Run on an NVIDIA H200 (2026-12-04, ``homerlhf check``: docs/gpu-runs/); no consumer card has run them.
+:func:`policy_kernels` says which and why: TF32 only under 16-bit compute without the fp32 upcast; SDPA's
+flash, memory-efficient and math backends on every CUDA card, never cuDNN's. Run on an NVIDIA H200
+(``homerlhf check``: docs/gpu-runs/); no consumer card has run them.
 """
 
 from __future__ import annotations
@@ -79,7 +65,20 @@ def device_capability(device: torch.device | str) -> Optional[tuple[int, int]]:
 def policy_kernels(compute: torch.dtype, upcast: bool, device_type: str,
                    capability: Optional[tuple[int, int]]) -> KernelSettings:
     """The kernels of a policy computing in ``compute`` (``upcast``: the fp32 upcast of the 4-bit
-    base's other weights) on ``device_type`` with compute ``capability`` (None: unknown)."""
+    base's other weights) on ``device_type`` with compute ``capability`` (None: unknown).
+
+    - **TF32** (cuBLAS matmuls and cuDNN: ``fp32_precision`` "tf32" / "ieee" on torch >= 2.9, whose legacy
+      ``allow_tf32`` flags raise once anything used the new API; ``allow_tf32`` before): on only on CUDA
+      under 16-bit compute without the fp32 upcast. The fp32 matmuls left there (LoRA, value head) take
+      16-bit values or fp32 weights whose results are rounded to the compute dtype, so TF32's 10-bit
+      mantissa loses nothing that is kept; with the upcast the fp32 LM head makes the logits, and TF32
+      would round them. cuDNN's flag follows the matmul flag, so "off" means no TF32 anywhere.
+    - **SDPA backends** on CUDA: flash, memory-efficient and math; never cuDNN. torch >= 2.11 prefers
+      cuDNN's attention on sm90 and later (PyTorch issue #196678), whose backward has a known non-finite
+      dQ with masks at sequence lengths = 64 mod 128 (TRL #7181 met it with Qwen2.5): a Hopper run would
+      lose micro-batches to the non-finite guard and measure other kernels than the consumer cards. Below
+      sm90 the same three, so every CUDA card runs what an RTX 4090 runs. On the CPU the SDPA flags are
+      left as they are: ``enable_flash_sdp`` also steers the CPU's SDPA (checked with torch 2.13's profiler)."""
     if device_type != "cuda":
         return KernelSettings(False, (), f"{device_type}: no TF32 there; SDPA flags left as they are "
                                          "(the CPU's kernels are not chosen here)")

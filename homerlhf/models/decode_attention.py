@@ -1,19 +1,12 @@
 """Attention for a one-token query against a static cache without repeating K/V to every query head.
 
-With a static cache and a one-token query transformers always builds the mask (``masking_utils``: no
-``is_causal`` skip for a compileable cache), and in 5.17 (the GPU machine's) its sdpa path repeats K
-and V to all query heads whenever a mask is given (``use_gqa_in_sdpa`` needs no mask): every layer of
-every decode step copies the whole cache ``num_attention_heads / num_key_value_heads`` times (for a 7B
-at chunk 32, more bytes per step than the weights). For one query token the exact alternative is to fold
-each KV head's query group into the query axis, (B, H, 1, D) -> (B, H_kv, H / H_kv, D), and attend to
-the cache once: every folded "query position" sees the same keys under the same (B, 1, 1, L) mask, so
-the result is the same attention, reshaped back (transformers 5.24 does the same, ``pack_gqa``).
-
-:func:`folded_decode_attention` switches a model on ``sdpa`` to :func:`folded_sdpa_attention` while
-the static loop runs. It is registered with transformers' ``AttentionInterface`` and, with HF's own
-sdpa mask builder, its ``AttentionMaskInterface`` (so the masks, sliding windows included, are HF's),
-and falls back to HF's ``sdpa_attention_forward`` for anything but a one-token query of a GQA layer:
-another thread's forward on the same model meanwhile (a prefill, a scoring pass) computes as on sdpa.
+With a static cache and a one-token query transformers always builds the mask, and in 5.17 (the GPU
+machine's) its sdpa path then repeats K and V to all query heads: every layer of every decode step
+copies the whole cache ``num_attention_heads / num_key_value_heads`` times (for a 7B at chunk 32, more
+bytes per step than the weights). For one query token the exact alternative folds each KV head's query
+group into the query axis, (B, H, 1, D) -> (B, H_kv, H / H_kv, D), and attends to the cache once
+(transformers 5.24 does the same, ``pack_gqa``). :func:`folded_decode_attention` switches a model on
+``sdpa`` to :func:`folded_sdpa_attention` while the static loop runs.
 """
 
 from __future__ import annotations
@@ -67,7 +60,12 @@ def _configs(config) -> list:
 @contextmanager
 def folded_decode_attention(causal_lm) -> Iterator[bool]:
     """Within the block, every (sub-)config of ``causal_lm`` on ``sdpa`` uses :data:`NAME`; yields
-    whether any did (eager and other implementations are left as they are)."""
+    whether any did (eager and other implementations are left as they are).
+
+    It is registered with transformers' ``AttentionInterface`` and, with HF's own sdpa mask builder,
+    its ``AttentionMaskInterface`` (so the masks, sliding windows included, are HF's), and falls back to
+    HF's ``sdpa_attention_forward`` for anything but a one-token query of a GQA layer: another thread's
+    forward on the same model meanwhile (a prefill, a scoring pass) computes as on sdpa."""
     configs = [c for c in _configs(causal_lm.config) if getattr(c, "_attn_implementation_internal", None) == "sdpa"]
     if configs:
         _register()

@@ -1,22 +1,10 @@
 """Capturing the static loop's decode step as a CUDA graph, and what every capture of a model shares.
 
-What a capture costs beyond the step, and how :class:`StepGraphs` keeps it to once per shape:
-
-- ``torch.cuda.graph`` synchronises the device and empties the allocator's (and the host) cache on
-  entry, and a graph's private memory pool stays reserved while any graph holds it. Every capture of
-  a model goes into one pool (``graph_pool_handle()``, made once), so the pool of a graph that is no
-  longer replayed is reused by the next capture instead of reserved beside it; and the caller
-  (:class:`homerlhf.models.static_decode.StaticDecoder`) keeps a captured step for the next call of
-  the same shape, so a run captures once per (rows, cache length), not once per chunk.
-- cuBLAS keeps a workspace per (handle, stream): warm-up and capture run on one side stream made
-  once for the model (``torch.cuda.graph``'s default would be another), so one workspace serves all.
-- A capture that fails in ``cudaStreamEndCapture`` leaves the allocator in capture mode for the rest
-  of the process (no free-and-retry on an out-of-memory error). So the last warm-up step runs under
-  :func:`homerlhf.models.host_sync.no_host_sync`, and a step that would sync (what makes a capture
-  fail) raises :class:`CaptureFailed` from there, before any capture begins.
-
-The CUDA primitives are the four methods a CPU test replaces (``new_stream``, ``new_pool``,
-``on_stream``, ``capture_graph``): everything else, and the order of it, is what runs on a GPU.
+A capture costs beyond the step; :class:`StepGraphs` keeps it to once per shape (one memory pool and
+one side stream for every capture of a model) and refuses a step that would sync before a capture
+begins (:class:`CaptureFailed`). The CUDA primitives are the four methods a CPU test replaces
+(``new_stream``, ``new_pool``, ``on_stream``, ``capture_graph``): everything else, and the order of
+it, is what runs on a GPU.
 """
 
 from __future__ import annotations
@@ -40,7 +28,19 @@ class CaptureFailed(RuntimeError):
 
 class StepGraphs:
     """Captures decode steps of one model on ``device``: one side stream and one graph memory pool for
-    all of them, each made on first use. ``graphs_made`` counts captures that began."""
+    all of them, each made on first use. ``graphs_made`` counts captures that began.
+
+    - ``torch.cuda.graph`` synchronises the device and empties the allocator's cache on entry, and a
+      graph's private pool stays reserved while any graph holds it. Every capture goes into one pool
+      (``graph_pool_handle()``, made once), so the pool of a graph no longer replayed is reused by the next
+      capture; and :class:`homerlhf.models.static_decode.StaticDecoder` keeps a captured step for the next
+      call of the same shape, so a run captures once per (rows, cache length), not once per chunk.
+    - cuBLAS keeps a workspace per (handle, stream): warm-up and capture run on one side stream made once
+      for the model, so one workspace serves all.
+    - A capture that fails in ``cudaStreamEndCapture`` leaves the allocator in capture mode for the rest
+      of the process (no free-and-retry on an out-of-memory error). So the last warm-up step runs under
+      :func:`homerlhf.models.host_sync.no_host_sync`, and a step that would sync raises
+      :class:`CaptureFailed` from there, before any capture begins."""
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)

@@ -163,3 +163,21 @@ def experts_in_4bit(layout: Optional[ExpertsLayout], chunk_mib: float) -> Iterat
 def router_modules(model, layout: ExpertsLayout) -> list[torch.nn.Module]:
     """The routers of ``model`` (frozen in every run: their weights are the base's)."""
     return [m for m in model.modules() if type(m).__name__ == layout.router_class]
+
+
+def moe_shape_fields(cfg: dict, name: str) -> dict:
+    """The ModelShape fields of a mixture of experts (none for a dense model); a UserError for one
+    homerlhf cannot load, or one with dense MLP layers among its experts' (not planned)."""
+    layout = check_moe(cfg, name)
+    if layout is None:
+        return {}
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+        raise UserError(f"{name}: dense MLP layers among the experts' (mlp_only_layers, decoder_sparse_step) are "
+                        "not planned; every layer of a planned MoE routes to experts")
+    fields = dict(num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
+                  experts_per_token=int(cfg.get("num_experts_per_tok") or cfg["experts_per_token"]))
+    if cfg.get("model_type") == "gpt_oss":
+        return dict(fields, expert_intermediate_size=int(cfg["intermediate_size"]), expert_biases=True,
+                    router="topk-softmax", attention_sinks=True, o_proj_bias=bool(cfg.get("attention_bias", True)),
+                    eager_attention=True)
+    return dict(fields, expert_intermediate_size=int(cfg["moe_intermediate_size"]))

@@ -4,14 +4,8 @@ The base is loaded once in NF4 (bitsandbytes, double quant) and frozen. Two peft
 ``set_adapter`` picks which one a forward uses, and ``disable_adapter()`` gives the untouched base,
 which is the reference model when ``ref.backend == "adapter_off"``. The value head is a small fp32
 ``Linear(hidden, 1)`` on the critic's final hidden state. With ``critic.shared_adapter`` there is a
-single adapter (named ``actor``) and one forward gives both log-probs and values; with ``critic.model`` the
-critic is on a base of its own (:mod:`homerlhf.models.critic_model`). Adapters and value
-head are fp32 under every compute dtype (``homerlhf.models.precision``); the base's other weights,
-hidden states and KV cache are in the compute dtype (fp32 under ``quant.upcast_non_quantized``), and a
-16-bit LM head returns fp32 logits to every reader (``homerlhf.models.lm_head``).
-
-Sequences everywhere are a left-padded prompt (B, P) followed by a right-padded response (B, T);
-``attention_mask`` covers both, so padded slots change nothing.
+single adapter (named ``actor``) and one forward gives both log-probs and values; with ``critic.model``
+the critic is on a base of its own (:mod:`homerlhf.models.critic_model`). Dtypes: :mod:`homerlhf.models.precision`.
 
 The policy is the distribution the actor samples from, ``softmax(logits / temperature)``: every
 log-prob it returns (actor and adapter-off reference) is taken at its ``temperature``, after the
@@ -44,6 +38,10 @@ from homerlhf.models.base_loading import (  # noqa: F401
 
 class PolicyModel:
     """The shared 4-bit base with its adapters and value head, and the forwards PPO needs.
+
+    Adapters and value head are fp32 under every compute dtype; the base's other weights, hidden states
+    and KV cache are in the compute dtype (fp32 under ``quant.upcast_non_quantized``), and a 16-bit LM
+    head returns fp32 logits to every reader (:mod:`homerlhf.models.lm_head`).
 
     Every forward takes ``input_ids``/``attention_mask`` of shape (B, P + T) (left-padded prompt,
     right-padded response) and ``response_len`` T, and returns per-response-token tensors (B, T).
@@ -147,27 +145,23 @@ class PolicyModel:
         """The peft model that holds ``adapter``: the critic's own with ``critic.model``, else the policy's."""
         return self.critic_model.model if adapter == CRITIC and self.critic_model is not None else self.model
 
-    def train(self, mode: bool = True) -> None:
-        """The update's mode: the forward of eval mode, with activation checkpointing.
+    def checkpoint_activations(self, on: bool = True) -> None:
+        """Every module in eval mode (no dropout), and with ``on`` those set to checkpoint activations
+        (``training.gradient_checkpointing``) in training mode, the only mode HF checkpoints in.
 
-        PPO's ratio compares the update's forward with the rollout's, taken in eval mode; anything
-        random in training mode (LoRA dropout whatever ``actor.lora.dropout`` says, attention
-        dropout, router jitter) would move it off 1 before any step. So every module stays in eval
-        mode except those that checkpoint activations, which HF does only in training mode.
-        (SFT and RM train through TRL and keep their dropout.)
+        The update calls it with ``on`` and the rollout without: PPO's ratio compares the update's
+        forward with the rollout's, so nothing random (LoRA or attention dropout, router jitter) may
+        move it off 1 before a step. (SFT and RM train through TRL and keep their dropout.)
         """
         self.model.eval()
         if self.has_critic:
             self.value_head.eval()
         if self.critic_model is not None:
-            self.critic_model.train(mode)
-        if mode:
+            self.critic_model.checkpoint_activations(on)
+        if on:
             for module in self.model.modules():
                 if getattr(module, "gradient_checkpointing", False) is True:
                     module.training = True
-
-    def eval(self) -> None:
-        self.train(False)
 
     @contextmanager
     def use_adapter(self, adapter: str) -> Iterator[None]:

@@ -4,24 +4,14 @@ The *compute dtype* is what the frozen base computes in: bitsandbytes' 4-bit mat
 (``quant.compute_dtype``) or a full-precision base's weights. It is bf16 on cards that have it,
 fp16 on cards that do not (T4, Colab) and fp32 on the CPU. The rules:
 
-- **fp16 compute:** every trainable weight (LoRA A/B, value head, reward score head, all weights
-  under method ``full``) is fp32, and a loss scaler (``torch.amp.GradScaler``) keeps small
-  gradients from flushing to zero in the fp16 backward. The scaler refuses fp16 gradients, and fp16
-  cannot hold the small updates Adam makes to a weight, so fp32 master weights are not optional.
-- **bf16 compute:** no scaler (bf16 has fp32's exponent range). The SFT and reward stages keep
-  TRL's QLoRA choice of bf16 trainable weights; PPO's are fp32.
+- **fp16 compute:** every trainable weight is fp32, and a loss scaler (:func:`loss_scaler`) keeps small
+  gradients from flushing to zero in the fp16 backward (fp16 cannot hold Adam's small updates).
+- **bf16 compute:** no scaler. The SFT and reward stages keep TRL's QLoRA choice of bf16 trainable
+  weights; PPO's are fp32.
 - **fp32 compute (CPU):** everything fp32.
 
-PPO's adapters and value head are fp32 under every compute dtype (:func:`adapters_to_fp32`).
-
-What else of a 4-bit base is in which dtype is ``quant.upcast_non_quantized`` (:func:`prepare_frozen_base`):
-on, peft's ``prepare_model_for_kbit_training`` casts the embeddings, LM head, norms and biases to fp32, and
-since a bitsandbytes ``Linear4bit`` returns its input's dtype, the residual stream, the KV cache and
-attention are fp32 too; off (the GPU presets), they all stay in the compute dtype: HF's RMSNorm still
-computes in fp32 inside, and the LM head returns fp32 logits (:mod:`homerlhf.models.lm_head`).
-
-Whether the fp32 matmuls left under 16-bit compute (LoRA, value head) run in TF32 on CUDA, and which SDPA
-backends attention may use, is :mod:`homerlhf.models.cuda_kernels` (set by each policy, on and off).
+PPO's adapters and value head are fp32 under every compute dtype (:func:`adapters_to_fp32`); the rest
+of a 4-bit base is :func:`prepare_frozen_base`'s; TF32 and the SDPA backends :mod:`homerlhf.models.cuda_kernels`'.
 """
 
 from __future__ import annotations
@@ -58,7 +48,11 @@ def cast_trainable(model, compute: torch.dtype, *, all_trainable: bool) -> list[
 def prepare_frozen_base(model, *, load_in_4bit: bool, upcast: bool, checkpointing):
     """The frozen base made ready for LoRA training, as peft's ``prepare_model_for_kbit_training`` does it
     (gradient checkpointing, non-reentrant, so no input-grad hook is needed), its fp32 upcast only with
-    ``upcast`` (a 4-bit base; ``quant.upcast_non_quantized``). A full-precision base keeps its dtype and
+    ``upcast`` (a 4-bit base; ``quant.upcast_non_quantized``): on, the embeddings, LM head, norms and
+    biases are cast to fp32, and since a bitsandbytes ``Linear4bit`` returns its input's dtype, the
+    residual stream, the KV cache and attention are fp32 too; off (the GPU presets), they stay in the
+    compute dtype (HF's RMSNorm still computes in fp32 inside; the LM head returns fp32 logits,
+    :mod:`homerlhf.models.lm_head`). A full-precision base keeps its dtype and
     gets the input-grad hook the checkpointed forward of a frozen embedding needs. Returns the model.
 
     ``checkpointing``: a bool (every decoder layer, or none), or the run's ``training`` section, whose

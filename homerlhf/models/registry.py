@@ -6,16 +6,11 @@
   becomes its snapshot in the hub cache, downloaded when the hub can be reached.
 
 Builtin models are registered by name (:func:`register_builtin`): a function that builds one into an
-empty directory and the files whose content makes that build. ``builtin:tiny-llama`` and
-``builtin:tiny-qwen2`` (random tiny models of :mod:`homerlhf.tiny`) are registered here.
-``builtin:demo-sft`` and ``builtin:demo-rm`` are trained by the SFT and reward stages, so
-:mod:`homerlhf.stages.builtin` registers them when ``homerlhf.stages`` is imported: this layer never
-imports a higher one, and looks builders up only when a name is resolved.
-
-Builds go to ``homerlhf.paths.cache_dir("builtin") / "<name>-v<version>-<hash>"``, the hash being of
-the recipe files, so a changed recipe never reuses a stale build. A build runs in a temporary
-directory renamed into place when complete, under a file lock, so concurrent processes build once
-and never see a half-written model.
+empty directory and the files whose content makes that build (:func:`cache_key`). ``builtin:tiny-llama``
+and ``builtin:tiny-qwen2`` are registered here; the trained ``builtin:demo-sft`` / ``builtin:demo-rm``
+by :mod:`homerlhf.stages.builtin` when ``homerlhf.stages`` is imported (this layer never imports a
+higher one). A build runs in a temporary directory renamed into place when complete, under a file
+lock, so concurrent processes build once and never see a half-written model.
 """
 
 from __future__ import annotations
@@ -70,7 +65,8 @@ def builtin_names() -> list[str]:
 
 
 def cache_key(name: str) -> str:
-    """``<name>-v<version>-<hash of its recipe files>``: the cache directory name of one build."""
+    """``<name>-v<version>-<hash of its recipe files>``: the cache directory name of one build, under
+    ``homerlhf.paths.cache_dir("builtin")``; a changed recipe never reuses a stale build."""
     digest = hashlib.sha256()
     for path in _BUILTINS[name].recipe():
         digest.update(path.name.encode())

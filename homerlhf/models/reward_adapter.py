@@ -4,17 +4,10 @@
 whose weights are the LoRA matrices and the trained score head (peft's ``modules_to_save``). Its
 LoRA is loaded into the policy's ``PeftModel`` as one more adapter (:data:`REWARD`), next to
 ``actor`` and ``critic``; its score head becomes a small fp32 ``Linear(hidden, 1)``. No weight of
-the base is copied: the reward costs the adapter, the head and a forward's activations.
-
-A score is that head on the backbone's final hidden state at the last real token
-(:func:`homerlhf.models.scores.pooled_hidden`), the sequence being prompt + response as PPO makes it
-(:func:`homerlhf.data.replies.reward_sequence_ids`), with only the reward adapter active, no grad,
-every module in eval mode. Afterwards the active adapter, every ``requires_grad`` and every
-module's mode are as they were.
-
-The adapter only means something on the weights it was trained on: :func:`check_same_base`
-compares the reward model's base with the policy's (shape and a weights fingerprint,
-:mod:`homerlhf.models.fingerprint`) before any weight is loaded.
+the base is copied: the reward costs the adapter, the head and a forward's activations
+(:class:`RewardAdapter` scores). The adapter only means something on the weights it was trained on:
+:func:`check_same_base` compares the reward model's base with the policy's (shape and a weights
+fingerprint, :mod:`homerlhf.models.fingerprint`) before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -102,6 +95,12 @@ class RewardAdapter:
     ``peft_model``: the policy's (``PolicyModel.model``) or any peft model on the same base.
     ``pad_id`` pads batches of ``batch_size`` sequences (right-padded; the score is read at the
     last real token). :meth:`unload` takes the adapter out again.
+
+    A score is the head on the backbone's final hidden state at the last real token
+    (:func:`homerlhf.models.scores.pooled_hidden`) of prompt + response as PPO makes it
+    (:func:`homerlhf.data.replies.reward_sequence_ids`), with only the reward adapter active, no grad,
+    every module in eval mode. Afterwards the active adapter, every ``requires_grad`` and every
+    module's mode are as they were.
     """
 
     def __init__(self, peft_model, adapter_dir: str | Path, pad_id: int, batch_size: int = 8, name: str = REWARD):

@@ -8,16 +8,8 @@ picks ``argmax(logits / T + Gumbel noise)`` (the Gumbel-max trick: an exact samp
 ``softmax(logits / T)``) with noise that is row ``i``'s alone. To HF it hands a one-hot distribution,
 whose multinomial draw is that token whatever the global generator holds; the static decode loop
 takes the token itself (:meth:`PerSampleSampler.draw`: no softmax, no ``multinomial``, no host sync).
-
-Two noise sources, each a function of (seed, step, token) only:
-
-- ``counter`` (the default on CUDA): one batch of integer kernels for all rows, whatever the batch
-  size. The uniform for row ``i``, step ``s``, token ``v`` is a SplitMix64 output (Steele, Lea & Flood,
-  2014; the generator behind Java's ``SplittableRandom``): the stream keyed by ``seeds[i]`` gives the
-  step's key, the stream keyed by that gives the token's 64 bits, whose top 23 make the float32
-  uniform ``(bits + 0.5) / 2^23``, exact and strictly inside (0, 1). Integer arithmetic, so a CPU computes the same noise as a GPU.
-- ``generator``: one ``torch.Generator`` per row, ``torch.rand(V)`` per row and step (B launches a
-  step). The default elsewhere: the CPU demo's measured results were drawn from it.
+Two noise sources, each a function of (seed, step, token) only: ``counter`` (:func:`counter_uniform`,
+the default on CUDA) and ``generator`` (one ``torch.Generator`` per row; the default elsewhere).
 """
 
 from __future__ import annotations
@@ -60,7 +52,11 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int, columns: Optiona
     """seeds (B,) int64 -> (B, vocab) float32 uniforms in (0, 1): row ``i`` depends on ``seeds[i]``,
     ``step`` and the column only. key_i = mix(mix(seed_i) + (step + 1) G); u = mix(key_i + (v + 1) G).
     ``mixed``: ``seeds`` already hold mix(seed_i); ``columns``: (vocab,) the (v + 1) G (both reusable
-    across steps, so a step costs the same few kernels whatever B)."""
+    across steps, so a step costs the same few kernels whatever B).
+
+    mix is SplitMix64 (Steele, Lea & Flood, 2014; the generator behind Java's ``SplittableRandom``); the
+    top 23 bits of u make the float32 uniform ``(bits + 0.5) / 2^23``, exact and strictly inside (0, 1).
+    Integer arithmetic, so a CPU computes the same noise as a GPU."""
     start = seeds.clone() if mixed else mix64_(seeds.clone())
     key = mix64_(start.add_(_int64(((step + 1) * 0x9E3779B97F4A7C15) & _MASK64)))  # (B,)
     if columns is None:
@@ -73,7 +69,9 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int, columns: Optiona
 class PerSampleSampler:
     """A ``LogitsProcessor``: row ``i`` sampled from ``softmax(scores[i] / temperature)`` with noise
     from ``seeds[i]`` and the step alone. ``noise``: "counter" or "generator" (default: "counter" on
-    CUDA, "generator" elsewhere)."""
+    CUDA, "generator" elsewhere). ``counter``: one batch of integer kernels for all rows
+    (:func:`counter_uniform`); ``generator``: one ``torch.Generator`` per row, ``torch.rand(V)`` per row
+    and step (B launches a step), the one the CPU demo's measured results were drawn from."""
 
     def __init__(self, seeds: Sequence[int], temperature: float, device, noise: Optional[Noise] = None):
         self.temperature = float(temperature)

@@ -4,39 +4,15 @@ path on CUDA (``rollout.decoder``).
 HF ``generate`` on an NF4 + LoRA model is bound by kernel launches and Python, not by the GPU: every
 decode step runs ~200 linears, each a bitsandbytes 4-bit matmul and two LoRA matmuls, launched one by
 one from Python. Capturing that step once as a ``torch.cuda.CUDAGraph`` and replaying it turns it
-into one launch. ``torch.compile(mode="reduce-overhead")`` would do the same from the library, but on
-the peft/bitsandbytes forward it had not finished compiling after ~140 s on an H200 (DESIGN.md), so
-the capture is done by hand here.
+into one launch (``torch.compile(mode="reduce-overhead")`` had not finished compiling the peft /
+bitsandbytes forward after ~140 s on an H200: DESIGN.md). The loop is HF's sampling loop, step for
+step, so the samples are the same: :func:`prefill`, then :func:`decode_step` and :func:`sample`.
 
-The loop is HF's sampling loop, step for step, so the samples are the same:
-
-1. Prefill: one forward over the left-padded prompts (the actor adapter active, as in ``generate``)
-   into a preallocated cache: one HF ``StaticLayer`` per decoder layer, at least ``P + max_new_tokens``
-   slots. Sliding-window layers get a full-length layer too; their window is applied by HF's own mask.
-   A block of more than ``rollout.prefill_tokens`` prompt tokens is forwarded in column pieces, as
-   HF ``generate``'s chunked prefill does (``generation_config.prefill_chunk_size`` columns).
-2. Decode step: the model's forward for one token per row, reading only static buffers: the token
-   (B, 1), its position (B, 1) (prompt length of the row + step: left padding skipped), the 2D
-   attention mask (B, L) with one more column set per step, the cache (whose write offset is a device
-   tensor HF advances in place) and writing the fp32 logits (B, V). HF builds the 4D mask inside the
-   forward from device tensors alone when the cache is static and the query is one token (no
-   ``.item()``, no data-dependent shape), so the same callable runs eagerly (CPU) or captured (CUDA).
-   Attention on sdpa folds each KV head's query group instead of repeating K/V over the cache
-   (:mod:`homerlhf.models.decode_attention`).
-3. Sampling outside the step, as ``generate`` does it: the logits processors (the behaviour log-prob
-   recorder, then the per-sample sampler, whose token is taken directly: :meth:`PerSampleSampler.draw`;
-   without one, the temperature, softmax and ``multinomial``); rows that have produced a token of the
-   stop set get the pad id from then on. Whether every row has stopped is read on the host only every
-   :data:`STOP_CHECK_EVERY` steps (each read waits for the device); the steps run past the last stop
-   are cut off, so the result is ``generate``'s.
-
-A graph is valid only for the buffers it was captured with, so :class:`StaticDecoder` keeps the
-captured step with its buffers (the cache included) and replays it for every later call with as many
-rows and no longer a cache: one capture per (rows, cache length) for the run, not one per chunk
-(:mod:`homerlhf.models.decode_graphs`). Its cache stays allocated between calls; :meth:`StaticDecoder.release`
-frees it. A step that would break a capture (a host sync) is declined before capturing, a capture
-that fails raises :class:`CaptureFailed`; :class:`StaticDecoder` then says why in one log line and
-the caller samples with HF ``generate``.
+:class:`StaticDecoder` keeps the captured step with its buffers (the cache included) and replays it
+for every later call of the same rows and no longer a cache (:mod:`homerlhf.models.decode_graphs`).
+A step that would break a capture is declined before capturing, a capture that fails raises
+:class:`CaptureFailed`; :class:`StaticDecoder` then says why in one log line and the caller samples
+with HF ``generate``.
 """
 
 from __future__ import annotations
@@ -170,7 +146,24 @@ def sample(run_step: Callable[[], None], bufs: DecodeBuffers, first_logits: Tens
            processors: Sequence = ()) -> Tensor:
     """The sampling loop after the prefill; ``run_step``: the step, eager or a graph's replay.
     Returns the generated ids (B, T), T <= ``max_new_tokens``, pad after each row's stop token.
-    Processors with a ``keep_steps`` method are told T when the loop ran past it."""
+    Processors with a ``keep_steps`` method are told T when the loop ran past it.
+
+    1. Prefill (:func:`prefill`): one forward over the left-padded prompts (the actor adapter active)
+       into a preallocated cache: one HF ``StaticLayer`` per decoder layer, at least ``P + max_new_tokens``
+       slots (sliding-window layers too: their window is HF's mask's). A block of more than
+       ``rollout.prefill_tokens`` prompt tokens is forwarded in column pieces, as ``generate``'s chunked
+       prefill does.
+    2. Decode step (:func:`decode_step`): the model's forward for one token per row, reading only static
+       buffers (the token, its position, the 2D mask with one more column set per step, the cache whose
+       write offset is a device tensor HF advances) and writing the fp32 logits (B, V). HF builds the 4D
+       mask from device tensors alone when the cache is static and the query one token, so the same
+       callable runs eagerly (CPU) or captured (CUDA). Attention on sdpa folds each KV head's query group
+       (:mod:`homerlhf.models.decode_attention`).
+    3. Sampling outside the step, as ``generate`` does it: the logits processors (the behaviour log-prob
+       recorder, then the per-sample sampler, whose token is taken directly; without one, temperature,
+       softmax and ``multinomial``); rows that have produced a stop token get the pad id from then on.
+       Whether every row has stopped is read on the host every :data:`STOP_CHECK_EVERY` steps (each read
+       waits for the device); the steps run past the last stop are cut off."""
     width = prompt_ids.shape[1]
     stops = torch.as_tensor(sorted(set(int(i) for i in stop_ids)), dtype=torch.long, device=prompt_ids.device)
     unfinished = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)

@@ -13,7 +13,7 @@ from torch import Tensor
 from homerlhf.config.schema import PPOConfig, RunConfig
 from homerlhf.ppo.experience import Experience
 from homerlhf.ppo.distributed import Reduce, global_batch_moments, global_masked_whiten
-from homerlhf.ppo.group import grpo_advantages, rloo_advantages, token_advantages
+from homerlhf.ppo.group import grpo_advantages, rloo_advantages
 from homerlhf.ppo.math import gae, kl_penalized_rewards, masked_whiten
 from homerlhf.ppo.running import RunningMoments, normalize_scores
 
@@ -38,7 +38,7 @@ def compute_advantages(exp: Experience, ppo: PPOConfig, kl_coef: float, scores: 
     """KL-shaped rewards -> GAE -> (optional) whitening. ``scores``: (B,) as they enter the rewards.
     ``reduce``: a sum over data-parallel ranks; the whitening then uses every rank's advantages."""
     mask = exp.response_mask
-    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, ppo.kl_estimator)
+    rewards, kl = kl_penalized_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, kl_coef, ppo.kl_estimator)
     advantages, returns = gae(rewards, exp.values, mask, ppo.gamma, ppo.lam)
     if ppo.whiten_advantages:
         advantages = (masked_whiten(advantages, mask) if reduce is None
@@ -55,27 +55,21 @@ def experience_kl_estimator(cfg: RunConfig) -> str:
 def compute_group_advantages(exp: Experience, cfg: RunConfig, kl_coef: float, scores: Tensor) -> Experience:
     """GRPO / RLOO: each response's sequence reward (the score, minus ``kl_coef`` times its summed KL
     when the KL goes in the reward), turned into an advantage by its group (rows ``[g * n, (g + 1) * n)``
-    hold one prompt's ``n = ppo.group_size`` responses) and spread over its tokens. No values, no returns.
+    hold one prompt's ``n = group.size`` responses): ``sequence_advantages`` (B,), the one the loss
+    reads for every token of the response. No values, no returns, no per-token ``advantages``.
 
     With the KL in the loss (``cfg.kl_in_loss``) the rewards carry no KL and ``kl`` is the k3 estimate
     the loss penalises, kept for the metrics and the KL controller.
     """
     mask = exp.response_mask
-    rewards, kl = kl_penalized_rewards(scores, exp.logprobs, exp.ref_logprobs, mask,
+    rewards, kl = kl_penalized_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask,
                                        0.0 if cfg.kl_in_loss else kl_coef, experience_kl_estimator(cfg))
     sequence_rewards = rewards.sum(dim=1)
     if cfg.algorithm == "grpo":
-        advantages = grpo_advantages(sequence_rewards, cfg.ppo.group_size, scale_std=not cfg.ppo.dr_grpo)
+        advantages = grpo_advantages(sequence_rewards, cfg.group.size, scale_std=not cfg.group.dr_grpo)
     else:
-        advantages = rloo_advantages(sequence_rewards, cfg.ppo.group_size)
-    return replace(exp, rewards=rewards, kl=kl, returns=None,
-                   advantages=token_advantages(advantages, mask).to(exp.logprobs.dtype))
-
-
-def sequence_advantages(exp: Experience) -> Tensor:
-    """(B,) the one advantage each response's tokens share under GRPO / RLOO (their mean over the mask)."""
-    mask = exp.response_mask.to(exp.advantages.dtype)
-    return (exp.advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        advantages = rloo_advantages(sequence_rewards, cfg.group.size)
+    return replace(exp, rewards=rewards, kl=kl, returns=None, sequence_advantages=advantages.to(exp.old_logprobs.dtype))
 
 
 def sequence_kl(exp: Experience) -> Tensor:

@@ -1,62 +1,47 @@
 """The asynchronous mode (``rollout.async``): the next iteration's batch is generated while this one updates.
 
-With the policy version ``v`` = updates applied so far (``k - 1`` when iteration ``k`` starts),
-iteration ``k`` runs:
-
-1. take batch ``k`` from the buffer: sampled during iteration ``k - 1``'s update by the engine
-   holding adapter version ``k - 2`` (lag 1). Iteration 1, with nothing ahead, samples its own
-   batch first (lag 0);
-2. sync the engine to version ``k - 1`` and start batch ``k + 1`` in a background thread: engine
-   sampling, then reference log-probs and reward scores (a reference on the policy's own modules,
-   ``adapter_off``, cannot run beside the update: the trainer takes those when it takes the batch);
-3. meanwhile the trainer computes batch ``k``'s old log-probs and values with its own module
-   (version ``k - 1``), advantages, and the update that makes version ``k``.
-
-The PPO ratio uses the trainer's old log-probs; each token's loss is weighted by
-``min(exp(old - behaviour), rollout.is_cap)`` (:mod:`homerlhf.ppo.importance`), which corrects
-both the engine's other precision and the one update of staleness. The last iteration samples
-nothing ahead. The batch ahead lives in an :class:`homerlhf.ppo.buffer.ExperienceBuffer` (on
-disk in the run dir, part of every checkpoint).
-
-The background thread and the trainer share the machine: on CPU both want every core (set
-``rollout.engine_threads`` and the trainer's torch threads so they add up to the cores); the
-overlap pays where the engine and the trainer run on different devices.
+Iteration ``k`` takes batch ``k`` from the buffer (sampled during iteration ``k - 1``'s update by the
+engine holding adapter version ``k - 2``; iteration 1 samples its own), syncs the engine to version
+``k - 1`` and starts batch ``k + 1`` in a background thread (sampling, then the reference and reward
+requests), while the trainer computes batch ``k``'s old log-probs and values and updates. The loss
+weights each token by ``min(exp(old - behaviour), rollout.is_cap)`` (:mod:`homerlhf.ppo.importance`),
+which corrects the one update of staleness. The batch ahead lives in an
+:class:`homerlhf.ppo.buffer.ExperienceBuffer` (on disk in the run dir, in every checkpoint).
+docs/ppo_details.md ("Asynchronous mode") has the details and measurements.
 """
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
-from homerlhf.errors import UserError
-from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
+from homerlhf.ppo.backends import Backends, ReferenceBackend
 from homerlhf.ppo.buffer import ExperienceBuffer, PendingBatch
-from homerlhf.ppo.collect import RolloutState, StageTimes, build_experience, generate_chunk, phase, score_in_chunks
+from homerlhf.ppo.collect import Prompts, RolloutState, build_experience, generate_chunk, score_in_chunks
 from homerlhf.ppo.devices import to_trainer, worker_lists
-from homerlhf.ppo.engines import RolloutEngine
-from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.experience import Experience, Rollout
+from homerlhf.ppo.meters import Meters
 from homerlhf.ppo.rng import sample_seeds
 from homerlhf.ppo.rollout import RolloutBatch
 
 
-def produce_batch(engine: RolloutEngine, reference: ReferenceBackend, reward: RewardBackend, cfg: RunConfig,
-                  state: RolloutState, iteration: int, indices: Sequence[int], prompts: Sequence[Sequence[int]],
-                  rows: Optional[Sequence[dict]], version: int, pad_id: int) -> PendingBatch:
-    """Sample and score iteration ``iteration``'s batch (``prompts``, indexed by ``indices``) in the
+def produce_batch(backends: Backends, cfg: RunConfig, state: RolloutState, iteration: int, prompts: Prompts,
+                  version: int, pad_id: int) -> PendingBatch:
+    """Sample and score iteration ``iteration``'s batch (``prompts``, taken from the run's) in the
     calling thread, chunk by chunk; the engine holds adapter ``version``. Each sample draws from its
     own seed (:func:`homerlhf.ppo.rng.sample_seeds`), so the batch does not depend on timing."""
-    seeds = sample_seeds(cfg.seed, iteration, len(prompts))
+    prompts = replace(prompts, seeds=sample_seeds(cfg.seed, iteration, len(prompts)))
+    reference, reward = backends.reference, backends.reward
     parts, futures, start = [], [], 0
     while start < len(prompts):
-        batch = generate_chunk(engine, prompts[start:], seeds[start:], cfg, state)
-        chunk_rows = rows[start : start + len(batch)] if rows is not None else None
+        batch = generate_chunk(backends.engine, prompts.after(start), cfg, state)
+        chunk_rows = prompts.rows[start : start + len(batch)] if prompts.rows is not None else None
         start += len(batch)
         prompt_lists, response_lists = worker_lists(batch)
         ref = None if reference.uses_policy else reference.submit_logprobs(prompt_lists, response_lists)
@@ -68,7 +53,7 @@ def produce_batch(engine: RolloutEngine, reference: ReferenceBackend, reward: Re
     if not reference.uses_policy:
         ref_logprobs = torch.cat([to_trainer(ref.result(), device, width=width) for ref, _ in futures])
     scores = to_trainer([s for _, score in futures for s in score.result()], device)
-    return PendingBatch(iteration, list(indices), batch,
+    return PendingBatch(iteration, list(prompts.indices), batch,
                         torch.full((len(batch),), version, dtype=torch.long, device=device),
                         scores, ref_logprobs, reward.take_component_scores())
 
@@ -90,30 +75,39 @@ def pending_experience(policy, pending: PendingBatch, cfg: RunConfig, reference:
 
 
 class RolloutsAhead:
-    """One batch sampled ahead in a background thread into the run's buffer (``RUN_DIR/buffer``,
-    in memory without a run dir); see the module docstring. ``prompts`` and ``rows``: the trainer's,
-    indexed by the indices it draws."""
+    """The trainer's rollout source with ``rollout.async``: one batch sampled ahead in a background
+    thread into the run's buffer (``RUN_DIR/buffer``, in memory without a run dir); see the module
+    docstring. It has the methods of :class:`homerlhf.ppo.collect.SyncRollouts`."""
 
-    def __init__(self, engine: RolloutEngine, reference: ReferenceBackend, reward: RewardBackend, cfg: RunConfig,
-                 state: RolloutState, prompts: Sequence[Sequence[int]], rows: Optional[Sequence[dict]],
-                 run_dir: Optional[Path], policy):
-        self.engine, self.reference, self.reward, self.cfg, self.state = engine, reference, reward, cfg, state
-        self.prompts, self.rows = prompts, rows
+    samples_ahead = True
+
+    def __init__(self, policy, cfg: RunConfig, backends: Backends, prompts: Prompts, state: RolloutState,
+                 meters: Meters, run_dir: Optional[Path]):
+        self.policy, self.cfg, self.backends, self.prompts, self.state = policy, cfg, backends, prompts, state
+        self.meters = meters
         self.buffer = ExperienceBuffer(Path(run_dir) / "buffer" if run_dir is not None else None, policy.device)
         self.pad_id = policy.tokenizer.pad_token_id
         self._executor: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
         self._taken: Optional[PendingBatch] = None  # the batch of the iteration in progress, from the buffer
 
-    def next_batch(self, iteration: int, draw: Callable[[], list[int]], policy, last_iteration: int) -> PendingBatch:
+    def collect(self, iteration: int, draw: Callable[[], list[int]], last_iteration: int) -> Rollout:
+        """Iteration ``iteration``'s rollout: :meth:`next_batch`, then :func:`pending_experience`."""
+        with self.meters.stage("generation"):
+            pending = self.next_batch(iteration, draw, last_iteration)
+        with self.meters.stage("scoring"):
+            exp, entropy = pending_experience(self.policy, pending, self.cfg, self.backends.reference, self.state)
+        return Rollout(exp, entropy, pending.components)
+
+    def next_batch(self, iteration: int, draw: Callable[[], list[int]], last_iteration: int) -> PendingBatch:
         """Iteration ``iteration``'s batch: taken from the buffer (waiting for it), or sampled now when
-        there is none (iteration 1: lag 0). Between the two, the engine takes ``policy``'s adapter and,
+        there is none (iteration 1: lag 0). Between the two, the engine takes the policy's adapter and,
         unless this is ``last_iteration``, starts sampling the next iteration's batch with it.
         ``draw()``: the next batch's prompt indices (the trainer's data cursor)."""
         version = iteration - 1  # updates applied so far
         self._taken = None
         self._taken = pending = self.take()
-        self.engine.sync(policy)
+        self.backends.engine.sync(self.policy)
         if pending is None:
             pending = self.produce(iteration, draw(), version)
         if pending.iteration != iteration:
@@ -127,19 +121,9 @@ class RolloutsAhead:
         self.settle()
         return lambda directory: self.buffer.copy_to(directory / "buffer")
 
-    def collect(self, iteration: int, draw: Callable[[], list[int]], policy, last_iteration: int, meter,
-                times: StageTimes) -> tuple[Experience, Tensor, dict[str, list]]:
-        """The trainer's rollout and scoring stage in this mode: :meth:`next_batch`, then
-        :func:`pending_experience`. Returns the experience, the entropy (B, T) and the per-reward scores."""
-        t0 = time.perf_counter()
-        with phase(meter, "generation"):
-            pending = self.next_batch(iteration, draw, policy, last_iteration)
-        t1 = time.perf_counter()
-        times.generation += t1 - t0
-        with phase(meter, "scoring"):
-            exp, entropy = pending_experience(policy, pending, self.cfg, self.reference, self.state)
-        times.scoring += time.perf_counter() - t1
-        return exp, entropy, pending.components
+    def restore_from(self, ckpt: Path) -> None:
+        """The batch ahead saved in checkpoint ``ckpt``, back in the buffer (or none)."""
+        self.buffer.restore_from(Path(ckpt) / "buffer")
 
     def drop_iteration(self) -> None:
         """The iteration in progress is dropped: the batch sampled ahead goes, the one it took is
@@ -148,13 +132,12 @@ class RolloutsAhead:
         if self._taken is not None:
             self.buffer.put(self._taken)
 
-    def produce(self, iteration: int, indices: Sequence[int], version: int) -> PendingBatch:
+    def produce(self, iteration: int, indices: list[int], version: int) -> PendingBatch:
         """:func:`produce_batch` of the prompts at ``indices``, in the calling thread."""
-        rows = [self.rows[i] for i in indices] if self.rows is not None else None
-        return produce_batch(self.engine, self.reference, self.reward, self.cfg, self.state, iteration, indices,
-                             [self.prompts[i] for i in indices], rows, version, self.pad_id)
+        return produce_batch(self.backends, self.cfg, self.state, iteration, self.prompts.take(indices), version,
+                             self.pad_id)
 
-    def start(self, iteration: int, indices: Sequence[int], version: int) -> None:
+    def start(self, iteration: int, indices: list[int], version: int) -> None:
         """Sample batch ``iteration`` in the background thread; it goes into the buffer when done."""
         self.settle()
         if self._executor is None:
@@ -197,13 +180,3 @@ class RolloutsAhead:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-
-
-def rollouts_ahead(cfg: RunConfig, ranks, engine: RolloutEngine, reference: ReferenceBackend, reward: RewardBackend,
-                   state: RolloutState, prompts, rows, run_dir: Optional[Path], policy) -> Optional[RolloutsAhead]:
-    """The trainer's :class:`RolloutsAhead` in the asynchronous mode, None otherwise."""
-    if not cfg.rollout.async_:
-        return None
-    if ranks.distributed:
-        raise UserError("rollout.async runs in one process; drop it or launch without data parallelism")
-    return RolloutsAhead(engine, reference, reward, cfg, state, prompts, rows, run_dir, policy)

@@ -3,12 +3,21 @@
 Both take token ids (never text) as lists, one entry per sample, so the same calls work for an
 in-process model and for a llama.cpp worker across HTTP. ``submit_*`` returns a future so the
 trainer can overlap CPU scoring with GPU work; the base classes run the call in a worker thread.
+The backends that compute import torch and the models in their methods: the interfaces load
+without torch (1.7 s measured), for the workers layer above.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from homerlhf.errors import UserError
+
+if TYPE_CHECKING:
+    from homerlhf.ppo.engines import RolloutEngine
 
 TokenIds = Sequence[Sequence[int]]
 
@@ -158,11 +167,7 @@ class HFReward(RewardBackend):
     def __init__(self, model_path: str, device: str = "cpu", dtype=None, batch_size: int = 8,
                  trust_remote_code: bool = False):
         import torch
-        from pathlib import Path
-
         from transformers import AutoModelForSequenceClassification
-
-        from homerlhf.errors import UserError
 
         path = Path(model_path)
         if (path / "model").is_dir():
@@ -229,3 +234,13 @@ class AdapterReward(RewardBackend):
     def close(self) -> None:
         self.scorer.unload()
         super().close()
+
+
+@dataclass
+class Backends:
+    """What an iteration's samples are drawn and scored by: the reference, the reward and the rollout
+    engine (None: the actor's own ``generate``, :class:`homerlhf.ppo.engines.HFEngine`)."""
+
+    reference: ReferenceBackend
+    reward: RewardBackend
+    engine: Optional["RolloutEngine"] = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from homerlhf.ppo.rollout import RolloutBatch
@@ -46,8 +46,6 @@ class PendingBatch:
 
 def save_pending(pending: PendingBatch, directory: Path) -> None:
     """Write ``pending`` into ``directory`` (replacing any batch there)."""
-    from safetensors.torch import save_file
-
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: getattr(pending.batch, name) for name in _BATCH_FIELDS}
     tensors.update(policy_version=pending.policy_version, raw_scores=pending.raw_scores)
@@ -64,8 +62,6 @@ def save_pending(pending: PendingBatch, directory: Path) -> None:
 
 def load_pending(directory: Path, device="cpu") -> Optional[PendingBatch]:
     """The batch in ``directory``, its tensors on ``device``; None when there is none."""
-    from safetensors.torch import load_file
-
     if not (directory / META).is_file():
         return None
     meta = json.loads((directory / META).read_text())

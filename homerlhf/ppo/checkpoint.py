@@ -1,31 +1,13 @@
-"""Full PPO checkpoints: atomic writes, the last K kept, loading, resume-compatibility checks.
+"""Full run checkpoints: atomic writes, the last K kept, loading, resume-compatibility checks.
 
-A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` holding
-
-- ``actor/``, ``critic/``            the LoRA adapters in peft format (no ``critic/`` when shared)
-- ``value_head.safetensors``         the critic's fp32 value head (none for GRPO/RLOO: no critic)
-- ``optimizers.pt``                  ``{name: optimizer.state_dict()}`` (and ``schedulers.pt``)
-- ``rng.pt``                         python, numpy, torch, CUDA and named ``torch.Generator`` states
-- ``trainer_state.json``             iteration, data cursor, KL controller, score normaliser, the
-                                     byte offsets of ``metrics.jsonl``/``samples.jsonl`` at save time
-                                     and the config fingerprint
-- ``config.yaml``                    the resolved run config
-- ``buffer/``                        the asynchronous mode's batch sampled ahead, if one is pending
-                                     (:mod:`homerlhf.ppo.buffer`)
-- ``MANIFEST.json``                  every file above with its size and sha256, written last
-                                     (:mod:`homerlhf.ppo.manifest`)
-
-It is written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
-then renamed into place and the parent fsynced. A crash at any moment therefore leaves either the
-previous checkpoints untouched plus a ``.tmp-`` directory (ignored and later removed), or a
-complete new one: a directory named ``iter_*`` whose manifest matches its files. ``.pt`` files are
-our own tensors and plain containers and are loaded with ``torch.load(..., weights_only=True)``.
-What reads a checkpoint (``--resume``, ``export policy``, the app) first checks that the files it
-loads are what the manifest recorded (:func:`verify_checkpoint`): a file changed, cut short or gone
-since is named in one line, with the newest earlier checkpoint that is intact.
-
-The random states are :mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds (which checkpoint, which
-config, the logs cut back) is :mod:`homerlhf.ppo.resuming`.
+A checkpoint is the directory ``RUN_DIR/checkpoints/iter_XXXXXX/`` (:func:`save_checkpoint` lists its
+files), written into ``checkpoints/.tmp-iter_XXXXXX-<pid>/``, every file and the directory fsynced,
+then renamed into place and the parent fsynced: a crash at any moment leaves either the previous
+checkpoints plus a ``.tmp-`` directory (ignored and later removed), or a complete new one whose
+manifest (:mod:`homerlhf.ppo.manifest`, written last) matches its files. ``.pt`` files are our own
+tensors and containers, loaded with ``torch.load(..., weights_only=True)``. What reads a checkpoint
+first checks its files against the manifest (:func:`verify_checkpoint`). The random states are
+:mod:`homerlhf.ppo.rng`'s; what ``--resume`` adds is :mod:`homerlhf.ppo.resuming`. docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -37,11 +19,14 @@ import re
 import shutil
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
+from safetensors.torch import load_file
 
+from homerlhf.config import to_yaml
 from homerlhf.errors import UserError
 from homerlhf.ppo.manifest import (FORMAT_VERSION, MANIFEST, checkpoint_problem, is_complete,  # noqa: F401
                                    read_manifest, write_manifest)
@@ -213,34 +198,39 @@ def _maybe_fault(iteration: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    iteration: int,
-    *,
-    policy,
-    optimizers: Mapping[str, Any],
-    config,
-    trainer_state: Mapping[str, Any],
-    stateful: Optional[Mapping[str, Any]] = None,
-    schedulers: Optional[Mapping[str, Any]] = None,
-    rng_state: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    log_sizes: Optional[Mapping[str, int]] = None,
-    keep: int = 3,
-    write_extra: Optional[Callable[[Path], None]] = None,
-) -> Path:
-    """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``.
+@dataclass
+class RunState:
+    """The live objects a checkpoint saves and restores. ``policy``: has ``save(dir)`` (adapters in
+    peft format + ``value_head.safetensors``); ``optimizers``: name -> object with ``state_dict()``;
+    ``stateful``: name -> object whose ``state_dict()`` is JSON-able (KL controller, score normaliser);
+    ``generators``: name -> ``torch.Generator``; ``counters``: the trainer's JSON-able counters."""
 
-    ``policy``: has ``save(dir)`` (adapters in peft format + ``value_head.safetensors``).
-    ``optimizers``/``schedulers``: name -> object with ``state_dict()``.
-    ``stateful``: name -> object with ``state_dict()`` returning JSON-able data (KL controller,
-    score normaliser). ``trainer_state``: JSON-able counters (data cursor, ...).
-    ``rng_state``: a :func:`capture_rng_state` result (default: captured now, with ``generators``);
+    policy: Any = None
+    optimizers: Mapping[str, Any] = field(default_factory=dict)
+    stateful: Mapping[str, Any] = field(default_factory=dict)
+    generators: Mapping[str, torch.Generator] = field(default_factory=dict)
+    counters: Mapping[str, Any] = field(default_factory=dict)
+
+
+def save_checkpoint(run_dir: str | Path, iteration: int, state: RunState, config, *, keep: int = 3,
+                    rng_state: Optional[Mapping[str, Any]] = None,
+                    write_extra: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write ``RUN_DIR/checkpoints/iter_XXXXXX`` atomically and keep the newest ``keep``. It holds:
+
+    - ``actor/``, ``critic/``: the LoRA adapters in peft format (no ``critic/`` when shared);
+    - ``value_head.safetensors``: the critic's fp32 value head (none for GRPO/RLOO: no critic);
+    - ``optimizers.pt``: ``{name: optimizer.state_dict()}``;
+    - ``rng.pt``: python, numpy, torch, CUDA and named ``torch.Generator`` states;
+    - ``trainer_state.json``: iteration, data cursor, KL controller, score normaliser, the byte offsets
+      of ``metrics.jsonl`` / ``samples.jsonl`` at save time and the config fingerprint;
+    - ``config.yaml``: the resolved run config;
+    - ``buffer/``: the asynchronous mode's batch sampled ahead, if one is pending (``write_extra``);
+    - ``MANIFEST.json``: every file above with its size and sha256, written last.
+
+    ``rng_state``: a :func:`capture_rng_state` result (default: captured now, with ``state.generators``);
     a caller that checkpoints the state from before an abandoned half iteration passes its own.
-    ``log_sizes``: byte offsets of the logs (default: their sizes now). ``write_extra(dir)``: adds files of its own.
+    ``write_extra(dir)``: adds files of its own. The logs' byte offsets are their sizes now.
     """
-    from homerlhf.config import to_yaml
-
     run_dir = Path(run_dir)
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -249,22 +239,20 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    policy.save(tmp)
+    state.policy.save(tmp)
     _maybe_fault(iteration)
-    torch.save({k: opt.state_dict() for k, opt in optimizers.items()}, tmp / "optimizers.pt")
-    if schedulers:
-        torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
-    torch.save(dict(rng_state) if rng_state is not None else capture_rng_state(generators), tmp / "rng.pt")
-    state = {
+    torch.save({k: opt.state_dict() for k, opt in state.optimizers.items()}, tmp / "optimizers.pt")
+    torch.save(dict(rng_state) if rng_state is not None else capture_rng_state(state.generators), tmp / "rng.pt")
+    saved = {
         "format": FORMAT_VERSION,
         "iteration": iteration,
-        "trainer": dict(trainer_state),
-        "stateful": {k: obj.state_dict() for k, obj in (stateful or {}).items()},
-        "logs": dict(log_sizes) if log_sizes is not None else log_offsets(run_dir),
+        "trainer": dict(state.counters),
+        "stateful": {k: obj.state_dict() for k, obj in state.stateful.items()},
+        "logs": log_offsets(run_dir),
         "config_fingerprint": config_fingerprint(config),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    (tmp / "trainer_state.json").write_text(json.dumps(saved, indent=1))
     (tmp / "config.yaml").write_text(to_yaml(config))
     if write_extra is not None:
         write_extra(tmp)
@@ -316,8 +304,7 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
 # -- loading -----------------------------------------------------------------------------------
 def load_adapters(policy, ckpt: str | Path) -> None:
     """Copy the checkpoint's adapter weights and value head into an already built ``policy``."""
-    from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from peft.utils import set_peft_model_state_dict  # late: peft adds ~5 s to importing the trainer (measured)
 
     ckpt = Path(ckpt)
     adapters = ["actor"] if policy.shared_adapter else ["actor", "critic"]
@@ -364,33 +351,19 @@ def _back_into_paged_buffers(opt) -> None:
                     state[key] = buffer
 
 
-def load_checkpoint(
-    ckpt: str | Path,
-    *,
-    policy=None,
-    optimizers: Optional[Mapping[str, Any]] = None,
-    stateful: Optional[Mapping[str, Any]] = None,
-    schedulers: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    restore_rng: bool = True,
-) -> dict[str, Any]:
-    """Restore everything :func:`save_checkpoint` wrote into the given live objects.
-
-    Returns the ``trainer_state.json`` dict (``iteration``, ``trainer`` counters, ``logs`` offsets).
-    """
+def load_checkpoint(ckpt: str | Path, state: RunState, restore_rng: bool = True) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote into ``state``'s live objects (its ``counters``
+    are not read: they are returned). Returns the ``trainer_state.json`` dict (``iteration``,
+    ``trainer`` counters, ``logs`` offsets)."""
     ckpt = Path(ckpt)
     verify_checkpoint(ckpt)  # hashed once per process: after find_resume_checkpoint's, only a stat per file
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    if policy is not None:
-        load_adapters(policy, ckpt)
-    if optimizers:
-        load_optimizers(ckpt / "optimizers.pt", optimizers)
-    if schedulers:
-        saved = torch.load(ckpt / "schedulers.pt", map_location="cpu", weights_only=True)
-        for name, sched in schedulers.items():
-            sched.load_state_dict(saved[name])
-    for name, obj in (stateful or {}).items():
-        obj.load_state_dict(state["stateful"][name])
+    saved = json.loads((ckpt / "trainer_state.json").read_text())
+    if state.policy is not None:
+        load_adapters(state.policy, ckpt)
+    if state.optimizers:
+        load_optimizers(ckpt / "optimizers.pt", state.optimizers)
+    for name, obj in state.stateful.items():
+        obj.load_state_dict(saved["stateful"][name])
     if restore_rng:
-        restore_rng_state(torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True), generators)
-    return state
+        restore_rng_state(torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True), state.generators)
+    return saved

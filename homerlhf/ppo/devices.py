@@ -1,26 +1,15 @@
-"""Where a PPO iteration's tensors live: on the trainer's device, or as lists for the backends.
+"""Where an iteration's tensors live: on the trainer's device, or as lists for the backends.
 
-The trainer computes on one device, the policy's (``PolicyModel.device``: the GPU, or the CPU):
-rollout ids and masks, old log-probs and values, advantages, the update. The reference and reward
-backends (llama.cpp workers over HTTP, in-process models, reward functions) speak lists: token ids
-in, floats out (lists, or CPU tensors). Two functions are the only crossings:
-
-- :func:`worker_lists`: a rollout batch's prompts and responses as unpadded id lists, what every
-  backend takes (one device-to-host copy per tensor, not one per row);
-- :func:`to_trainer`: whatever comes back (one score per sample, per-token rows of any length, a
-  tensor on any device, an engine's :class:`~homerlhf.ppo.rollout.RolloutBatch`) as tensors on
-  the trainer's device.
-
-An :class:`~homerlhf.ppo.experience.Experience` holds every tensor on one device and refuses to
-be built (or given a field) otherwise, naming the fields and their devices. What stays on the CPU
-on purpose: the mini-batch shuffle's ``torch.Generator`` and its permutations (a checkpoint's RNG
-state then does not depend on the card; :meth:`Experience.select` moves the index), the prompt
-order, the per-sample seeds, and what is written to disk (checkpoints and the asynchronous buffer
-are saved from the CPU and loaded back onto the trainer's device).
-
-Every tensor the trainer's path creates names its device: a factory call without one gives a CPU
-tensor, which on a GPU meets the trainer's CUDA tensors at the first op (the way ``policy_version``
-broke every GPU run's first update). The tests run iterations with such calls sent to ``meta``.
+The trainer computes on one device, the policy's (``PolicyModel.device``). The reference and reward
+backends (llama.cpp workers over HTTP, in-process models, reward functions) speak lists: token ids in,
+floats out. Two functions are the only crossings: :func:`worker_lists` (a rollout batch as unpadded id
+lists, one device-to-host copy per tensor) and :func:`to_trainer` (whatever comes back, as tensors on
+the trainer's device). An :class:`~homerlhf.ppo.experience.Experience` holds every tensor on one device.
+What stays on the CPU on purpose: the mini-batch shuffle's generator and its permutations (a
+checkpoint's RNG state does not depend on the card), the prompt order, the per-sample seeds, and what
+is written to disk. Every tensor the trainer's path creates names its device: a factory call without
+one gives a CPU tensor, which on a GPU meets the trainer's CUDA tensors at the first op; the tests run
+iterations with such calls sent to ``meta``.
 """
 
 from __future__ import annotations

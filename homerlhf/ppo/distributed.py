@@ -16,10 +16,13 @@ process they are the identity. The sum-and-count helpers are pure: no process gr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
+import torch.distributed as dist
+from accelerate import PartialState
 from torch import Tensor
 
 from homerlhf.errors import UserError
@@ -87,6 +90,12 @@ def global_mean(values: Tensor, reduce: Reduce = identity) -> float:
     return float(total / count)
 
 
+def mean_over_ranks(values: Tensor, reduce: Optional[Reduce] = None) -> float:
+    """The mean of every rank's ``values`` together (:func:`global_mean`); with one process (``reduce``
+    None) the tensor's own ``mean()``, as a one-process run computes it."""
+    return global_mean(values, reduce) if reduce is not None else float(values.mean())
+
+
 def owned_minibatch_rows(n_global: int, lo: int, hi: int, size: int,
                          generator: torch.Generator) -> Iterator[tuple[Tensor, int]]:
     """For each shuffled global mini-batch of ``size`` rows (as ``Experience.minibatches`` draws them
@@ -146,8 +155,6 @@ class Ranks:
         It is reduced on the process group's device (:func:`collective_device`), wherever it lives."""
         if not self.distributed:
             return t
-        import torch.distributed as dist
-
         out = t.detach().to(collective_device(dist.get_backend()), copy=True).contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.to(t.device)
@@ -158,16 +165,12 @@ class Ranks:
 
     def barrier(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
-
             dist.barrier()
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         if not self.distributed:
             return [obj]
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
@@ -176,8 +179,6 @@ class Ranks:
         """``obj`` of rank ``src`` on every rank."""
         if not self.distributed:
             return obj
-        import torch.distributed as dist
-
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
@@ -204,12 +205,8 @@ def current_ranks() -> Ranks:
     """The ranks of this process as ``accelerate launch`` (or torchrun) set them up: the process group
     is initialised through accelerate's ``PartialState`` (gloo on CPU, nccl on GPUs); one process
     when not launched that way."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return SINGLE
-    from accelerate import PartialState
-
     state = PartialState(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
     return Ranks(state.process_index, state.num_processes, state.local_process_index)
 
@@ -227,7 +224,7 @@ def check_data_parallel(batch_size: int, group_size: int, world: int) -> None:
     """The global rollout batch splits evenly over ``world`` processes, in whole prompt groups."""
     if world > 1 and batch_size % (world * group_size):
         raise UserError(f"rollout.batch_size {batch_size} does not split over {world} processes in whole groups "
-                        f"of ppo.group_size {group_size}; use a multiple of {world * group_size}")
+                        f"of group.size {group_size}; use a multiple of {world * group_size}")
 
 
 def gather_batch(ranks: Ranks, exp: Experience, scores: Tensor, entropy: Tensor, components: dict[str, list],

@@ -10,7 +10,7 @@ are padding in every row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Optional
 
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 # Fields padded on the left (prompt block) and on the right (response block) when concatenating.
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _RESPONSE_FIELDS = (
-    "response_ids", "response_mask", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns", "kl",
+    "response_ids", "response_mask", "old_logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns", "kl",
     "behaviour_logprobs", "is_weights",
 )
 
@@ -30,17 +30,18 @@ class Experience:
     prompt_mask: Tensor  # (B, P) long, 1 on prompt tokens
     response_ids: Tensor  # (B, T) long, right-padded
     response_mask: Tensor  # (B, T) long, 1 on response tokens up to and including EOS
-    logprobs: Tensor  # (B, T) log pi_old(a_t | s_t) of the actor that sampled
+    old_logprobs: Tensor  # (B, T) log pi_old(a_t | s_t): the trainer's own forward before the update
     ref_logprobs: Tensor  # (B, T) log pi_ref(a_t | s_t)
     values: Tensor  # (B, T) V_old(s_t) of the critic at rollout time
-    scores: Tensor  # (B,) reward-model score (after truncation penalty / normalisation)
+    scores: Tensor  # (B,) reward score after the truncation penalty (normalised apart: not stored)
     truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
     raw_scores: Optional[Tensor] = None  # (B,) reward-model score as returned
     rewards: Optional[Tensor] = None  # (B, T) KL-shaped per-token rewards
     kl: Optional[Tensor] = None  # (B, T) per-token KL estimate used in the rewards
-    advantages: Optional[Tensor] = None  # (B, T) GAE advantages (whitened if configured)
+    advantages: Optional[Tensor] = None  # (B, T) PPO's GAE advantages (whitened if configured)
+    sequence_advantages: Optional[Tensor] = None  # (B,) GRPO / RLOO: one advantage per response
     returns: Optional[Tensor] = None  # (B, T) GAE returns, the critic's targets
-    behaviour_logprobs: Optional[Tensor] = None  # (B, T) log-probs under the engine that sampled
+    behaviour_logprobs: Optional[Tensor] = None  # (B, T) log-probs under the engine that sampled (mu)
     is_weights: Optional[Tensor] = None  # (B, T) truncated importance weights min(exp(old - behaviour), cap)
     policy_version: Optional[Tensor] = None  # (B,) long, updates applied to the actor that sampled each row
 
@@ -160,6 +161,15 @@ class Experience:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Experience))
+
+
+@dataclass
+class Rollout:
+    """One iteration's batch as sampling and scoring leave it: what the advantages and update take."""
+
+    exp: Experience  # scores, old log-probs, values and reference log-probs set; no rewards or advantages yet
+    entropy: Tensor  # (B, T) the actor's per-token entropy at rollout
+    components: dict[str, list] = field(default_factory=dict)  # per-reward scores of a weighted reward
 
 
 def _kept_widths(extents: list[tuple[Optional[int], int]]) -> tuple[int, int]:

@@ -1,25 +1,19 @@
 """The critic-free math of GRPO and RLOO: pure tensor functions, nothing else.
 
-Both sample ``group_size`` responses per prompt; a batch holds the groups one after the other
-(rows ``[g * n, (g + 1) * n)`` are group ``g``, ``n = group_size``). Each response gets one
-advantage from its group's sequence rewards, spread over its response tokens:
-
-- GRPO (Shao et al. 2024): ``A_i = (r_i - mean(r)) / (std(r) + eps)``, ``std`` unbiased; the
-  Dr. GRPO variant (Liu et al. 2025) drops the division: ``A_i = r_i - mean(r)``.
-- RLOO (Ahmadian et al. 2024): ``A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r))``.
-
-Losses reuse PPO's clipped ratio per token (``ratio = exp(logp - old_logp)``) and differ in how the
-per-token terms become one number (``aggregate``):
-
-- ``token_mean``: sum over all response tokens / number of response tokens (longer responses weigh more);
-- ``seq_mean_token_mean``: each response's token mean, then the mean over responses (GRPO's paper);
-- ``constant``: sum over all response tokens / (B * max_new_tokens) (Dr. GRPO: no length bias).
-
-Shapes: ``B`` batch (a multiple of the group size), ``T`` response length, ``mask`` 1 on response
-tokens. Masked positions never reach the arithmetic, as in :mod:`homerlhf.ppo.math`.
+Both sample ``group_size`` responses per prompt, the groups one after the other in a batch (rows
+``[g * n, (g + 1) * n)`` are group ``g``). Each response gets one advantage from its group's sequence
+rewards: GRPO (Shao et al. 2024) ``A_i = (r_i - mean(r)) / (std(r) + eps)`` (Dr. GRPO, Liu et al.
+2025: no division), RLOO (Ahmadian et al. 2024) ``A_i = r_i - mean_{j != i} r_j``. The loss is PPO's
+clipped ratio per token with that advantage; ``aggregate`` makes the per-token terms one number:
+``token_mean`` (over all response tokens), ``seq_mean_token_mean`` (each response's token mean, then
+the mean over responses: GRPO's paper) or ``constant`` (sum / (B * max_new_tokens): Dr. GRPO).
+Shapes: ``B`` batch, ``T`` response length, ``mask`` 1 on response tokens; masked positions never
+reach the arithmetic, as in :mod:`homerlhf.ppo.math`. docs/ppo_details.md, detail 19, derives them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -28,6 +22,7 @@ from homerlhf.ppo.math import _bool_mask, _check_shapes, k3_kl
 
 __all__ = [
     "AGGREGATIONS",
+    "GroupLoss",
     "groups",
     "grpo_advantages",
     "rloo_advantages",
@@ -38,6 +33,21 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+
+
+@dataclass(frozen=True)
+class GroupLoss:
+    """The settings of :func:`clipped_group_loss`."""
+
+    clip_range: float  # the ratio's clip epsilon
+    kl_coef: float  # the weight of the k3 KL to the reference per token; 0 keeps it out of the loss
+    mode: str  # one of AGGREGATIONS
+    max_len: int | None = None  # the ``constant`` aggregation's length (rollout.max_new_tokens)
+
+    @property
+    def per_row(self) -> bool:
+        """True when the loss is a mean over rows (micro-batches weigh by rows, not tokens)."""
+        return self.mode in ("seq_mean_token_mean", "constant")
 
 
 def groups(x: Tensor, group_size: int) -> Tensor:
@@ -98,14 +108,11 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
     raise ValueError(f"aggregate mode must be one of {AGGREGATIONS}, got {mode!r}")
 
 
-def clipped_group_loss(
-    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-    clip_range: float, kl_coef: float, mode: str, max_len: int | None = None, weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def clipped_group_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                       loss: GroupLoss, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO/RLOO actor loss: PPO's clipped ratio term per token with the sequence advantages, plus
-    ``kl_coef`` times the bounded k3 KL to the reference per token (:func:`homerlhf.ppo.math.k3_kl`: a
-    token whose k3 is capped gives no KL gradient; ``kl_coef`` 0: KL kept out of the loss), aggregated
-    by ``mode``.
+    ``loss.kl_coef`` times the bounded k3 KL to the reference per token (:func:`homerlhf.ppo.math.k3_kl`:
+    a token whose k3 is capped gives no KL gradient), aggregated by ``loss.mode``.
 
     Args: ``logprobs`` ``[B, T]`` with grad; ``old_logprobs``, ``ref_logprobs`` ``[B, T]``;
     ``advantages`` ``[B]`` (one per sequence); ``mask`` ``[B, T]``; ``weights`` ``[B, T]`` importance
@@ -122,14 +129,14 @@ def clipped_group_loss(
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    clipped = -adv * torch.clamp(ratio, 1.0 - loss.clip_range, 1.0 + loss.clip_range)
     per_token = torch.maximum(unclipped, clipped)
     if weights is not None:  # w > 0: w * max(x, y) = max(w * x, w * y), the clip fraction is unchanged
         per_token = per_token * torch.where(mask, weights.to(per_token.dtype), zero)
     kl, kl_clamped = k3_kl(logprobs, ref_logprobs, mask)
-    if kl_coef:
-        per_token = per_token + kl_coef * kl
-    loss = aggregate(per_token, mask, mode, max_len)
+    if loss.kl_coef:
+        per_token = per_token + loss.kl_coef * kl
+    total = aggregate(per_token, mask, loss.mode, loss.max_len)
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
         stats = {
@@ -138,4 +145,4 @@ def clipped_group_loss(
             "kl_ref": kl.detach().sum() / count,
             "kl_clamped": kl_clamped.to(logprobs.dtype).sum() / count,
         }
-    return loss, stats
+    return total, stats

@@ -100,8 +100,8 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return torch.where(mask, whitened, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-# k3's bounds, as verl's ``kl_penalty`` (low_var_kl): unbounded, k3 grows as exp(d), and a real GRPO
-# run once read 40 nats with a gradient norm of 13.9 (issue 41). The cap binds first: k3 > 10 once the
+# k3's bounds, as verl's ``kl_penalty`` (low_var_kl): unbounded, k3 grows as exp(d) (docs/ppo_details.md,
+# detail 4, has a GRPO run that read 40 nats). The cap binds first: k3 > 10 once the
 # log-ratio d leaves about (-11, 2.61), so the bound on d never changes a value. It keeps exp(d)
 # finite (exp(20) ~ 4.9e8 in fp32 / bf16, where exp overflows past ~88) so that the zero gradient of
 # a capped token stays 0 in backward (0 * exp(d), not 0 * inf = nan).

@@ -16,12 +16,12 @@ from typing import Any, Iterable
 
 from torch import Tensor
 
-from homerlhf.ppo.advantages import sequence_kl
+from homerlhf.ppo.advantages import experience_kl_estimator, sequence_kl
 from homerlhf.ppo.group import group_zero_spread, groups
-from homerlhf.ppo.collect import StageTimes
-from homerlhf.ppo.experience import Experience
+from homerlhf.ppo.experience import Experience, Rollout
 from homerlhf.ppo.importance import importance_metrics
 from homerlhf.ppo.math import K3_MAX, explained_variance, k3_kl, masked_mean
+from homerlhf.ppo.meters import Meters, StageTimes
 from homerlhf.tracking.session import TrackerSession
 from homerlhf.tracking.settings import report_to
 
@@ -153,7 +153,7 @@ def sampler_metrics(exp: Experience) -> dict[str, float]:
     none for an experience without behaviour log-probs."""
     if exp.behaviour_logprobs is None or exp.is_weights is None:
         return {}
-    stats = importance_metrics(exp.logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
+    stats = importance_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.is_weights, exp.response_mask)
     return {key: float(value) for key, value in stats.items()}
 
 
@@ -170,8 +170,8 @@ def kl_clamp_metrics(exp: Experience) -> dict[str, float]:
     """Where ``exp.kl`` is k3: the fraction of response tokens whose k3 was capped
     (:func:`homerlhf.ppo.math.k3_kl`, the function that computed it)."""
     mask = exp.response_mask
-    _, clamped = k3_kl(exp.logprobs, exp.ref_logprobs, mask)
-    return {"kl_clamped_frac": float(masked_mean(clamped.to(exp.logprobs.dtype), mask))}
+    _, clamped = k3_kl(exp.old_logprobs, exp.ref_logprobs, mask)
+    return {"kl_clamped_frac": float(masked_mean(clamped.to(exp.old_logprobs.dtype), mask))}
 
 
 KL_REF_START_WARN = 1e-3  # nats/token: the warning threshold of kl_ref_start
@@ -183,7 +183,7 @@ def kl_ref_start(exp: Experience) -> float:
     update, it measures how far the reference is from the actor's starting weights. In float64 and
     unbounded on purpose (not :func:`homerlhf.ppo.math.k3_kl`): a diagnostic, in no reward or gradient."""
     mask = exp.response_mask.bool()
-    log_ratio = (exp.ref_logprobs - exp.logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
+    log_ratio = (exp.ref_logprobs - exp.old_logprobs).double().masked_fill(~mask, 0.0)  # (B, T)
     return float(masked_mean(log_ratio.expm1() - log_ratio, mask))
 
 
@@ -213,27 +213,28 @@ def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_
     }
 
 
-def iteration_metrics(iteration: int, exp: Experience, scores: Tensor, entropy: Tensor, kl_coef: float,
-                      update: dict[str, float], times: StageTimes, *, mini_batch_size: int,
-                      started: float, group_size: int | None = None,
-                      kl_estimator: str | None = None) -> dict[str, Any]:
+def iteration_metrics(iteration: int, rollout: Rollout, scores: Tensor, kl_coef: float, update: dict[str, float],
+                      meters: Meters, cfg) -> dict[str, Any]:
     """The metrics row of one iteration (memory aside), in the order of ``METRIC_DESCRIPTIONS``.
 
-    ``update``: ``ppo_update``'s stats (the critic's and the group loss's only where they exist) plus
-    the OOM bookkeeping (``micro_batch_size``, ``oom_retries``, ``rollout_chunk_size``,
-    ``oom_retries_generation``, ``oom_retries_scoring``); ``started``: ``time.perf_counter()`` at
-    the iteration's start; ``group_size``: GRPO / RLOO's, for the group metrics (None for PPO);
-    ``kl_estimator``: that of ``exp.kl`` (``"k3"`` adds ``kl_clamped_frac``).
+    ``rollout``: its experience with rewards, KL and advantages computed, and the rollout entropy;
+    ``scores`` (B,): as they entered the rewards; ``update``: the update's stats (the critic's and the
+    group loss's only where they exist) and the OOM bookkeeping (``micro_batch_size``, ``oom_retries``,
+    ``rollout_chunk_size``, ``oom_retries_generation``, ``oom_retries_scoring``); ``meters``: the
+    iteration's times and start; ``cfg``: the run's (the group figures for GRPO / RLOO, ``kl_clamped_frac``
+    where ``exp.kl`` is k3).
     """
+    exp = rollout.exp
     row: dict[str, Any] = {
         "iteration": iteration,
-        **rollout_metrics(exp, scores, entropy, kl_coef),
+        **rollout_metrics(exp, scores, rollout.entropy, kl_coef),
         **version_lag_metrics(exp, iteration),
-        **(group_metrics(exp, group_size) if group_size else {}),
-        **(kl_clamp_metrics(exp) if kl_estimator == "k3" else {}),
+        **(group_metrics(exp, cfg.group.size) if not cfg.has_critic else {}),
+        **(kl_clamp_metrics(exp) if experience_kl_estimator(cfg) == "k3" else {}),
         **{key: update[key] for key in UPDATE_METRICS if key in update},
         **{key: update[key] for key in OPTIONAL_UPDATE_METRICS if key in update},
-        **time_metrics(times, exp, update["optimizer_steps"], mini_batch_size, time.perf_counter() - started),
+        **time_metrics(meters.times, exp, update["optimizer_steps"], cfg.ppo.mini_batch_size,
+                       time.perf_counter() - meters.started),
     }
     return {key: row[key] for key in METRIC_DESCRIPTIONS if key in row}
 

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional
 
+from homerlhf.config import from_yaml_file, load_config
+from homerlhf.config.loader import _read_yaml, apply_overrides, deep_merge, validate
 from homerlhf.errors import UserError
 from homerlhf.ppo.checkpoint import check_resume_compatible, checkpoint_dirs, verify_checkpoint
 
@@ -37,8 +39,6 @@ def truncate_logs(run_dir: str | Path, offsets: Mapping[str, int]) -> None:
 
 def saved_config(ckpt: str | Path):
     """The resolved ``RunConfig`` a checkpoint was written with."""
-    from homerlhf.config import from_yaml_file
-
     return from_yaml_file(Path(ckpt) / "config.yaml")
 
 
@@ -76,9 +76,6 @@ def resume_config(run_dir: str | Path, *, preset: Optional[str] = None, config_f
     With an explicit ``preset`` the config is built from scratch instead. Either way a change to an
     ``INCOMPATIBLE_KEYS`` entry is refused in one line naming the key. Returns ``(config, ckpt)``.
     """
-    from homerlhf.config import load_config
-    from homerlhf.config.loader import _read_yaml, apply_overrides, deep_merge, validate
-
     ckpt = find_resume_checkpoint(run_dir)
     saved = saved_config(ckpt)
     if preset is not None:

@@ -1,19 +1,15 @@
 """Rewards computed by Python functions from the user's own file, and weighted sums of rewards.
 
-``reward.function: path/to/rewards.py:fn`` names a file and a function in it. The file is
-imported from that path only (``importlib.util.spec_from_file_location``): nothing is searched on
-``sys.path`` and nothing else is imported on its behalf. The function is called once per sample
-with the keyword arguments it declares among :data:`SAMPLE_ARGS` (or all of them if it takes
-``**kwargs``)::
+``reward.function: path/to/rewards.py:fn`` names a file and a function in it. The file is imported from
+that path only (:func:`load_reward_function`): nothing is searched on ``sys.path``. The function is
+called once per sample with the keyword arguments it declares among :data:`SAMPLE_ARGS` (or all of
+them if it takes ``**kwargs``)::
 
     def correct(response: str, row: dict) -> float | None:
         return 1.0 if response.strip().startswith(str(row["answer"])) else 0.0
 
-``prompt``/``response`` are the decoded texts (special tokens skipped), ``prompt_ids``/
-``response_ids`` the token ids, ``row`` the prompt's dataset row with every column (``{}`` when
-scoring outside a run). It returns a number, or None for "no reward": None counts as 0 in the
-total and is counted in the metric ``reward_<name>_none``. Anything else (an exception, a string,
-NaN) is a :class:`RewardFunctionError` naming the function and the sample.
+It returns a number, or None for "no reward" (0 in the total, counted in ``reward_<name>_none``);
+anything else is a :class:`RewardFunctionError` naming the function and the sample. docs/rewards.md.
 """
 
 from __future__ import annotations
@@ -29,9 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import homerlhf.data as data_pkg
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import RewardBackend, TokenIds
 
+# ``prompt``/``response``: the decoded texts (special tokens skipped); ``prompt_ids``/``response_ids``: the
+# token ids; ``row``: the prompt's dataset row with every column (``{}`` when scoring outside a run).
 SAMPLE_ARGS = ("prompt", "response", "prompt_ids", "response_ids", "row")
 BUILTIN_FUNCTIONS = {  # name -> (file in homerlhf/data, function)
     "builtin:reverse": ("builtin_reverse.py", "reward"),
@@ -49,8 +48,6 @@ class RewardFunctionError(UserError):
 def parse_function_spec(spec: str, key: str = "reward.function") -> tuple[Path, str]:
     """``"path/to/file.py:fn"`` (or a ``builtin:`` name) -> (file path, function name)."""
     if spec in BUILTIN_FUNCTIONS:
-        import homerlhf.data as data_pkg
-
         file_name, fn_name = BUILTIN_FUNCTIONS[spec]
         return Path(data_pkg.__file__).parent / file_name, fn_name
     if spec.startswith("builtin:"):

@@ -132,7 +132,7 @@ def generate_rollout(policy, prompts: Sequence[Sequence[int]], rollout: RolloutC
     tokenizer = policy.tokenizer
     check_prompt_lengths(prompts, rollout.max_prompt_len)
     prompt_ids, prompt_mask = pad_sequences(prompts, tokenizer.pad_token_id, device=policy.device)
-    policy.eval()
+    policy.checkpoint_activations(False)
     config = build_generation_config(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                                      stop_ids=policy.stop_ids, pad_id=tokenizer.pad_token_id,
                                      prefill_chunk_size=rollout.prefill_columns(*prompt_ids.shape))

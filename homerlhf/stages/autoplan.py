@@ -1,20 +1,14 @@
-"""``auto`` settings resolved when a PPO run starts: where the reference and reward models run
-(``ref.backend`` / ``reward.backend: auto``), what samples the rollouts (``rollout.engine: auto``)
-and how many prompts are generated at once (``rollout.generation_chunk: auto``), and which layers the update
-checkpoints and where their inputs wait (``training.checkpoint_every_n_layers`` / ``activation_offload: auto``:
-:mod:`homerlhf.memory.checkpointing`, within the chosen placement).
+"""``auto`` settings resolved when a run starts: where the reference and reward models run
+(``ref.backend`` / ``reward.backend: auto``), what samples the rollouts (``rollout.engine: auto``),
+how many prompts are generated at once (``rollout.generation_chunk: auto``), and which layers the update
+checkpoints and where their inputs wait (``training.checkpoint_every_n_layers`` / ``activation_offload:
+auto``: :mod:`homerlhf.memory.checkpointing`, within the chosen placement).
 
-The choice is the fastest placement that fits the card (:func:`homerlhf.memory.placement.choose`),
-by the throughputs at hand: this machine's ``homerlhf bench`` figures from the cache, else the
-documented defaults. A run's start plans; it never measures: no export, no worker and no model is
-started to choose (measuring is ``homerlhf bench``'s job, asked for by the user), on a CUDA machine
-as on a CPU, so every rank of ``accelerate launch`` chooses alike too. Roles the config names are
-kept as named. The choice is printed with the alternatives' seconds per iteration (an ``auto``
-engine's with both engines' seconds per phase) and, when the defaults decided, a line saying so and
-naming ``homerlhf bench``; the resolved values are what the run's ``config.yaml`` records. A
-resumed run keeps the choice its checkpoint was written with. The llamacpp engine is no candidate
-where llama-cpp-python is not installed, or the policy's architecture has no GGUF export or no
-verified LoRA swap (:func:`unavailable_engines`); ``auto`` then takes ``hf`` and says why.
+The choice is the fastest placement that fits the card (:func:`homerlhf.memory.placement.choose`), by the
+throughputs at hand: this machine's ``homerlhf bench`` figures from the cache, else the documented
+defaults (:func:`resolve_auto`). A run's start plans; it never measures, so every rank of ``accelerate
+launch`` chooses alike. Roles the config names are kept as named; a resumed run keeps the choice its
+checkpoint was written with; the resolved values are what the run's ``config.yaml`` records.
 """
 
 from __future__ import annotations
@@ -111,7 +105,13 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
     ``rates``: throughputs (default: :func:`run_rates`, without measuring); ``rewards``: the backends the reward model can
     run on (default: from its files, :func:`homerlhf.models.reward_kinds.possible_reward_backends`);
     ``saved``: the config of the checkpoint a resumed run continues from, whose choices are kept;
-    ``reward_given``: the run's reward is a ready backend (its placement is not the config's to pick)."""
+    ``reward_given``: the run's reward is a ready backend (its placement is not the config's to pick).
+
+    No export, no worker and no model is started to choose (measuring is ``homerlhf bench``'s job). The
+    choice is printed with the alternatives' seconds per iteration (an ``auto`` engine's with both
+    engines' seconds per phase) and, when the defaults decided, a line naming ``homerlhf bench``. The
+    llamacpp engine is no candidate where :func:`unavailable_engines` says so; ``auto`` then takes
+    ``hf`` and says why."""
     if not has_auto(cfg):
         return cfg
     if saved is not None:

@@ -24,7 +24,17 @@ from typing import Optional
 from homerlhf.config import RunConfig
 from homerlhf.errors import UserError
 from homerlhf.ppo.backends import ReferenceBackend, RewardBackend
-from homerlhf.ppo.distributed import Ranks
+from homerlhf.models.sharding import check_trainable_sharded
+from homerlhf.ppo.distributed import Ranks, check_data_parallel
+
+
+def check_processes(cfg: RunConfig, world: int) -> None:
+    """A run over ``world`` processes can be one, before anything loads: the global batch splits into whole
+    prompt groups per process, the asynchronous mode runs in one process, nothing is sharded."""
+    check_trainable_sharded(cfg)
+    check_data_parallel(cfg.rollout.batch_size, cfg.group.size, world)
+    if cfg.rollout.async_ and world > 1:
+        raise UserError("rollout.async runs in one process; drop it or launch without data parallelism")
 
 
 def watch_launcher(ranks: Ranks) -> None:
@@ -129,11 +139,7 @@ def relaunch(cfg: RunConfig, cli_args: list[str]) -> None:
         if torch.cuda.device_count() < cfg.distributed.gpus:
             raise UserError(f"--gpus {cfg.distributed.gpus} but {torch.cuda.device_count()} CUDA GPU(s) are visible; "
                             "pass --gpus with at most that many (or check CUDA_VISIBLE_DEVICES)")
-    from homerlhf.models.sharding import check_trainable_sharded
-    from homerlhf.ppo.distributed import check_data_parallel
-
-    check_trainable_sharded(cfg)
-    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, cfg.distributed.gpus)
+    check_processes(cfg, cfg.distributed.gpus)  # one line here, not one from each process launched
     cmd, env = launch_command(cfg, cli_args, free_port())
     sys_flush()
     os.execvpe(cmd[0], cmd, env)

@@ -61,7 +61,7 @@ def verifiable_demo_config(out: Path, algorithm: str, fast: bool = False, seed: 
         raise UserError(f"demo --algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
     # grpo and rloo: the KL as k3 in the loss (measured over 80 iterations, RLOO with its default k1
     # penalty in the reward drifted to KL 5.6 and 0.386 held-out accuracy; with k3 in the loss, 0.703)
-    group = [f"ppo.group_size={GROUP_SIZE}", "ppo.kl_in=loss"] if algorithm != "ppo" else []
+    group = [f"group.size={GROUP_SIZE}", "group.kl_in=loss"] if algorithm != "ppo" else []
     return load_config("cpu-tiny", overrides=[
         *RECIPE, f"algorithm={algorithm}", *group, f"output_dir={out}", f"seed={seed}",
         *(FAST_OVERRIDES if fast else []), *overrides])
@@ -184,7 +184,7 @@ def run_verifiable_demo(out: str | Path, algorithm: str, fast: bool = False, ove
     started = time.perf_counter()
     _log("1/3 tiny Llama + a short SFT on the digit-reversal task (built once, then cached)")
     resolve_model(cfg.model.name_or_path)
-    per_iteration = (f"{cfg.rollout.batch_size // cfg.ppo.group_size} strings x {cfg.ppo.group_size} answers"
+    per_iteration = (f"{cfg.rollout.batch_size // cfg.group.size} strings x {cfg.group.size} answers"
                      if algorithm != "ppo" else f"{cfg.rollout.batch_size} strings")
     _log(f"2/3 {algorithm.upper()}: {cfg.ppo.iterations} iterations of {per_iteration}; "
          "reward = the task's checker (exact match)")

@@ -15,11 +15,26 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from homerlhf.config import RunConfig, to_yaml
+import torch
+
+from homerlhf.config import NO_PROMPTS, RunConfig, to_yaml
+from homerlhf.data.load import load_prompts
+from homerlhf.data.tokens import tokenize_prompts_indexed
 from homerlhf.errors import UserError
+from homerlhf.memory.oom import free_memory
+from homerlhf.memory.threads import run_thread_shares
+from homerlhf.models.policy import PolicyModel, load_tokenizer
 from homerlhf.models.registry import resolve_model
-from homerlhf.ppo.backends import RewardBackend
-from homerlhf.stages.data_parallel import build_scorers, watch_launcher
+from homerlhf.ppo.backends import Backends, RewardBackend
+from homerlhf.ppo.checkpoint import check_resume_compatible
+from homerlhf.ppo.distributed import current_ranks
+from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
+from homerlhf.ppo.stopping import StopRequested
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
+from homerlhf.stages.autoplan import resolve_for_run
+from homerlhf.stages.common import claim_run_dir
+from homerlhf.stages.data_parallel import build_scorers, check_processes, watch_launcher
+from homerlhf.stages.preflight import check_auto_choices, check_reference_vocabulary, check_run
 from homerlhf.stages.scorers import build_engine
 from homerlhf.tracking.settings import TRACKER_DIRS, tracking_line
 from homerlhf.workers import llama_log
@@ -31,8 +46,6 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     """An empty-of-runs ``run_dir``; an earlier run there is an error unless ``overwrite``."""
-    from homerlhf.stages.common import claim_run_dir
-
     return claim_run_dir(run_dir, RUN_MARKERS, overwrite,
                          f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, "
                          "--overwrite to replace it, or choose another --out",
@@ -49,9 +62,6 @@ def load_prompt_ids(cfg: RunConfig, tokenizer) -> list[list[int]]:
 def read_prompts(cfg: RunConfig):
     """``data.prompts`` read and normalised, not tokenised: ``(records, report)``. A missing or empty
     file, or pairs given as prompts, is a one-line error here, before any weight loads or file is written."""
-    from homerlhf.config import NO_PROMPTS
-    from homerlhf.data.load import load_prompts
-
     if not cfg.data.prompts:
         raise UserError(NO_PROMPTS)
     return load_prompts(cfg.data.prompts, cfg.data, keep_rows=True)
@@ -61,8 +71,6 @@ def load_prompt_rows(cfg: RunConfig, tokenizer, loaded=None, quiet: bool = True)
     """The prompts' token ids (as :func:`load_prompt_ids`) and, indexed alike, their dataset rows
     (every column) for the reward. ``loaded``: what :func:`read_prompts` returned (else read now);
     ``quiet``: the load report only when a prompt was cut or dropped (else always: the run's data line)."""
-    from homerlhf.data.tokens import tokenize_prompts_indexed
-
     records, report = loaded if loaded is not None else read_prompts(cfg)
     kept = tokenize_prompts_indexed(records, tokenizer, cfg.rollout.max_prompt_len, overlong=cfg.data.overlong,
                                     report=report)
@@ -76,10 +84,6 @@ def trainer_threads(cfg: RunConfig, processes_here: int = 1):
     """torch's CPU threads for a trainer on CPU: its share of the physical cores next to the local
     workers, split over the ``processes_here`` trainer processes on this host (restored afterwards; a
     GPU trainer's are left alone)."""
-    import torch
-
-    from homerlhf.memory.threads import run_thread_shares
-
     share = run_thread_shares(cfg).trainer
     share = max(1, share // processes_here) if share else share
     before = torch.get_num_threads()
@@ -94,9 +98,6 @@ def trainer_threads(cfg: RunConfig, processes_here: int = 1):
 def _claim_run(cfg: RunConfig, out_dir, resume, overwrite: bool, ranks) -> tuple[Path, Optional[Path]]:
     """The run dir and the checkpoint to resume from (None for a new run). A new run's dir is claimed
     by process 0 alone; the others learn its path."""
-    from homerlhf.ppo.checkpoint import check_resume_compatible
-    from homerlhf.ppo.resuming import find_resume_checkpoint, saved_config
-
     if resume is None:
         return ranks.broadcast(prepare_run_dir(Path(out_dir or cfg.output_dir), overwrite) if ranks.is_main
                                else None), None
@@ -123,31 +124,19 @@ def run_ppo(cfg: RunConfig, out_dir: Optional[str | Path] = None, resume: Option
     Under ``accelerate launch`` (several processes) each process runs this with the same arguments:
     see :mod:`homerlhf.stages.data_parallel` for what process 0 does alone.
     """
-    from homerlhf.memory.oom import free_memory
-
     result = _run_ppo(cfg, out_dir, resume, overwrite, reward, stop)
     free_memory()  # the policy's 4-bit layers are reference cycles: collected now, the card is free for what follows
     return result
 
 
 def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[RewardBackend], stop) -> dict[str, Any]:
-    from homerlhf.models.policy import PolicyModel, load_tokenizer
-    from homerlhf.models.sharding import check_trainable_sharded
-    from homerlhf.ppo.distributed import check_data_parallel, current_ranks
-    from homerlhf.ppo.stopping import StopRequested
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
-    from homerlhf.stages.autoplan import resolve_for_run
-    from homerlhf.stages.preflight import check_reference_vocabulary, check_run
-
     check_run(cfg)  # what the config names, before any weight is read, run dir written or shape planned on
     loaded = read_prompts(cfg)  # the prompts: a bad file is one line before anything is written
     placed = resolve_for_run(cfg, resume, reward_given=reward is not None)  # auto placement and generation chunk
-    if placed is not cfg:
-        check_run(placed)  # and what auto chose (a llama.cpp export of the policy for the engine or reference)
+    check_auto_choices(cfg, placed)  # what auto chose: a llama.cpp export of the policy for the engine or reference
     cfg = placed
-    check_trainable_sharded(cfg)
     ranks = current_ranks()
-    check_data_parallel(cfg.rollout.batch_size, cfg.ppo.group_size, ranks.world)
+    check_processes(cfg, ranks.world)
     watch_launcher(ranks)
     run_dir, ckpt = _claim_run(cfg, out_dir, resume, overwrite, ranks)
     cfg = cfg.model_copy(update={"output_dir": str(run_dir)})
@@ -169,8 +158,8 @@ def _run_ppo(cfg: RunConfig, out_dir, resume, overwrite: bool, reward: Optional[
         engine = build_engine(cfg, policy, model_path, run_dir)
         stack.callback(engine.close)
         stop = stop if stop is not None else StopRequested()
-        trainer = PPOTrainer(cfg, policy, reference, reward, prompts, run_dir, stop=stop, engine=engine, rows=rows,
-                             ranks=ranks)
+        trainer = RLTrainer(cfg, policy, Backends(reference, reward, engine), prompts, run_dir, rows=rows, ranks=ranks)
+        trainer.stop = stop
         if ckpt is not None:
             trainer.resume(ckpt)
         # Written once everything loaded: a bad model path must not leave a dir that looks like a run.

@@ -3,23 +3,12 @@
 TRL's ``DPOTrainer`` (pairs) and ``KTOTrainer`` (answers rated good or bad) train the policy's LoRA on
 the same NF4 base the other stages load (:func:`homerlhf.stages.common.load_model`); the losses,
 their metrics and the reference forwards are TRL's. The reference is the policy the run starts from
-without a second copy of the base: the base with adapters off for a new LoRA on a model or SFT run,
-or TRL's ``ref`` adapter (a copy of the starting LoRA weights, in the policy's dtype: :func:`_restore`)
-when it continues a PPO / GRPO / RLOO / DPO / KTO run's actor (:mod:`homerlhf.stages.preference_start`).
-What ours is: the data's token ids
-(the ones PPO samples, :mod:`homerlhf.stages.preference_data`), checkpoints, resume and the held-out
-figures (:mod:`homerlhf.stages.preference_eval`).
-
-The run directory OUT holds what a PPO run's does, so ``homerlhf export policy OUT``, the app and a
-later dpo / kto / train run read it the same way:
-
-- ``checkpoints/iter_XXXXXX/`` every ``checkpoint.every`` optimizer steps and at the end: ``actor/``
-  (the adapter), ``config.yaml`` (its ``model.name_or_path`` the base), ``start.json`` (what the run
-  started from, its data and method), ``trainer/`` (the HF Trainer's optimizer, scheduler, RNG and
-  state: ``--resume`` continues exactly), ``MANIFEST.json`` (sizes and sha256, written last);
-- ``metrics.jsonl`` TRL's logged figures per logging step (loss, rewards/margins, rewards/accuracies, ...);
-- ``preference_run.json`` the summary: start, data reports, counts, held-out margins before/after, time,
-  and the peak memory of training and of the held-out pass (``peak_mem_gib``).
+without a second copy of the base: the base with adapters off for a new LoRA, or TRL's ``ref`` adapter
+(a copy of the starting LoRA weights: :func:`_restore`) when it continues a run's actor
+(:mod:`homerlhf.stages.preference_start`). What ours is: the data's token ids (the ones PPO samples,
+:mod:`homerlhf.stages.preference_data`), checkpoints, resume and the held-out figures
+(:mod:`homerlhf.stages.preference_eval`). The run directory holds what a PPO run's does
+(:func:`run_preference` lists it), so ``homerlhf export policy OUT``, the app and a later run read it alike.
 """
 
 from __future__ import annotations
@@ -265,7 +254,14 @@ def _prepare(method: str, cfg, start: Start, sources: Sequence[str], eval_source
 
 def run_preference(method: str, cfg, out: str | Path, data: Sequence[str] = (), base: Optional[str] = None,
                    eval_data: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
-    """A new DPO / KTO run into ``out``; returns the summary also written to ``OUT/preference_run.json``."""
+    """A new DPO / KTO run into ``out``; returns the summary also written to ``OUT/preference_run.json``.
+
+    OUT holds ``checkpoints/iter_XXXXXX/`` every ``checkpoint.every`` optimizer steps and at the end
+    (``actor/``, ``config.yaml`` whose ``model.name_or_path`` is the base, ``start.json``: what the run
+    started from, its data and method; ``trainer/``: the HF Trainer's optimizer, scheduler, RNG and
+    state, for an exact ``--resume``; ``MANIFEST.json``, written last), ``metrics.jsonl`` (TRL's figures
+    per logging step) and ``preference_run.json`` (start, data reports, counts, held-out margins
+    before/after, time, and the peak memory of training and of the held-out pass)."""
     from homerlhf.tracking.settings import check_installed
 
     if method not in METHODS:

@@ -197,6 +197,26 @@ def check_run(cfg: "RunConfig") -> None:
     check_reward_adapters(cfg)
 
 
+def check_auto_choices(before: "RunConfig", after: "RunConfig") -> None:
+    """What ``auto`` chose (``after``, :mod:`homerlhf.stages.autoplan`) that :func:`check_run` could not
+    check on ``before``: a reference, reward or engine backend picked (a llama.cpp export of the policy)."""
+    seq_len = after.rollout.max_prompt_len + after.rollout.max_new_tokens
+    chosen = before.ref.backend == "auto" != after.ref.backend, before.rollout.engine == "auto" != after.rollout.engine
+    rewards = [(key, rc) for (key, was), (_, rc) in zip(before.reward.all_rewards(), after.reward.all_rewards())
+               if was.backend == "auto" != rc.backend]
+    if not (any(chosen) or rewards):
+        return
+    policy_config = model_config(after.model.name_or_path, after.model.revision)
+    if chosen[0] and after.ref.backend == "llamacpp" and not after.ref.url:
+        _check_reference(after, policy_config, after.ref.ctx or seq_len)
+    for key, rc in rewards:
+        _check_reward(key, rc, rc.ctx or seq_len, after.model.trust_remote_code)
+    if chosen[1] and after.rollout.engine == "llamacpp" and policy_config is not None:
+        check_exportable(policy_config, after.model.name_or_path, "rollout", seq_len)
+    if any(rc.backend == "adapter" for _, rc in rewards):
+        check_reward_adapters(after)
+
+
 def _local_model_dir(name: str, revision: Optional[str] = None) -> Optional[Path]:
     """The local directory of a model name (a builtin one built, as the run would), or None for a
     hub id not in the local cache."""

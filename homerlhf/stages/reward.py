@@ -2,20 +2,13 @@
 
 The model is ``AutoModelForSequenceClassification`` (num_labels 1) on the base: with qlora/lora
 the base is frozen under a LoRA adapter and the score head trains in full; with ``full`` every
-weight trains (tiny models). Loss: ``-log sigmoid(r_chosen - r_rejected)``.
-
-Writes, under the run directory OUT:
-
-- ``adapter/``  peft adapter incl. the score head (methods qlora and lora);
-- ``model/``    the merged HF ``*ForSequenceClassification`` (num_labels 1) + tokenizer;
-- ``gguf/``     the export for the llama.cpp reward worker (``homerlhf.workers.gguf``);
-- ``reward_run.json``  base model and its fingerprint (``base_fingerprint``,
-  :mod:`homerlhf.models.fingerprint`: ``reward.backend: adapter`` checks it against the policy's
-  base), data reports, counts, time, the training accuracy and the held-out pairwise accuracy with
-  where its pairs came from (``eval_source``, ``eval_how``; :mod:`homerlhf.data.heldout`: a user's
-  data is evaluated on its own held-out prompts, never on a preset's builtin set), or, for data too
-  small to hold out a meaningful set, none and why (``eval_note``).
-
+weight trains (tiny models). Loss: ``-log sigmoid(r_chosen - r_rejected)``. Under the run directory OUT:
+``adapter/`` (the peft adapter incl. the score head; qlora and lora), ``model/`` (the merged HF model and
+tokenizer), ``gguf/`` (the export for the llama.cpp reward worker) and ``reward_run.json``: the base and
+its fingerprint (``base_fingerprint``, :mod:`homerlhf.models.fingerprint`, which ``reward.backend:
+adapter`` checks against the policy's base), data reports, counts, time, the training accuracy and the
+held-out pairwise accuracy with where its pairs came from (``eval_source``, ``eval_how``;
+:mod:`homerlhf.data.heldout`), or, for data too small to hold out a set, none and why (``eval_note``).
 ``homerlhf train`` takes ``reward.model: OUT`` directly.
 """
 

@@ -1,17 +1,13 @@
 """``homerlhf bench``: tokens/s of every kind of work an iteration does, measured on this machine.
 
-For the run's model (or, when its weights are not on this machine, a random-init stand-in built
-from its shape: throughput depends on the shape, not on the weights' values):
-
-- a llama.cpp ref worker and reward worker (each its own process, over HTTP, as in a run) scoring
-  prompt + response tokens, at each thread count
-  a placement would give them (:func:`homerlhf.memory.threads.split_threads`);
-- the llamacpp rollout engine generating (its threads: ``rollout.engine_threads`` or all cores);
-- the policy (NF4 base + LoRA, as the trainer loads it) generating with HF ``generate``, one
-  no-grad forward, one forward + backward, on the trainer device (CPU: at each thread share; a GPU:
-  a generation chunk at the run's lengths, its figure scaled by chunk in the time model).
-
-The figures go to a JSON file in the cache (``bench/``), keyed by the machine (CPU model,
+For the run's model (or, when its weights are not on this machine, a random-init stand-in built from
+its shape: throughput depends on the shape, not on the weights' values) (:func:`bench`): a llama.cpp
+ref worker and reward worker scoring, each its own process over HTTP as in a run, at each thread count
+a placement would give them (:func:`homerlhf.memory.threads.split_threads`); the llamacpp rollout
+engine generating (``rollout.engine_threads`` or all cores); the policy as the trainer loads it
+generating with HF ``generate``, one no-grad forward and one forward + backward on the trainer device
+(CPU: at each thread share; a GPU: a generation chunk at the run's lengths, scaled by chunk in the
+time model). The figures go to a JSON file in the cache (``bench/``), keyed by the machine (CPU model,
 physical cores, torch, its device and the GPU's name) and the model's shape and dtypes, where
 ``homerlhf plan`` and a run's ``auto`` placement find them (:func:`cached_throughputs`).
 """

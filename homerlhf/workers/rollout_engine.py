@@ -4,18 +4,10 @@ The base is the KL-consistent export (the dequantized NF4 weights the actor comp
 reference worker's); the actor's LoRA is written as a GGUF LoRA adapter
 (:func:`homerlhf.workers.gguf.lora.write_lora_gguf`) and swapped into the context before every
 rollout (:meth:`LlamaCppEngine.sync`), so the engine samples with the current adapter. Several
-sequences decode in one ``llama_decode`` batch (unified KV cache, one sequence id each).
-
-Sampling is exact: ``softmax(logits / temperature)`` over the whole vocabulary, in float64, by the
-Gumbel-max trick (argmax of ``logits / T + Gumbel noise``), with no other logits processing, the
-trainer's stop set and ``max_new_tokens``. Each token's behaviour log-prob is that distribution's.
-With per-sample ``seeds`` each sample draws its noise from a numpy generator of its own, so its
-response does not depend on the other prompts of the decode batch nor on torch's global RNG (the
-asynchronous mode samples in a background thread); without them one generator seeded from torch's
-global RNG serves the whole call, so a seeded run repeats.
-
-A llama.cpp build for another CPU dies by SIGILL and takes the process with it: ``homerlhf doctor``
-checks the build in a child process first.
+sequences decode in one ``llama_decode`` batch (unified KV cache, one sequence id each). Sampling is
+exact, ``softmax(logits / temperature)`` by the Gumbel-max trick, each token's behaviour log-prob
+that distribution's (:class:`LlamaCppEngine`). A llama.cpp build for another CPU dies by SIGILL and
+takes the process with it: ``homerlhf doctor`` checks the build in a child process first.
 """
 
 from __future__ import annotations
@@ -40,6 +32,13 @@ class LlamaCppEngine(RolloutEngine):
 
     ``config``: the policy base's parsed config.json (for the adapter's tensor names);
     ``adapter_dir``: where the adapter GGUFs are written (one at a time).
+
+    Sampling: ``softmax(logits / temperature)`` over the whole vocabulary, in float64, by the Gumbel-max
+    trick (argmax of ``logits / T + Gumbel noise``), with no other logits processing, the trainer's stop
+    set and ``max_new_tokens``. With per-sample ``seeds`` each sample draws its noise from a numpy
+    generator of its own, so its response depends neither on the other prompts of the decode batch nor
+    on torch's global RNG (the asynchronous mode samples in a background thread); without them one
+    generator seeded from torch's global RNG serves the whole call, so a seeded run repeats.
     """
 
     name = "llamacpp"

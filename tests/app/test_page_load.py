@@ -18,7 +18,7 @@ def test_a_running_runs_settings_come_back_and_a_finished_run_is_attached(tmp_pa
     assert not runs.wait_for(first, 20).running
     items = ["model.name_or_path=builtin:tiny-llama", "reward.backend=function", "reward.function=builtin:reverse",
              "reward.components=[{backend: function, function: 'builtin:reverse-positions', weight: 0.5}, "
-             "{backend: llamacpp, model: 'builtin:demo-rm', weight: 0.2}]", "algorithm=grpo", "ppo.group_size=4"]
+             "{backend: llamacpp, model: 'builtin:demo-rm', weight: 0.2}]", "algorithm=grpo", "group.size=4"]
     runs.start_run(second, runs.train_argv("cpu-tiny", second, None, items), program=SLEEPER)
     try:
         assert page_load.running_run(str(root)) == str(second)

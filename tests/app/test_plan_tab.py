@@ -75,8 +75,8 @@ def test_saved_yaml_loads_back_as_the_same_config(tmp_path):
 
 def test_choosing_grpo_plans_without_the_critic():
     overrides = plan_tab.on_algorithm("grpo", "ppo.iterations=3")
-    assert overrides.splitlines() == ["ppo.iterations=3", "algorithm=grpo", "ppo.group_size=4"]
-    assert plan_tab.on_algorithm("rloo", "ppo.group_size=8").splitlines() == ["ppo.group_size=8", "algorithm=rloo"]
+    assert overrides.splitlines() == ["ppo.iterations=3", "algorithm=grpo", "group.size=4"]
+    assert plan_tab.on_algorithm("rloo", "group.size=8").splitlines() == ["group.size=8", "algorithm=rloo"]
     ppo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", "", None), None)
     grpo = plan_tab.compute_plan(plan_tab.resolved_config("4090", "", overrides, None), None)
     headers, rows = plan_tab.plan_table(grpo)

@@ -57,7 +57,7 @@ def test_a_first_iteration_plan_lacks_exactly_the_states_gradients_and_a_workspa
     LoRA parameters (16 x 41,216 per layer x 28). Its first iteration's generation plan has no AdamW
     states (2 fp32 moments: 147,718,144 B), no held gradients (fp32: 73,859,072 B) and one workspace
     fewer (the backward thread's: 32 MiB = 33,554,432 B) than the steady state's: 255,131,648 B."""
-    cfg = load_config("4090", overrides=["model.name_or_path=Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4"])
+    cfg = load_config("4090", overrides=["model.name_or_path=Qwen/Qwen2.5-1.5B", "algorithm=grpo", "group.size=4"])
     assumed = case_plan.iteration_assumptions([[True]], "static")
     entry, chosen = case_plan.case_plans(cfg, SHAPE, 24.0, assumed)
     steady = plan(cfg, SHAPE, 24.0, assumptions=Assumptions(decoder="static"), with_suggestion=False)

@@ -25,7 +25,7 @@ def _experience(response_ids, mask, logprobs):
     rows = len(response_ids)
     return Experience(prompt_ids=torch.ones(rows, 2, dtype=torch.long), prompt_mask=torch.ones(rows, 2, dtype=torch.long),
                       response_ids=torch.tensor(response_ids), response_mask=torch.tensor(mask),
-                      logprobs=torch.tensor(logprobs), ref_logprobs=torch.zeros(rows, len(mask[0])),
+                      old_logprobs=torch.tensor(logprobs), ref_logprobs=torch.zeros(rows, len(mask[0])),
                       values=torch.zeros(rows, len(mask[0])), scores=torch.zeros(rows),
                       truncated=torch.zeros(rows, dtype=torch.bool))
 
@@ -57,7 +57,7 @@ def test_a_case_puts_the_flags_back_it_found(scripts, monkeypatch, tmp_path):
 
     run = Run(smoke=True, tmp=tmp_path)
     write_files(run)
-    case = Case("grpo-1.5b", "4090", "Qwen/Qwen2.5-1.5B", SMALL + ("algorithm=grpo", "ppo.group_size=4"), 1, 14)
+    case = Case("grpo-1.5b", "4090", "Qwen/Qwen2.5-1.5B", SMALL + ("algorithm=grpo", "group.size=4"), 1, 14)
     before = cuda_kernels.current_flags()
     torch.backends.cuda.matmul.allow_tf32 = True  # what a bf16 policy on CUDA leaves
     try:

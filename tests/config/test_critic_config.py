@@ -12,7 +12,7 @@ from homerlhf.errors import UserError
     (["critic.model=some/critic", "critic.shared_adapter=true"],
      "critic.model (some/critic) gives the critic a base of its own, and critic.shared_adapter puts it in the actor's "
      "adapter; set critic.shared_adapter=false or unset critic.model"),
-    (["critic.model=some/critic", "algorithm=grpo", "ppo.group_size=2"],
+    (["critic.model=some/critic", "algorithm=grpo", "group.size=2"],
      "algorithm grpo trains none; unset critic.model or set algorithm=ppo"),
 ])
 def test_a_critic_model_where_it_cannot_work_is_one_line(overrides, fragment):

@@ -1,6 +1,6 @@
 """The planner against peaks measured on a GPU: an NVIDIA H200 (CUDA 13, torch 2.11, bitsandbytes
 0.50.2, 2026-11-30), random weights of the published shapes, homerlhf's own ``PolicyModel`` +
-``PPOTrainer`` as ``scripts/validate_memory_gpu.py`` runs them (adapter-off reference, an in-process
+``RLTrainer`` as ``scripts/validate_memory_gpu.py`` runs them (adapter-off reference, an in-process
 reward, prompts of full ``max_prompt_len`` random ids, HF ``generate``), the process capped at the
 card's size. Measured: ``torch.cuda.max_memory_allocated`` per phase, last of two iterations.
 
@@ -39,7 +39,7 @@ MEASURED = {
 # script's defaults, the T4's or the 4090 preset's gave them, with the planner of then).
 RUNS = {
     "ppo-7b": ("4090", "Qwen/Qwen2.5-7B", 16, 4, 512, 256),
-    "grpo-1.5b": ("4090", "Qwen/Qwen2.5-1.5B", 16, 4, 512, 256, "algorithm=grpo", "ppo.group_size=4",
+    "grpo-1.5b": ("4090", "Qwen/Qwen2.5-1.5B", 16, 4, 512, 256, "algorithm=grpo", "group.size=4",
                   "rollout.batch_size=16"),
     "t4-fp16-1.5b": ("t4-colab", "Qwen/Qwen2.5-1.5B", 8, 2, 384, 192),
 }

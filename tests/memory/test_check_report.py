@@ -78,7 +78,7 @@ def test_the_case_of_the_plans_model_is_the_one_used(capsys):
     one adapter and the adapter-off reference: 10,000 tokens/s of scoring over 2 forwards = 20,000 a
     forward; 5,000 a forward + backward; 200 generated tokens/s at chunk 8."""
     cal = plan_json(capsys, "--preset", "4090", "--model", "Qwen/Qwen2.5-1.5B", *PINNED, "--set", "algorithm=grpo",
-                    "--set", "ppo.group_size=4", "--calibration", str(EXAMPLE))
+                    "--set", "group.size=4", "--calibration", str(EXAMPLE))
     chunk, phases = cal["generation"]["chunk"], cal["time"]["current"]["phases"]
     assert phases["generation"] == pytest.approx(B * N / min(200 * chunk / 8, 20_000), rel=1e-6)
     assert phases["policy_scoring"] == pytest.approx(B * L / 20_000, rel=1e-6)

@@ -75,7 +75,7 @@ def test_trainable_components_match_the_loaded_policy(tiny_llama_dir, algorithm)
     from homerlhf.memory.shapes import resolve_shape
     from homerlhf.models.policy import PolicyModel
 
-    cfg = load_config("cpu-tiny", overrides=[f"algorithm={algorithm}", "ppo.group_size=2", "ref.backend=adapter_off",
+    cfg = load_config("cpu-tiny", overrides=[f"algorithm={algorithm}", "group.size=2", "ref.backend=adapter_off",
                                              "reward.backend=hf"])
     comps = {c.name: c.bytes for c in persistent_components(cfg, resolve_shape(str(tiny_llama_dir)), Assumptions())}
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))

@@ -45,7 +45,7 @@ def test_everything_on_the_trainer_gets_all_cores(small_cfg, rates):
 
 
 def test_grpo_scores_and_updates_with_one_forward(small_cfg, rates):
-    it = iteration_time(small_cfg("algorithm=grpo", "ppo.group_size=2"), rates, cores=2, logical=2)
+    it = iteration_time(small_cfg("algorithm=grpo", "group.size=2"), rates, cores=2, logical=2)
     assert it.phases["policy_scoring"] == pytest.approx(2.0)  # 1 forward x 40 tokens / 20
     assert it.update_s == pytest.approx(4.0)  # 1 pass x 40 tokens / 10
 
@@ -105,7 +105,7 @@ def test_the_gpu_rates_give_back_the_h200_measurements():
     assert it.phases["generation"] == pytest.approx(2 * 256 * 28 * 3.0e-3) and 42 <= it.phases["generation"] <= 44
     assert 4.5 <= it.phases["reference"] + it.phases["policy_scoring"] <= 4.7
     assert it.update_s == pytest.approx(11.3, rel=0.01)
-    grpo, _ = run("Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=16", *old)
+    grpo, _ = run("Qwen/Qwen2.5-1.5B", "algorithm=grpo", "group.size=4", "rollout.batch_size=16", *old)
     assert 19 <= grpo.phases["generation"] <= 22
 
 

@@ -19,7 +19,7 @@ SHAPE = builtin_shape("Qwen/Qwen2.5-1.5B")
 
 
 def _cfg(*extra):
-    return load_config("4090", overrides=["model.name_or_path=Qwen/Qwen2.5-1.5B", "algorithm=grpo", "ppo.group_size=4",
+    return load_config("4090", overrides=["model.name_or_path=Qwen/Qwen2.5-1.5B", "algorithm=grpo", "group.size=4",
                                           *extra])
 
 

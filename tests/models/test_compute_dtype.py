@@ -65,7 +65,7 @@ def test_every_tensor_class_has_the_dtype_the_config_says(peaked_policy_dir, upc
         assert (torch.nn.functional.linear(last, policy.lm_head.weight).double() - exact).abs().max() > 1e-2
 
     # One step: gradients and AdamW states fp32, as the weights they follow; values fp32 from the value head.
-    policy.train()
+    policy.checkpoint_activations(True)
     sequences, both = torch.cat([ids, ids], 1), torch.cat([mask, mask], 1)
     assert policy.critic_values(sequences, both, 3).dtype == torch.float32
     logprobs, _ = policy.actor_logprobs(sequences, both, 3)

@@ -92,7 +92,7 @@ def test_a_smaller_critic_trains_its_own_lora_and_head_and_nothing_of_the_actor(
     # LoRA r 8 on q, k, v, o, gate, up, down of 2 layers of width 64 (kv 32, MLP 192): 8 x 1216 x 2; head 64 + 1
     assert sum(p.numel() for p in params) == 8 * 1216 * 2 + 65
     assert policy.value_head.linear.in_features == 64 and {p.dtype for p in params} == {torch.float32}
-    policy.train()
+    policy.checkpoint_activations(True)
     policy.critic_values(IDS, torch.ones_like(IDS), 3).sum().backward()
     lora_b = [p for p in params if p.ndim == 2 and p.shape[1] == 8]
     assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
@@ -125,7 +125,7 @@ def test_a_critic_of_its_own_checkpoints_and_offloads_as_the_run_says(tiny_llama
     report = checkpointing_report(policy.critic_model.backbone)
     assert report == {"layers": 2, "recomputed": [0], "offloaded": [0], "path": "save_on_cpu"}
     assert checkpointing_report(policy.model.get_base_model())["recomputed"] == [0, 2]  # the policy's 4 layers
-    policy.train()
+    policy.checkpoint_activations(True)
     policy.critic_values(IDS, torch.ones_like(IDS), 3).sum().backward()  # 2 x (6 + 3) tokens, the critic alone
     assert sum(packed) == offloaded_bytes(cfg, critic_shape(cfg)) == 1 * 2 * 9 * 64 * 4
     assert all(p.grad is not None for p in policy.critic_parameters())

@@ -56,7 +56,7 @@ def test_lora_reaches_the_experts_and_the_router_stays_frozen(qwen3_moe_policy):
     for name, param in policy.model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
-    policy.train()
+    policy.checkpoint_activations(True)
     logprobs, _ = policy.actor_logprobs(ids, torch.ones_like(ids), 4)
     logprobs.sum().backward()
     grads = {n: p.grad for n, p in policy.model.named_parameters() if p.grad is not None}
@@ -144,13 +144,13 @@ def test_the_router_loss_is_off_unless_set_then_transformers_own(qwen3_moe_polic
     """ppo.router_aux_loss_coef 0 (the default): no router loss is computed. Set: the actor's forward with
     grad keeps coef x transformers' own load-balancing loss of that forward (its CausalLM's aux_loss), once;
     it reaches the adapters, not the frozen routers."""
-    from homerlhf.ppo.update import with_router_aux
+    from homerlhf.ppo.loop import with_router_aux
 
     policy = qwen3_moe_policy
     ids = torch.randint(3, 500, (2, 12))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
-    policy.train()
+    policy.checkpoint_activations(True)
     policy.actor_logprobs(ids, mask, 4)
     assert policy.take_router_aux_loss() is None
     policy.router_aux_coef = 0.01

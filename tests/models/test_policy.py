@@ -87,14 +87,14 @@ def test_adapters_are_independent(tiny_llama_dir):
         ref0 = policy.reference_logprobs(ids, mask, T)
     torch.testing.assert_close(actor0, ref0, atol=0, rtol=0)  # LoRA B starts at zero
 
-    policy.train()
+    policy.checkpoint_activations(True)
     opt = torch.optim.AdamW(policy.actor_parameters(), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()
         logprobs, _ = policy.actor_logprobs(ids, mask, T)
         (-(logprobs * r_mask).sum()).backward()
         opt.step()
-    policy.eval()
+    policy.checkpoint_activations(False)
     with torch.no_grad():
         actor1, _ = policy.actor_logprobs(ids, mask, T)
         critic1 = policy.critic_values(ids, mask, T)
@@ -103,7 +103,7 @@ def test_adapters_are_independent(tiny_llama_dir):
     torch.testing.assert_close(critic1, critic0, atol=0, rtol=0)
     torch.testing.assert_close(ref1, ref0, atol=0, rtol=0)
 
-    policy.train()
+    policy.checkpoint_activations(True)
     opt = torch.optim.AdamW(policy.critic_parameters(), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()

@@ -64,7 +64,7 @@ def test_scores_equal_the_stand_alone_reward_model_and_the_actor_is_untouched(po
     ids = torch.tensor([sequences[0]])
     mask = torch.ones_like(ids)
 
-    policy.train()  # the update's mode; then the critic active, as after a value forward
+    policy.checkpoint_activations(True)  # the update's mode; then the critic active, as after a value forward
     with torch.no_grad(), policy.use_adapter("actor"):
         actor_before = policy.model(input_ids=ids, attention_mask=mask).logits
     policy.model.set_adapter("critic")

@@ -17,7 +17,7 @@ def _experience() -> Experience:
     return Experience(
         prompt_ids=torch.tensor([[5]]), prompt_mask=torch.tensor([[1]]),
         response_ids=torch.tensor([[8, 2]]), response_mask=torch.tensor([[1, 1]]),
-        logprobs=torch.tensor([[-1.0, -2.0]]), ref_logprobs=torch.tensor([[-1.5, -2.0]]),
+        old_logprobs=torch.tensor([[-1.0, -2.0]]), ref_logprobs=torch.tensor([[-1.5, -2.0]]),
         values=torch.tensor([[0.5, 1.0]]), scores=torch.tensor([2.0]), truncated=torch.tensor([False]),
     )
 
@@ -63,7 +63,7 @@ def test_default_score_normalisation_keeps_value_clipping_alive_on_a_reward_mode
     exp = Experience(
         prompt_ids=torch.full((n, 1), 5), prompt_mask=torch.ones(n, 1, dtype=torch.long),
         response_ids=torch.full((n, 1), 2), response_mask=torch.ones(n, 1, dtype=torch.long),
-        logprobs=torch.full((n, 1), -1.0), ref_logprobs=torch.full((n, 1), -1.0),
+        old_logprobs=torch.full((n, 1), -1.0), ref_logprobs=torch.full((n, 1), -1.0),
         values=torch.zeros(n, 1), scores=raw, truncated=torch.zeros(n, dtype=torch.bool),
     )
     # By hand: mean 108 / 8 = 13.5; deviations -21.5 -16.5 -13.5 -8.5 -1.5 6.5 19.5 35.5, squares
@@ -84,3 +84,27 @@ def test_default_score_normalisation_keeps_value_clipping_alive_on_a_reward_mode
     # score-0 row) exceed 0.2 and are clipped, so the critic barely moves: value clipping pinned.
     assert clipfrac(ppo) == 0.0
     assert clipfrac(PPOConfig(score_norm=False)) == 7 / 8
+
+
+def test_group_advantages_keep_one_advantage_per_response():
+    """GRPO / RLOO: the advantage the loss reads is each response's own, (B,), whatever its length."""
+    from homerlhf.config import load_config
+    from homerlhf.ppo.advantages import compute_group_advantages
+
+    # Two groups of two responses of 1, 3, 2 and 3 tokens; the KL in the loss: the sequence reward is the score.
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    exp = Experience(
+        prompt_ids=torch.full((4, 1), 5), prompt_mask=torch.ones(4, 1, dtype=torch.long),
+        response_ids=2 * mask, response_mask=mask, old_logprobs=-0.3 * mask, ref_logprobs=-0.4 * mask,
+        values=torch.zeros(4, 3), scores=torch.tensor([1.0, 3.0, 0.7, 0.7]), truncated=torch.zeros(4, dtype=torch.bool),
+    )
+    dr_grpo = load_config("cpu-tiny", overrides=["algorithm=grpo", "group.size=2", "group.dr_grpo=true", "group.kl_in=loss"])
+    out = compute_group_advantages(exp, dr_grpo, 0.1, exp.scores)
+    # Group means 2 and 0.7, no std division: -1, +1 and 0, 0; none spread over tokens, none averaged back.
+    assert out.advantages is None and out.returns is None
+    assert out.sequence_advantages.tolist() == [-1.0, 1.0, 0.0, 0.0]
+    # RLOO: r_i - the other response's reward: -2, +2 and 0, 0.
+    rloo = load_config("cpu-tiny", overrides=["algorithm=rloo", "group.size=2", "group.kl_in=loss"])
+    assert compute_group_advantages(exp, rloo, 0.1, exp.scores).sequence_advantages.tolist() == [-2.0, 2.0, 0.0, 0.0]
+    # A mini-batch of it carries them by row.
+    assert out.select(torch.tensor([3, 1])).sequence_advantages.tolist() == [0.0, 1.0]

@@ -10,9 +10,10 @@ import torch
 
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.asynchronous import RolloutsAhead, pending_experience
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward, ReferenceBackend
-from homerlhf.ppo.collect import RolloutState, collect_experience
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward, ReferenceBackend
+from homerlhf.ppo.collect import Prompts, RolloutState, collect_experience
 from homerlhf.ppo.engines import HFEngine
+from homerlhf.ppo.meters import Meters
 from homerlhf.ppo.rng import sample_seeds
 from tolerances import fp32_bound
 
@@ -53,11 +54,11 @@ def test_ahead_then_taken_equals_the_synchronous_experience(setup, tmp_path, ref
     reference = ThreadedReference(policy) if reference_kind == "threaded" else AdapterOffReference(policy, 4)
     indices = [5, 0, 3, 1, 2, 4]
     chosen = [prompts[i] for i in indices]
-    sync, _ = collect_experience(policy, chosen, cfg, reference, _reward(), seeds=sample_seeds(cfg.seed, 7, 6),
-                                 state=RolloutState(cfg.rollout.chunk_size))
+    sync, _ = collect_experience(policy, Prompts(chosen, seeds=sample_seeds(cfg.seed, 7, 6)), cfg,
+                                 Backends(reference, _reward()), RolloutState(cfg.rollout.chunk_size))
 
-    ahead = RolloutsAhead(HFEngine(policy), reference, _reward(), cfg, RolloutState(cfg.rollout.chunk_size), prompts,
-                          None, tmp_path / "run", policy)
+    ahead = RolloutsAhead(policy, cfg, Backends(reference, _reward(), HFEngine(policy)), Prompts(prompts),
+                          RolloutState(cfg.rollout.chunk_size), Meters(), tmp_path / "run")
     ahead.start(7, indices, version=4)
     ahead.settle()
     assert (tmp_path / "run" / "buffer" / "pending.json").is_file()  # it went through the disk
@@ -70,14 +71,14 @@ def test_ahead_then_taken_equals_the_synchronous_experience(setup, tmp_path, ref
     assert exp.policy_version.tolist() == [4] * 6
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "scores"):
         assert torch.equal(getattr(exp, name), getattr(sync, name)), name
-    for name in ("logprobs", "ref_logprobs", "values"):  # scored in other chunks (tests/tolerances.py)
+    for name in ("old_logprobs", "ref_logprobs", "values"):  # scored in other chunks (tests/tolerances.py)
         want = getattr(sync, name)
         assert torch.allclose(getattr(exp, name), want, atol=fp32_bound(want.abs().max()), rtol=0), name
     # The engine's behaviour log-probs are the trainer's (HF generate on the same module), not taken as equal;
     # an importance weight exp(old - behaviour) is 1 within the same bound (its log-probs' difference).
     mask = exp.response_mask.bool()
-    bound = fp32_bound(exp.logprobs[mask].abs().max())
-    assert float((exp.behaviour_logprobs - exp.logprobs).abs()[mask].max()) < bound
+    bound = fp32_bound(exp.old_logprobs[mask].abs().max())
+    assert float((exp.behaviour_logprobs - exp.old_logprobs).abs()[mask].max()) < bound
     assert float((exp.is_weights - 1).abs()[mask].max()) < 2 * bound
 
 
@@ -87,8 +88,8 @@ def test_a_failed_batch_ahead_surfaces_once_and_leaves_nothing(setup, tmp_path):
     def broken(p, r):
         raise ValueError("reward down")
 
-    ahead = RolloutsAhead(HFEngine(policy), ThreadedReference(policy), CallableReward(broken), cfg,
-                          RolloutState(cfg.rollout.chunk_size), prompts, None, tmp_path / "run", policy)
+    ahead = RolloutsAhead(policy, cfg, Backends(ThreadedReference(policy), CallableReward(broken), HFEngine(policy)),
+                          Prompts(prompts), RolloutState(cfg.rollout.chunk_size), Meters(), tmp_path / "run")
     ahead.start(2, [0, 1, 2, 3, 4, 5], version=1)
     with pytest.raises(ValueError, match="reward down"):
         ahead.take()

@@ -35,9 +35,9 @@ def _params(policy) -> list[torch.Tensor]:
     return [p.detach().clone() for p in policy.actor_parameters() + policy.critic_parameters()]
 
 
-def _save(run_dir, iteration, policy, cfg, opts, **kw):
-    return C.save_checkpoint(run_dir, iteration, policy=policy, optimizers=opts, config=cfg,
-                             trainer_state={"data_cursor": iteration * 7}, **kw)
+def _save(run_dir, iteration, policy, cfg, opts, keep=3, **live):
+    state = C.RunState(policy, opts, counters={"data_cursor": iteration * 7}, **live)
+    return C.save_checkpoint(run_dir, iteration, state, cfg, keep=keep)
 
 
 def test_round_trip_restores_weights_optimizer_controllers_and_rng(policy, cfg, tmp_path):
@@ -64,8 +64,8 @@ def test_round_trip_restores_weights_optimizer_controllers_and_rng(policy, cfg, 
         p.data.zero_()
     opt2 = torch.optim.AdamW(policy.actor_parameters(), lr=1e-3)
     kl2, moments2, gen2 = AdaptiveKLController(0.1, 6.0, 100), RunningMoments(), torch.Generator()
-    state = C.load_checkpoint(ckpt, policy=policy, optimizers={"actor": opt2},
-                              stateful={"kl": kl2, "moments": moments2}, generators={"shuffle": gen2})
+    state = C.load_checkpoint(ckpt, C.RunState(policy, {"actor": opt2}, {"kl": kl2, "moments": moments2},
+                                               {"shuffle": gen2}))
 
     assert max((a - b).abs().max().item() for a, b in zip(want, _params(policy))) == 0.0
     for key, value in want_opt.items():
@@ -181,7 +181,7 @@ def test_a_changed_cut_or_missing_file_is_named_with_the_checkpoint_to_fall_back
                                     f"`homerlhf train --resume {tmp_path}` again to continue from iter_000002")
     before = _params(policy)
     with pytest.raises(UserError, match="actor/adapter_model.safetensors does not match"):
-        C.load_checkpoint(third, policy=policy)
+        C.load_checkpoint(third, C.RunState(policy))
     assert all(torch.equal(a, b) for a, b in zip(before, _params(policy)))  # refused before any weight loaded
 
     # The fallback is the newest earlier checkpoint that is intact itself; a cut-short file is named by its size.

@@ -92,18 +92,18 @@ def test_an_iteration_makes_no_tensor_without_naming_its_device(policy_and_promp
     """Rollout, scoring, advantages and the update of a real 4-bit tiny policy with every tensor that
     homerlhf makes without a device sent to ``meta``: on a GPU those are the CPU tensors that meet
     CUDA ones (``policy_version`` made so broke every GPU run's first update)."""
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.collect import StageTimes
-    from homerlhf.ppo.trainer import PPOTrainer
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer
 
     policy, prompts = policy_and_prompts
-    group = ("algorithm=grpo", "ppo.group_size=2") if algorithm == "grpo" else ()
+    group = ("algorithm=grpo", "group.size=2") if algorithm == "grpo" else ()
     cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "ppo.mini_batch_size=2",
                   "ppo.micro_batch_size=1", "ppo.epochs=1", *group)
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(sum(r) % 5)),
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: float(sum(r) % 5))),
                          prompts)
     with stray_tensors_on_meta() as mode:
-        exp, entropy, _ = trainer._collect(StageTimes())
+        rollout = trainer.rollouts.collect(trainer.iteration, trainer.next_indices, trainer.total_iterations)
+        exp, entropy = rollout.exp, rollout.entropy
         assert set(_devices(exp).values()) == {str(policy.device)} and entropy.device == policy.device
         row = trainer.step()
     assert mode.sent == []
@@ -114,8 +114,8 @@ def test_a_batch_from_the_buffer_is_scored_on_the_trainers_device(policy_and_pro
     """The asynchronous mode's path: a batch sampled ahead (by an engine, with its reference
     log-probs, scores and policy versions) taken by the trainer."""
     from homerlhf.ppo.asynchronous import pending_experience, produce_batch
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.collect import RolloutState
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.collect import Prompts, RolloutState
     from homerlhf.ppo.engines import HFEngine
 
     policy, prompts = policy_and_prompts
@@ -123,8 +123,8 @@ def test_a_batch_from_the_buffer_is_scored_on_the_trainers_device(policy_and_pro
                   "ppo.micro_batch_size=2")
     reference, state = AdapterOffReference(policy), RolloutState(2)
     with stray_tensors_on_meta() as mode:
-        pending = produce_batch(HFEngine(policy), reference, CallableReward(lambda p, r: 1.0), cfg, state, 3,
-                                [0, 1, 2, 3], prompts, None, version=2, pad_id=policy.tokenizer.pad_token_id)
+        pending = produce_batch(Backends(reference, CallableReward(lambda p, r: 1.0), HFEngine(policy)), cfg, state, 3,
+                                Prompts(prompts).take([0, 1, 2, 3]), version=2, pad_id=policy.tokenizer.pad_token_id)
         exp, _ = pending_experience(policy, pending, cfg, reference, state)
     assert mode.sent == []
     assert set(_devices(exp).values()) == {str(policy.device)} and exp.policy_version.tolist() == [2] * 4

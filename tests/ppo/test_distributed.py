@@ -89,7 +89,7 @@ def _experience(n: int) -> Experience:
     z = torch.zeros(n, 2)
     return Experience(prompt_ids=torch.arange(n).unsqueeze(1), prompt_mask=torch.ones(n, 1, dtype=torch.long),
                       response_ids=torch.ones(n, 2, dtype=torch.long), response_mask=torch.ones(n, 2, dtype=torch.long),
-                      logprobs=z, ref_logprobs=z, values=z, scores=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool))
+                      old_logprobs=z, ref_logprobs=z, values=z, scores=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool))
 
 
 def test_owned_rows_partition_each_global_minibatch_in_its_order():

@@ -53,16 +53,16 @@ def test_hf_engine_behaviour_logprobs_are_what_generate_sampled_from(policy):
 
 def test_hf_engine_run_reports_exactly_one_zero_zero(tiny_llama_dir, ppo_cfg, prompt_ids):
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
     cfg = ppo_cfg("rollout.batch_size=4", "rollout.chunk_size=2", "rollout.max_new_tokens=4", "ppo.mini_batch_size=2",
                   "ppo.micro_batch_size=2", "ppo.epochs=2", "actor.lr=1e-2")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(len(r))),
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: float(len(r)))),
                          prompt_ids(policy.tokenizer, 4))
-    assert isinstance(trainer.engine, HFEngine)
+    assert isinstance(trainer.backends.engine, HFEngine)
     for _ in range(2):  # the second after an update: still the trainer's own module
         row = trainer.step()
         assert (row["is_weight_mean"], row["is_weight_max"], row["is_capped_fraction"], row["kl_behaviour_old"]) == \

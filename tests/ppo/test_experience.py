@@ -33,7 +33,7 @@ def test_cat_pads_prompts_left_and_responses_right():
     assert both.prompt_mask.tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1]]
     assert both.response_ids.tolist() == [[7, 0, 0], [12, 13, 14], [15, 0, 0]]
     assert both.response_mask.tolist() == [[1, 0, 0], [1, 1, 1], [1, 0, 0]]
-    assert both.logprobs.tolist() == [[0, 0, 0], [100, 101, 102], [103, 0, 0]]
+    assert both.old_logprobs.tolist() == [[0, 0, 0], [100, 101, 102], [103, 0, 0]]
     assert both.scores.tolist() == [0, 100, 101]
     assert both.rewards is None
 
@@ -45,7 +45,7 @@ def test_trimmed_drops_all_padding_columns_only():
     trimmed = wide.trimmed()
     assert trimmed.prompt_ids.tolist() == [[5, 6], [0, 8]]
     assert trimmed.response_ids.tolist() == [[7, 0], [12, 13]]
-    assert trimmed.logprobs.shape == (2, 2)
+    assert trimmed.old_logprobs.shape == (2, 2)
 
 
 def test_minibatches_cover_every_row_once_and_are_seeded():

@@ -193,7 +193,7 @@ def test_rollout_pieces_and_the_static_decode_step_on_cuda(cuda_policy):
     cfg, policy, fake = cuda_policy
     inner, pad = policy.model.get_base_model(), policy.tokenizer.pad_token_id
     assert resolve_decoder("auto", policy.device) == "static"
-    policy.eval()
+    policy.checkpoint_activations(False)
     with fake, torch.no_grad():
         prompt_ids, prompt_mask = pad_sequences(PROMPTS, pad, device=policy.device)
         sampler = PerSampleSampler([1, 2, 3], 1.0, policy.device)
@@ -246,7 +246,7 @@ def test_static_generate_runs_every_step_on_cuda_up_to_its_one_host_read(cuda_po
     config = build_generation_config(max_new_tokens=3, temperature=1.0, stop_ids=policy.stop_ids,
                                      pad_id=policy.tokenizer.pad_token_id)
     policy.static_decoder.graphs = graphs = EagerGraphs(CUDA)
-    policy.eval()
+    policy.checkpoint_activations(False)
     try:
         with fake:
             prompt_ids, prompt_mask = pad_sequences(PROMPTS, policy.tokenizer.pad_token_id, device=policy.device)
@@ -286,23 +286,33 @@ def _experience(cfg, policy, generator, whiten: bool = True):
                      to_trainer([1.0, 0.0, 0.5], device), truncated, behaviour_logprobs=logprobs - 0.01,
                      policy_version=torch.full((3,), 2, dtype=torch.long, device=device))
     exp = compute_advantages(exp, cfg.ppo.model_copy(update={"whiten_advantages": whiten}), 0.02, exp.scores)
-    exp.is_weights = truncated_importance_weights(exp.logprobs, exp.behaviour_logprobs, response_mask, 2.0)
+    exp.is_weights = truncated_importance_weights(exp.old_logprobs, exp.behaviour_logprobs, response_mask, 2.0)
     order = torch.randperm(len(exp), generator=generator, device=generator.device)  # minibatches' draw
     return exp, exp.select(order.to(exp.device)[:2]).rows(0, 2)
+
+
+def _updater(cfg, backward=lambda loss: None):
+    """An :class:`homerlhf.ppo.update.Updater` for :func:`homerlhf.ppo.loop.micro_batch_loss` alone: its
+    ``backward`` (none by default: the fake device cannot run one)."""
+    from homerlhf.ppo.update import Updater
+
+    return Updater(cfg, SimpleNamespace(backward=backward), actor_opt=None)
 
 
 def test_experience_selection_and_the_losses_on_cuda(cuda_policy):
     """The update's pieces up to its backward: a mini-batch selected with a CPU permutation and a CPU
     index, the PPO losses with separate actor and critic adapters and the GRPO loss, all on CUDA."""
-    from homerlhf.ppo.update import GroupLoss, group_micro_losses, micro_batch_losses
+    from homerlhf.ppo.group import GroupLoss
+    from homerlhf.ppo.loop import micro_batch_loss
 
     cfg, policy, fake = cuda_policy
-    policy.train()
+    policy.checkpoint_activations(True)
+    updater = _updater(cfg)
     with fake:
         exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
         assert exp.select(torch.tensor([2, 0])).device == CUDA  # a CPU index, moved by select
-        losses = micro_batch_losses(policy, micro, cfg.ppo)
-        group = group_micro_losses(policy, micro, GroupLoss(0.2, 0.05, "token_mean", 4))
+        losses = micro_batch_loss(policy, micro, 1.0, updater)
+        group = micro_batch_loss(policy, micro, 1.0, updater, GroupLoss(0.2, 0.05, "token_mean", 4))
     assert losses["policy_loss"].requires_grad and losses["value_loss"].requires_grad
     assert {v.device for v in [*losses.values(), *group.values()]} == {CUDA}
     assert {v.dtype for v in losses.values()} == {torch.float32}
@@ -331,12 +341,12 @@ def test_the_losses_backward_under_bf16_compute(bf16_policy_dir, tmp_path):
     """The backward the fake device cannot run (see the module docstring), on the CPU in the GPU
     presets' dtypes: bf16 base and LM head, fp32 LoRA and value head. Real kernels refuse mixed
     dtypes; every trainable weight gets an fp32 gradient."""
-    from homerlhf.ppo.update import backward_separate_adapters
+    from homerlhf.ppo.loop import micro_batch_loss
 
     cfg, policy = _policy(bf16_policy_dir)
-    policy.train()
+    policy.checkpoint_activations(True)
     _, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0))
-    stats = backward_separate_adapters(policy, micro, cfg.ppo, lambda loss: loss.backward(), torch.tensor(1.0))
+    stats = micro_batch_loss(policy, micro, torch.tensor(1.0), _updater(cfg, lambda loss: loss.backward()))
     grads = [p.grad for p in policy.actor_parameters() + policy.critic_parameters()]
     assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads) and torch.isfinite(stats["policy_loss"])
@@ -402,13 +412,14 @@ def cuda_critic_policy(bf16_policy_dir, critic_dir):
 def test_a_critic_of_its_own_scores_and_its_losses_run_on_cuda(cuda_critic_policy):
     """``critic.model``: its values (its own base, bf16 like the actor's, its fp32 head) and the PPO losses
     with it, on CUDA; the experience and a mini-batch of it stay on CUDA."""
-    from homerlhf.ppo.update import micro_batch_losses
+    from homerlhf.ppo.loop import micro_batch_loss
 
     cfg, policy, fake = cuda_critic_policy
-    policy.train()
+    policy.checkpoint_activations(True)
+    updater = _updater(cfg)
     with fake:
         exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
-        losses = micro_batch_losses(policy, micro, cfg.ppo)
+        losses = micro_batch_loss(policy, micro, 1.0, updater)
     assert exp.values.device == CUDA and exp.values.dtype == torch.float32 and exp.values.shape == (3, 4)
     assert losses["value_loss"].requires_grad and {v.device for v in losses.values()} == {CUDA}
 
@@ -442,7 +453,7 @@ def test_every_nth_layer_checkpointed_offloads_its_inputs_from_cuda_and_nothing_
     assert checkpointing_report(policy.model.get_base_model())["offloaded"] == [0, 2]
     assert checkpointing_report(policy.critic_model.backbone)["offloaded"] == [0]
     kept: list[torch.device] = []
-    policy.train()
+    policy.checkpoint_activations(True)
     with fake:
         input_ids, mask = pad_sequences([p + [20, 21, 22, 23] for p in PROMPTS], 0, device=CUDA)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.append(t.device), t)[1], lambda t: t):
@@ -462,12 +473,12 @@ def test_the_backward_of_a_critic_of_its_own_with_offloaded_checkpoints_under_bf
     """The backward the fake device cannot run, on the CPU in the GPU presets' dtypes, with the critic of its
     own and every 2nd layer checkpointed, its inputs offloaded: every trainable weight of the actor and of
     the critic gets a finite fp32 gradient."""
-    from homerlhf.ppo.update import backward_separate_adapters
+    from homerlhf.ppo.loop import micro_batch_loss
 
     cfg, policy = _policy(bf16_policy_dir, f"critic.model={critic_dir}", *CHECKPOINTING)
-    policy.train()
+    policy.checkpoint_activations(True)
     _, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0))
-    stats = backward_separate_adapters(policy, micro, cfg.ppo, lambda loss: loss.backward(), torch.tensor(1.0))
+    stats = micro_batch_loss(policy, micro, torch.tensor(1.0), _updater(cfg, lambda loss: loss.backward()))
     for params in (policy.actor_parameters(), policy.critic_parameters()):
         grads = [p.grad for p in params]
         assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
@@ -484,7 +495,7 @@ def test_the_preference_held_out_pass_runs_on_cuda_up_to_its_host_read(cuda_poli
     from homerlhf.stages import preference_eval
 
     cfg, policy, fake = cuda_policy
-    policy.eval()
+    policy.checkpoint_activations(False)
     sequences, starts = [p + [20, 21, 22] for p in PROMPTS], [len(p) for p in PROMPTS]
     with fake, torch.no_grad():
         _, head, _ = lm_parts(policy.model)

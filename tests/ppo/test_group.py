@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from homerlhf.ppo.group import (
-    aggregate, clipped_group_loss, group_zero_spread, grpo_advantages, rloo_advantages, token_advantages,
+    GroupLoss, aggregate, clipped_group_loss, group_zero_spread, grpo_advantages, rloo_advantages, token_advantages,
 )
 from homerlhf.ppo.math import k3_kl
 
@@ -74,7 +74,7 @@ def test_clipped_group_loss_values_and_stats():
     mask = torch.ones(2, 1)
     # Row 1: A=+1, ratio 1.5 -> max(-1.5, -1.2) = -1.2; row 2: A=-1, ratio 0.5 -> max(0.5, 0.8) = 0.8.
     loss, stats = clipped_group_loss(logp, old, logp.clone(), torch.tensor([1.0, -1.0]), mask,
-                                     clip_range=0.2, kl_coef=0.1, mode="token_mean")
+                                     GroupLoss(0.2, 0.1, "token_mean"))
     assert float(loss) == pytest.approx(-0.2, abs=ATOL)
     assert float(stats["clipfrac"]) == pytest.approx(1.0)
     assert float(stats["kl_ref"]) == pytest.approx(0.0, abs=ATOL)
@@ -87,8 +87,7 @@ def test_clipped_group_loss_gradient_with_kl_in_loss():
     # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = -0.5 + 1 = 0.5, times kl_coef 0.1 -> 0.05.
     logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
     loss, stats = clipped_group_loss(logp, logp.detach().clone(), torch.tensor([[math.log(0.25)]]),
-                                     torch.tensor([2.0]), torch.ones(1, 1), clip_range=0.2, kl_coef=0.1,
-                                     mode="seq_mean_token_mean")
+                                     torch.tensor([2.0]), torch.ones(1, 1), GroupLoss(0.2, 0.1, "seq_mean_token_mean"))
     loss.backward()
     assert float(logp.grad) == pytest.approx(-2.0 + 0.05, abs=ATOL)
     assert float(loss) == pytest.approx(-2.0 + 0.1 * (0.5 - 1 - math.log(0.5)), abs=ATOL)
@@ -109,7 +108,7 @@ def test_clipped_group_loss_kl_is_bounded_and_gives_no_gradient_on_capped_tokens
     ref = torch.tensor([[0.5, -30.0, 100.0, float("inf")]])
     mask = torch.tensor([[1, 1, 1, 0]])
     loss, stats = clipped_group_loss(logp, torch.zeros(1, 4), ref, torch.tensor([1.0]), mask,
-                                     clip_range=0.2, kl_coef=0.1, mode="token_mean")
+                                     GroupLoss(0.2, 0.1, "token_mean"))
     loss.backward()
     assert float(loss.detach()) == pytest.approx(-0.3283759576, abs=ATOL)
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.3549573757, -1 / 3, -1 / 3, 0.0]]), atol=ATOL, rtol=0)
@@ -129,7 +128,7 @@ def test_importance_weights_scale_each_tokens_clipped_term():
     # Two tokens, ratio 1, A = 1: per-token loss -1 each; weights 2 and 0.5 -> (-2 - 0.5) / 2 = -1.25.
     logp = torch.zeros(1, 2)
     loss, stats = clipped_group_loss(logp, logp.clone(), logp.clone(), torch.tensor([1.0]), torch.ones(1, 2),
-                                     clip_range=0.2, kl_coef=0.0, mode="token_mean",
-                                     weights=torch.tensor([[2.0, 0.5]]))
+                                     GroupLoss(0.2, 0.0, "token_mean"),
+                                     torch.tensor([[2.0, 0.5]]))
     assert float(loss) == pytest.approx(-1.25, abs=ATOL)
     assert float(stats["clipfrac"]) == 0.0

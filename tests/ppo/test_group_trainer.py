@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from homerlhf.models.policy import PolicyModel
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from tolerances import fp32_bound
 
-GRPO = ("algorithm=grpo", "ppo.group_size=4", "rollout.batch_size=8", "rollout.chunk_size=8",
+GRPO = ("algorithm=grpo", "group.size=4", "rollout.batch_size=8", "rollout.chunk_size=8",
         "rollout.max_new_tokens=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=4", "ppo.epochs=1", "actor.lr=1e-2")
 
 
@@ -25,9 +25,9 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     assert policy.critic_parameters() == []
     before = [p.detach().clone() for p in policy.actor_parameters()]
     reward = CallableReward(lambda p, r: float(sum(r) % 7))  # spread within every group
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4),
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompt_ids(policy.tokenizer, 4),
                          run_dir=tmp_path)
-    assert trainer.critic_opt is None
+    assert trainer.updater.critic_opt is None
     prompts = trainer.next_prompts()
     assert len(prompts) == 8 and all(prompts[i] == prompts[i - i % 4] for i in range(8))
     assert prompts[0] != prompts[4]
@@ -42,7 +42,7 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
     # A fresh trainer resumes it: same actor weights, the single optimizer restored.
     seed_everything(1)
     again = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    resumed = PPOTrainer(cfg, again, AdapterOffReference(again), reward, prompt_ids(again.tokenizer, 4))
+    resumed = RLTrainer(cfg, again, Backends(AdapterOffReference(again), reward), prompt_ids(again.tokenizer, 4))
     assert resumed.resume(ckpt) == 1
     for a, b in zip(again.actor_parameters(), policy.actor_parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -52,26 +52,26 @@ def test_grpo_iteration_loads_no_critic_and_samples_groups(tiny_llama_dir, ppo_c
                                             ("rloo", "token_mean")])
 def test_group_loss_gradient_does_not_depend_on_micro_batch(tiny_llama_dir, ppo_cfg, prompt_ids, algorithm, mode):
     """The OOM backoff redoes a step with halved micro-batches: the accumulated gradient must be the same."""
-    from homerlhf.ppo.collect import StageTimes, collect_experience
-    from homerlhf.ppo.update import GroupLoss, make_accumulate
+    from homerlhf.ppo.collect import Prompts, collect_experience
+    from homerlhf.ppo.loop import advantages, group_loss, micro_batch_loss
 
-    cfg = ppo_cfg(*GRPO, f"algorithm={algorithm}", f"ppo.loss_aggregation={mode}", "ppo.kl_in=loss")
+    cfg = ppo_cfg(*GRPO, f"algorithm={algorithm}", f"group.loss_aggregation={mode}", "group.kl_in=loss")
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(lambda p, r: float(len(set(r)))),
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(lambda p, r: float(len(set(r))))),
                          prompt_ids(policy.tokenizer, 2))
-    exp, _ = collect_experience(policy, trainer.next_prompts(), cfg, trainer.reference, trainer.reward)
-    exp, _ = trainer.advantages(exp, 0.1, StageTimes())
+    exp, _ = collect_experience(policy, Prompts(trainer.next_prompts()), cfg, trainer.backends)
+    exp = advantages(exp, exp.scores, 0.1, cfg)  # cpu-tiny: scores enter the rewards as they are
     # Move the actor off its rollout weights so ratios and the KL term are not trivially 1 and 0.
     with torch.no_grad():
         for p in policy.actor_parameters():
             p.add_(0.05 * torch.randn_like(p))
-    policy.eval()
-    grads = []
+    policy.checkpoint_activations(False)
+    updater, group, grads = trainer.updater, group_loss(cfg, 0.1), []
     for micro in (8, 1):
-        accumulate = make_accumulate(policy, exp, cfg.ppo, [trainer.actor_opt], lambda loss: loss.backward(),
-                                     GroupLoss.from_config(cfg, 0.1))
-        accumulate(micro)
+        updater.state.micro_batch_size = micro
+        updater.accumulate(exp, len(exp), lambda m, share: micro_batch_loss(policy, m, share, updater, group),
+                           group.per_row)
         grads.append(torch.cat([p.grad.flatten() for p in policy.actor_parameters()]))
     assert grads[0].abs().max() > 0
     # Micro-batches of 8 rows or of 1: other shapes; a gradient sums the response tokens' terms through
@@ -85,7 +85,7 @@ def test_group_loss_gradient_does_not_depend_on_micro_batch(tiny_llama_dir, ppo_
 def test_group_algorithms_learn_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_ids, algorithm):
     """The PPO learning test's task (tests/ppo/test_trainer.py) without a critic: the score must rise.
     Measured (seed 0): GRPO 0.04 -> 0.33, 0.45 at iterations 5-6 (KL 4-6 nats); RLOO 0.04 -> 0.67, 0.62."""
-    cfg = ppo_cfg(f"algorithm={algorithm}", "ppo.group_size=4", "rollout.batch_size=32", "rollout.chunk_size=32",
+    cfg = ppo_cfg(f"algorithm={algorithm}", "group.size=4", "rollout.batch_size=32", "rollout.chunk_size=32",
                   "rollout.max_new_tokens=6", "rollout.max_prompt_len=16", "ppo.mini_batch_size=32",
                   "ppo.micro_batch_size=16", "ppo.epochs=2", "actor.lr=3e-3", "ppo.kl_coef=0.03",
                   "ppo.iterations=6")
@@ -97,7 +97,7 @@ def test_group_algorithms_learn_to_say_the_target_token(peaked_policy_dir, ppo_c
     probe = generate_rollout(policy, prompts, cfg.rollout)
     target = Counter(probe.response_ids[probe.response_mask.bool()].tolist()).most_common(1)[0][0]
     reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
-    rows = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts).train()
+    rows = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts).train()
     scores = [r["score_mean"] for r in rows]
     print(algorithm, "scores", [round(s, 3) for s in scores], "kl", [round(r["kl_mean"], 2) for r in rows])
     first, last = scores[0], sum(scores[-2:]) / 2

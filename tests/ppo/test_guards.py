@@ -51,10 +51,10 @@ def test_trainer_skips_nonfinite_steps_and_stops_with_last_good_checkpoint(tiny_
 
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
     from homerlhf.ppo.checkpoint import latest_complete_checkpoint
     from homerlhf.ppo.metrics import read_metrics
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
     cfg = load_config("cpu-tiny", overrides=[
         "ref.backend=adapter_off", "quant.load_in_4bit=false", "rollout.batch_size=4", "rollout.chunk_size=4",
@@ -70,7 +70,7 @@ def test_trainer_skips_nonfinite_steps_and_stops_with_last_good_checkpoint(tiny_
         return 1.0 if len(calls) <= 4 else math.nan
 
     prompts = [policy.tokenizer(f"prompt {i}")["input_ids"] for i in range(8)]
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(score), prompts, tmp_path)
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(score)), prompts, tmp_path)
     with pytest.raises(NonFiniteError, match="3 optimizer steps in a row") as info:
         trainer.train(10)
     # Iteration 2 ran both its steps into NaN and skipped them; iteration 3 hit the limit. No
@@ -154,9 +154,9 @@ def kl_runs(peaked_policy_dir, tmp_path_factory):
     drives it off its reference) and at 1e-4 over 1 epoch."""
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
     from homerlhf.ppo.metrics import read_metrics
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
     runs = {}
     for name, lr, epochs, trackers in (("off", "1e-2", "2", "tensorboard"), ("healthy", "1e-4", "1", "none")):
@@ -170,8 +170,8 @@ def kl_runs(peaked_policy_dir, tmp_path_factory):
         prompts = [policy.tokenizer(f"prompt {i}")["input_ids"] for i in range(4)]
         run_dir = tmp_path_factory.mktemp(f"kl-{name}")
         # the reward: how many response tokens are even ids, a signal any policy can chase
-        trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(
-            lambda p, r: sum(t % 2 == 0 for t in r)), prompts, run_dir)
+        trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(
+            lambda p, r: sum(t % 2 == 0 for t in r))), prompts, run_dir)
         trainer.train(2)
         runs[name] = run_dir, read_metrics(run_dir), cfg
     return runs

@@ -9,12 +9,23 @@ import time
 import pytest
 import torch
 
-from homerlhf.ppo.collect import StageTimes
-from homerlhf.ppo.experience import Experience
+from homerlhf.config import load_config
+from homerlhf.ppo.experience import Experience, Rollout
+from homerlhf.ppo.meters import Meters, StageTimes
 from homerlhf.ppo.metrics import (METRIC_DESCRIPTIONS, UPDATE_METRICS, iteration_metrics, kl_clamp_metrics, kl_ref_start,
                                   rollout_metrics, time_metrics, version_lag_metrics)
 
 PAD = 9.0  # at masked positions: must not reach any metric
+
+
+def _cfg(*overrides: str):
+    """The run config the row reads: mini-batches of 2 (for the update's tokens per second)."""
+    return load_config("cpu-tiny", overrides=["ppo.mini_batch_size=2", "ppo.micro_batch_size=1", *overrides])
+
+
+def _meters(ago: float = 0.0) -> Meters:
+    """An iteration that started ``ago`` seconds ago and spent 1 s in its update."""
+    return Meters(times=StageTimes(update=1.0), started=time.perf_counter() - ago)
 
 
 def _experience() -> Experience:
@@ -24,7 +35,7 @@ def _experience() -> Experience:
         prompt_mask=torch.tensor([[1, 1], [0, 1]]),
         response_ids=torch.tensor([[8, 9, 2], [8, 2, 0]]),
         response_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
-        logprobs=torch.zeros(2, 3), ref_logprobs=torch.zeros(2, 3),
+        old_logprobs=torch.zeros(2, 3), ref_logprobs=torch.zeros(2, 3),
         values=torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, PAD]]),
         scores=torch.tensor([1.0, 3.0]),
         truncated=torch.tensor([True, False]),
@@ -69,12 +80,12 @@ def test_kl_clamped_frac_by_hand_counts_response_tokens_only():
     exp.ref_logprobs = torch.tensor([[0.5, 25.0, 2.0], [-30.0, 0.0, PAD]])
     assert kl_clamp_metrics(exp) == {"kl_clamped_frac": pytest.approx(0.4, abs=1e-7)}
     update = {key: 0.0 for key in UPDATE_METRICS}
-    row = iteration_metrics(4, exp, torch.zeros(2), torch.ones(2, 3), 0.1, update, StageTimes(update=1.0),
-                            mini_batch_size=2, started=time.perf_counter(), kl_estimator="k3")
+    row = iteration_metrics(4, Rollout(exp, torch.ones(2, 3)), torch.zeros(2), 0.1, update, _meters(),
+                            _cfg("ppo.kl_estimator=k3"))
     assert row["kl_clamped_frac"] == pytest.approx(0.4, abs=1e-7)
     # With k1 in the reward no k3 is computed: no such metric.
-    row = iteration_metrics(4, exp, torch.zeros(2), torch.ones(2, 3), 0.1, update, StageTimes(update=1.0),
-                            mini_batch_size=2, started=time.perf_counter(), kl_estimator="k1")
+    row = iteration_metrics(4, Rollout(exp, torch.ones(2, 3)), torch.zeros(2), 0.1, update, _meters(),
+                            _cfg("ppo.kl_estimator=k1"))
     assert "kl_clamped_frac" not in row
 
 
@@ -103,11 +114,11 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     entropy = torch.ones(2, 3)
     exp = _experience()
     # Sampled by an engine that is not the trainer: its log-probs differ by ln 3 on one token (capped at 2).
-    exp.behaviour_logprobs = exp.logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
+    exp.behaviour_logprobs = exp.old_logprobs - torch.tensor([[0.0, math.log(3.0), 0.0], [0.0, 0.0, 0.0]])
     exp.is_weights = torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
     exp.policy_version = torch.tensor([2, 3])  # sampled ahead by version 2 (lag 1) and by version 3
-    row = iteration_metrics(4, exp, torch.zeros(2), entropy, 0.1, update, StageTimes(update=1.0),
-                            mini_batch_size=2, started=time.perf_counter() - 3.0, kl_estimator="k3")
+    row = iteration_metrics(4, Rollout(exp, entropy), torch.zeros(2), 0.1, update, _meters(ago=3.0),
+                            _cfg("ppo.kl_estimator=k3"))
     # 5 tokens: weights 1, 2, 1, 1, 1; one capped; k3 of r = 3 is 2 - ln 3, over 5 tokens.
     assert row["is_weight_mean"] == pytest.approx(6 / 5) and row["is_weight_max"] == 2.0
     assert row["is_capped_fraction"] == pytest.approx(1 / 5)
@@ -123,6 +134,6 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS if "_mem_" in key}
                                                    | {"kl_ref_start", "loss_scale", "group_zero_spread_fraction",
                                                       "group_reward_std", "kl_jump", "kl_flag", "kl_flag_reason"})
-    scaled = iteration_metrics(4, _experience(), torch.zeros(2), entropy, 0.1, {**update, "loss_scale": 1024.0},
-                               StageTimes(update=1.0), mini_batch_size=2, started=time.perf_counter())
+    scaled = iteration_metrics(4, Rollout(_experience(), entropy), torch.zeros(2), 0.1,
+                               {**update, "loss_scale": 1024.0}, _meters(), _cfg())
     assert scaled["loss_scale"] == 1024.0 and list(scaled) == [key for key in METRIC_DESCRIPTIONS if key in scaled]

@@ -33,8 +33,8 @@ def test_request_from_code_keeps_first_reason():
 
 def _trainer(cfg, tiny_llama_dir, run_dir, stop, stop_at_call=None):
     from homerlhf.models.policy import PolicyModel
-    from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-    from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+    from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+    from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
     seed_everything(cfg.seed)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
@@ -47,7 +47,9 @@ def _trainer(cfg, tiny_llama_dir, run_dir, stop, stop_at_call=None):
         return float(sum(t % 7 == 0 for t in response))
 
     prompts = [policy.tokenizer(f"prompt number {i}")["input_ids"] for i in range(10)]
-    return PPOTrainer(cfg, policy, AdapterOffReference(policy), CallableReward(score), prompts, run_dir, stop=stop)
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), CallableReward(score)), prompts, run_dir)
+    trainer.stop = stop
+    return trainer
 
 
 def test_stop_during_rollout_drops_the_half_iteration_and_resume_is_exact(tiny_llama_dir, tmp_path):

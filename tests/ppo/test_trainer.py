@@ -14,8 +14,8 @@ from homerlhf.memory.planner import predicted_peaks
 from homerlhf.memory.search import apply_overrides
 from homerlhf.memory.shapes import resolve_shape
 from homerlhf.models.policy import PolicyModel
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 
 
 # -- shared adapter, early stop -----------------------------------------------------------------
@@ -27,7 +27,7 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_c
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
     before = [p.detach().clone() for p in policy.actor_parameters()]
     reward = CallableReward(lambda p, r: float(len(r)))
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompt_ids(policy.tokenizer, 4))
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompt_ids(policy.tokenizer, 4))
     row = trainer.step()
     # The first step's approx_kl is 0 (new policy == old); after one step it exceeds 1e-9: stop.
     assert row["early_stopped"] == 1 and row["optimizer_steps"] == 2
@@ -41,7 +41,7 @@ def test_shared_adapter_iteration_and_target_kl_early_stop(tiny_llama_dir, ppo_c
     assert {name: row[f"predicted_mem_{name}_gib"] for name in predicted} == predicted
     assert set(predicted) == {"generation", "scoring", "update"} and row["peak_mem_kind"] == "cpu_rss"
     # After an OOM backoff the update is predicted at the micro-batch in use.
-    trainer.update_state.micro_batch_size = 2
+    trainer.updater.state.micro_batch_size = 2
     at_two = predicted_peaks(apply_overrides(cfg, {"ppo.micro_batch_size": 2}), resolve_shape(str(tiny_llama_dir)))
     assert trainer.memory_metrics()["predicted_mem_update_gib"] == at_two["update"] != predicted["update"]
 
@@ -53,14 +53,14 @@ def test_kl_ref_start_warns_in_one_line_above_1e_3(caplog):
 
     ones = torch.ones(1, 2)
     exp = Experience(prompt_ids=torch.tensor([[5]]), prompt_mask=torch.tensor([[1]]), response_ids=torch.tensor([[8, 2]]),
-                     response_mask=torch.tensor([[1, 1]]), logprobs=-ones, ref_logprobs=-ones, values=0 * ones,
+                     response_mask=torch.tensor([[1, 1]]), old_logprobs=-ones, ref_logprobs=-ones, values=0 * ones,
                      scores=torch.zeros(1), truncated=torch.tensor([False]), rewards=0 * ones, kl=0 * ones,
                      advantages=0 * ones, returns=0 * ones)
     with caplog.at_level(logging.WARNING, logger="homerlhf.ppo.trainer"):
-        assert PPOTrainer._kl_ref_start(exp) == 0.0
+        assert RLTrainer._kl_ref_start(exp) == 0.0
         assert caplog.records == []
         exp.ref_logprobs = torch.tensor([[-1.1, -1.0]])  # k3 of r = -0.1: e^-0.1 - 0.9 = 4.84e-3, /2 tokens
-        assert PPOTrainer._kl_ref_start(exp) == pytest.approx((math.exp(-0.1) - 0.9) / 2, rel=1e-5)  # float32 log-probs
+        assert RLTrainer._kl_ref_start(exp) == pytest.approx((math.exp(-0.1) - 0.9) / 2, rel=1e-5)  # float32 log-probs
     [record] = caplog.records
     assert "kl_ref_start = 2.42e-03" in record.getMessage() and "\n" not in record.getMessage()
 
@@ -90,7 +90,7 @@ def test_ppo_learns_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_i
     target = counts.most_common(1)[0][0]
     reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
 
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts)
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts)
     rows = trainer.train()
     scores = [r["score_mean"] for r in rows]
     kls = [r["kl_mean"] for r in rows]
@@ -109,17 +109,17 @@ def test_fp16_compute_scales_the_loss_logs_the_scale_and_resumes_it(tiny_llama_d
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
     reward = CallableReward(lambda p, r: float(len(r)))
     prompts = prompt_ids(policy.tokenizer, 2)
-    trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir=tmp_path / "run")
-    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0**16
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts, run_dir=tmp_path / "run")
+    assert trainer.updater.scaler.is_enabled() and trainer.updater.scaler.get_scale() == 2.0**16
     row = trainer.step()
-    assert row["optimizer_steps"] == 1 and row["loss_scale"] == trainer.scaler.get_scale()
+    assert row["optimizer_steps"] == 1 and row["loss_scale"] == trainer.updater.scaler.get_scale()
     assert row["loss_scale"] in (2.0**16, 2.0**15)  # unchanged, or halved by an fp16 overflow
-    trainer.scaler.update(new_scale=1024.0)  # a scale the run reached
+    trainer.updater.scaler.update(new_scale=1024.0)  # a scale the run reached
     saved = trainer.checkpoint()
 
-    resumed = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir=tmp_path / "run")
+    resumed = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompts, run_dir=tmp_path / "run")
     resumed.resume(saved)
-    assert resumed.scaler.get_scale() == 1024.0
+    assert resumed.updater.scaler.get_scale() == 1024.0
 
-    fp32 = PPOTrainer(ppo_cfg(), policy, AdapterOffReference(policy), reward, prompts)
-    assert not fp32.scaler.is_enabled() and "grad_scaler" not in fp32._stateful()
+    fp32 = RLTrainer(ppo_cfg(), policy, Backends(AdapterOffReference(policy), reward), prompts)
+    assert not fp32.updater.scaler.is_enabled() and "grad_scaler" not in fp32._stateful()

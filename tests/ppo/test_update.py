@@ -11,11 +11,17 @@ import torch
 
 from homerlhf.models.policy import PolicyModel
 from homerlhf.ppo.advantages import compute_advantages
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.collect import collect_experience
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+from homerlhf.ppo.collect import Prompts, collect_experience
+from homerlhf.ppo.loop import micro_batch_loss, update
 from homerlhf.ppo.trainer import seed_everything
-from homerlhf.ppo.update import UpdateState, train_minibatch
+from homerlhf.ppo.update import Updater, UpdateState
 from tolerances import fp32_bound
+
+
+def minibatch_step(policy, exp, updater: Updater) -> dict[str, float]:
+    """One optimizer step of PPO's loss on the whole of ``exp``."""
+    return updater.step(exp, len(exp), lambda micro, share: micro_batch_loss(policy, micro, share, updater))
 
 
 def prompt_pair(policy):
@@ -44,7 +50,7 @@ def update_run(tiny_llama_dir):
                for e in all_examples()[:8]]
     # The target token rewards rows unevenly, so advantages (and gradients) are far from uniform.
     reward = CallableReward(lambda p, r: sum(t % 7 == 0 for t in r) / len(r))
-    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
+    exp, _ = collect_experience(policy, Prompts(prompts), cfg, Backends(AdapterOffReference(policy), reward))
     exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
     assert exp.response_mask.sum(dim=1).unique().numel() > 1 or exp.prompt_mask.sum(dim=1).unique().numel() > 1
     return cfg, policy, exp
@@ -67,13 +73,14 @@ def test_injected_oom_halves_micro_batch_and_gives_the_unsplit_step(update_run):
         actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.5)
         critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.5)
         state = UpdateState(micro_batch_size=8)
-        policy.train()
+        updater = Updater(cfg, accelerator, actor_opt, critic_opt, state=state)
+        policy.checkpoint_activations(True)
         if inject:
             with inject_oom_at(micro_batch_size=8, times=1) as injector:
-                train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
+                minibatch_step(policy, exp, updater)
             assert injector.raised == [8]
         else:
-            train_minibatch(policy, exp, cfg, actor_opt, critic_opt, accelerator, state)
+            minibatch_step(policy, exp, updater)
         return [p.detach().clone() for p in params], state
 
     unsplit, state_a = one_step(inject=False)
@@ -95,8 +102,6 @@ def test_an_update_reads_the_device_twice_a_mini_batch_however_many_micro_batche
     a micro-batch: ``float()`` of every stat and share, ``trimmed()``'s widths.)"""
     from accelerate import Accelerator
 
-    from homerlhf.ppo.update import ppo_update
-
     cfg, policy, exp = update_run
     params = policy.actor_parameters() + policy.critic_parameters()
     start = [p.detach().clone() for p in params]
@@ -106,8 +111,8 @@ def test_an_update_reads_the_device_twice_a_mini_batch_however_many_micro_batche
             run_cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"mini_batch_size": 4, "epochs": 1})})
             opts = [torch.optim.SGD(policy.actor_parameters(), lr=0.1), torch.optim.SGD(policy.critic_parameters(), lr=0.1)]
             with host_syncs() as syncs:
-                stats = ppo_update(policy, exp, run_cfg, *opts, Accelerator(cpu=True), torch.Generator().manual_seed(0),
-                                   UpdateState(micro))
+                stats = update(policy, exp, Updater(run_cfg, Accelerator(cpu=True), *opts,
+                                                    generator=torch.Generator().manual_seed(0), state=UpdateState(micro)))
             counted[micro] = {key: n for key, n in syncs.counts.items() if key != "other"}  # ours
             assert stats["optimizer_steps"] == 2 and math.isfinite(stats["policy_loss"])
     finally:
@@ -141,7 +146,7 @@ def fp16_run(tiny_llama_dir):
                                                     add_generation_prompt=True, tokenize=True, return_dict=False)
                for r in prompt_records()[:4]]
     reward = CallableReward(lambda p, r: sum(t % 5 == 0 for t in r) / len(r))
-    exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward)
+    exp, _ = collect_experience(policy, Prompts(prompts), cfg, Backends(AdapterOffReference(policy), reward))
     return cfg, policy, compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
 
 
@@ -168,9 +173,9 @@ def test_fp16_compute_keeps_trainable_weights_and_adam_states_fp32(fp16_run):
     scaler = loss_scaler(torch.float16, policy.device)
     assert scaler.is_enabled()
     before = [p.detach().clone() for p in trainable]
-    policy.train()
-    stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
-                            scaler=scaler)
+    policy.checkpoint_activations(True)
+    stats = minibatch_step(policy, exp, Updater(cfg, Accelerator(cpu=True), actor_opt, critic_opt, scaler,
+                                                state=UpdateState(2)))
     assert stats["skipped"] == 0.0 and math.isfinite(stats["grad_norm_actor"]) and stats["grad_norm_actor"] > 0
     assert max(float((p.detach() - b).abs().max()) for p, b in zip(trainable, before)) > 1e-5
     # The step's gradients stay until the next update zeroes them: the memory plan counts them through
@@ -189,14 +194,16 @@ def test_fp16_loss_scaling_gives_the_unscaled_step_and_an_overflow_only_lowers_t
     params = policy.actor_parameters() + policy.critic_parameters()
     start = [p.detach().clone() for p in params]
 
-    def one_step(scaler, guard=None, make=lambda ps: torch.optim.SGD(ps, lr=0.5)):
+    def one_step(scaler=None, guard=None, make=lambda ps: torch.optim.SGD(ps, lr=0.5)):
         for p, s in zip(params, start):
             p.data.copy_(s)
         # Plain SGD by default: its step is the gradient itself, so any scaling left in it shows.
         actor_opt, critic_opt = make(policy.actor_parameters()), make(policy.critic_parameters())
-        policy.train()
-        stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(2),
-                                guard, scaler)
+        policy.checkpoint_activations(True)
+        updater = Updater(cfg, Accelerator(cpu=True), actor_opt, critic_opt, guard=guard, state=UpdateState(2))
+        if scaler is not None:
+            updater.scaler = scaler
+        stats = minibatch_step(policy, exp, updater)
         return stats, [p.detach().clone() for p in params]
 
     _, plain = one_step(None)
@@ -237,15 +244,14 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     seed_everything(0)
     policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
     assert policy.hidden_states(*prompt_pair(policy)).dtype == torch.bfloat16
-    start, _ = collect_experience(policy, prompt_ids(policy.tokenizer, 4), cfg, AdapterOffReference(policy),
-                                  CallableReward(lambda p, r: float(len(r))))
+    backends = Backends(AdapterOffReference(policy), CallableReward(lambda p, r: float(len(r))))
+    start, _ = collect_experience(policy, Prompts(prompt_ids(policy.tokenizer, 4)), cfg, backends)
     mask = start.response_mask.bool()
-    assert torch.equal(start.logprobs[mask], start.ref_logprobs[mask])  # LoRA B = 0: the base, bit for bit
+    assert torch.equal(start.old_logprobs[mask], start.ref_logprobs[mask])  # LoRA B = 0: the base, bit for bit
     # Train the adapters off zero first: with LoRA B = 0 dropout on A's input would change nothing.
     for p in policy.actor_parameters() + policy.critic_parameters():
         torch.nn.init.normal_(p, std=0.2)
-    exp, _ = collect_experience(policy, prompt_ids(policy.tokenizer, 4), cfg, AdapterOffReference(policy),
-                                CallableReward(lambda p, r: float(len(r))))
+    exp, _ = collect_experience(policy, Prompts(prompt_ids(policy.tokenizer, 4)), cfg, backends)
     exp = compute_advantages(exp, cfg.ppo, 0.05, exp.scores)
     input_ids, attention_mask = exp.sequences()
     mask = exp.response_mask.bool()
@@ -253,9 +259,9 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     # What peft's own training mode would do: dropout on, the ratio is off 1 before any step.
     policy.model.train()
     with_dropout, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
-    assert (with_dropout - exp.logprobs)[mask].abs().max() > 1e-3
+    assert (with_dropout - exp.old_logprobs)[mask].abs().max() > 1e-3
 
-    policy.train()
+    policy.checkpoint_activations(True)
     layers = [m for m in policy.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     assert layers and all(m.training for m in layers)  # checkpointing runs only in training mode
     dropouts = [m for n, m in policy.model.named_modules() if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)]
@@ -263,10 +269,10 @@ def test_lora_dropout_is_off_in_the_update_forward_so_the_first_ratio_is_exactly
     logprobs, _ = policy.actor_logprobs(input_ids, attention_mask, exp.response_len)
     values = policy.critic_values(input_ids, attention_mask, exp.response_len)
     assert logprobs.requires_grad
-    assert torch.equal(torch.exp(logprobs - exp.logprobs)[mask], torch.ones(int(mask.sum())))
+    assert torch.equal(torch.exp(logprobs - exp.old_logprobs)[mask], torch.ones(int(mask.sum())))
     assert torch.equal(values[mask], exp.values[mask])
     # And through the update stage itself: no clipping and zero approx KL on the first mini-batch.
     actor_opt = torch.optim.SGD(policy.actor_parameters(), lr=0.1)
     critic_opt = torch.optim.SGD(policy.critic_parameters(), lr=0.1)
-    stats = train_minibatch(policy, exp, cfg, actor_opt, critic_opt, Accelerator(cpu=True), UpdateState(4))
+    stats = minibatch_step(policy, exp, Updater(cfg, Accelerator(cpu=True), actor_opt, critic_opt, state=UpdateState(4)))
     assert (stats["approx_kl"], stats["policy_clipfrac"], stats["value_clipfrac"]) == (0.0, 0.0, 0.0)

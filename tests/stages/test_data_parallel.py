@@ -249,6 +249,16 @@ def test_fsdp_training_is_refused_before_anything_launches(capsys):
     assert "does not run sharded yet" in capsys.readouterr().err
 
 
+def test_async_rollouts_over_several_processes_are_refused_before_anything_launches(capsys):
+    from homerlhf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "cpu-tiny", "--gpus", "2", "--set", "rollout.async=true",
+              "--set", "rollout.engine=llamacpp"])
+    err = capsys.readouterr().err
+    assert err.startswith("error: rollout.async runs in one process") and "Traceback" not in err
+
+
 def test_launch_command_starts_n_gloo_processes_on_a_cpu_card():
     from homerlhf.config import load_config
     from homerlhf.stages.data_parallel import launch_command

@@ -41,9 +41,9 @@ def test_before_after_markdown_states_both_accuracies_and_marks_right_answers(tm
 
 def test_the_recipe_per_algorithm():
     grpo = demo.verifiable_demo_config("/tmp/x", "grpo")
-    assert (grpo.algorithm, grpo.ppo.group_size, grpo.reward.function, grpo.data.prompts) == (
+    assert (grpo.algorithm, grpo.group.size, grpo.reward.function, grpo.data.prompts) == (
         "grpo", demo.GROUP_SIZE, "builtin:reverse", "builtin:reverse")
-    assert demo.verifiable_demo_config("/tmp/x", "rloo").ppo.kl_in == grpo.ppo.kl_in == "loss"
+    assert demo.verifiable_demo_config("/tmp/x", "rloo").group.kl_in == grpo.group.kl_in == "loss"
     assert demo.verifiable_demo_config("/tmp/x", "ppo").algorithm == "ppo"
     fast = demo.verifiable_demo_config("/tmp/x", "rloo", fast=True, overrides=("ppo.kl_coef=0.1",))
     assert fast.ppo.iterations < grpo.ppo.iterations and fast.ppo.kl_coef == 0.1

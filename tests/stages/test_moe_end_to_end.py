@@ -138,7 +138,7 @@ def _gguf_equals_merged(export: Path) -> None:
 @pytest.mark.slow
 def test_grpo_learns_on_a_tiny_moe(toy, tmp_path):
     run = tmp_path / "grpo"
-    _run(_train_args(toy, run, "algorithm=grpo", "ppo.group_size=4", "ref.backend=adapter_off",
+    _run(_train_args(toy, run, "algorithm=grpo", "group.size=4", "ref.backend=adapter_off",
                      f"checkpoint.every={ITERATIONS}"))
     first, last = _learned(_rows(run))
     print(f"GRPO on the tiny MoE: score {first:.3f} -> {last:.3f} (first / last third of {ITERATIONS} iterations)")

@@ -83,7 +83,7 @@ def grpo_run(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("pref-grpo")
     (root / "rewards.py").write_text("def many_e(response):\n    return response.count('e') / 4.0\n")
     cfg = load_config("cpu-tiny", overrides=[
-        f"model.name_or_path={tiny_llama_dir}", "algorithm=grpo", "ppo.group_size=2", "ref.backend=adapter_off",
+        f"model.name_or_path={tiny_llama_dir}", "algorithm=grpo", "group.size=2", "ref.backend=adapter_off",
         "reward.backend=function", f"reward.function={root / 'rewards.py'}:many_e", "rollout.batch_size=4",
         "rollout.chunk_size=4", "rollout.max_new_tokens=6", "rollout.max_prompt_len=24", "ppo.mini_batch_size=4",
         "ppo.micro_batch_size=4", "ppo.iterations=1", "checkpoint.every=1", "actor.lr=5e-2",

@@ -12,7 +12,7 @@ import pytest
 
 from homerlhf.config import load_config
 from homerlhf.errors import UserError
-from homerlhf.stages.preflight import check_reward_stage, check_run, check_sft_stage
+from homerlhf.stages.preflight import check_auto_choices, check_reward_stage, check_run, check_sft_stage
 
 
 def config_dir(root, name: str, **config):
@@ -79,6 +79,21 @@ def test_a_policy_the_llamacpp_rollout_engine_cannot_run_names_the_switch(dirs):
     assert message.endswith("set rollout.engine=hf (the actor samples with its own generate)")
     check_run(cfg_with(**adapter_off))  # the switch works (hf is the default)
     check_run(cfg_with(**{"model.name_or_path": dirs["gemma3"], "rollout.engine": "llamacpp"}))
+
+
+def test_what_auto_chose_is_checked_after_it_chose_and_nothing_else(dirs):
+    """``auto`` is no backend to check: once resolved, the roles it placed are (a gpt2 policy exported for the
+    llama.cpp reference or engine is refused), and a config whose roles were named is not checked again."""
+    gpt2 = {"model.name_or_path": dirs["gpt2"]}
+    before = cfg_with(**gpt2, **{"ref.backend": "auto", "rollout.engine": "auto"})
+    check_auto_choices(before, cfg_with(**gpt2, **{"ref.backend": "adapter_off", "rollout.engine": "hf"}))
+    message = refusal(lambda: check_auto_choices(before, cfg_with(**gpt2, **{"ref.backend": "llamacpp"})))
+    assert "cannot be served by the llama.cpp ref worker" in message
+    message = refusal(lambda: check_auto_choices(before, cfg_with(**gpt2, **{"ref.backend": "adapter_off",
+                                                                            "rollout.engine": "llamacpp"})))
+    assert "cannot be served by the llama.cpp rollout engine" in message
+    named = cfg_with(**gpt2, **{"ref.backend": "llamacpp"})  # check_run's to refuse, not this check's
+    check_auto_choices(named, named)
 
 
 def test_a_reward_model_the_worker_cannot_serve_names_the_switch(dirs):

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from homerlhf.config import load_config
 from homerlhf.models.policy import PolicyModel
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
-from homerlhf.ppo.collect import collect_experience, score_with_policy
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
+from homerlhf.ppo.collect import Prompts, collect_experience, score_with_policy
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from homerlhf.workers.rollout_engine import llamacpp_engine
 
 model_dir, outtype, run_dir, is_cap = sys.argv[1:5]
@@ -47,7 +47,7 @@ def compare():
 
 out = {"before": compare(), "version_before": engine.version}
 reward = CallableReward(lambda p, r: float(len(r)))
-trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, engine=engine)
+trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward, engine), prompts)
 rows = [trainer.step() for _ in range(2)]
 out["rows"] = [{k: row[k] for k in ("is_weight_mean", "is_weight_max", "is_capped_fraction", "kl_behaviour_old")} for row in rows]
 out["after"] = compare()
@@ -55,17 +55,20 @@ out["version_after"] = engine.version
 
 # The weights as collected, and whether they reach the policy loss.
 from homerlhf.ppo.advantages import compute_advantages
-from homerlhf.ppo.update import micro_batch_losses
+from types import SimpleNamespace
+from homerlhf.ppo.loop import micro_batch_loss
+from homerlhf.ppo.update import Updater
+no_backward = Updater(cfg, SimpleNamespace(backward=lambda loss: None), None)
 engine.sync(policy)
-exp, _ = collect_experience(policy, prompts, cfg, AdapterOffReference(policy), reward, engine=engine)
+exp, _ = collect_experience(policy, Prompts(prompts), cfg, Backends(AdapterOffReference(policy), reward, engine))
 cap = float(is_cap)
-expected = torch.clamp(torch.exp(exp.logprobs - exp.behaviour_logprobs), max=cap) * exp.response_mask
+expected = torch.clamp(torch.exp(exp.old_logprobs - exp.behaviour_logprobs), max=cap) * exp.response_mask
 out["weights_exact"] = bool(torch.equal(exp.is_weights, expected))
 exp = compute_advantages(exp, cfg.ppo, 0.0, exp.scores)
 with torch.no_grad():
-    weighted = float(micro_batch_losses(policy, exp, cfg.ppo)["policy_loss"])
+    weighted = float(micro_batch_loss(policy, exp, 1.0, no_backward)["policy_loss"])
     exp.is_weights = None
-    plain = float(micro_batch_losses(policy, exp, cfg.ppo)["policy_loss"])
+    plain = float(micro_batch_loss(policy, exp, 1.0, no_backward)["policy_loss"])
 out["loss_weighted"], out["loss_plain"] = weighted, plain
 engine.close()
 print(json.dumps(out))
@@ -118,9 +121,9 @@ from pathlib import Path
 from homerlhf.config import load_config
 from homerlhf.data.builtin import prompt_records
 from homerlhf.models.policy import PolicyModel
-from homerlhf.ppo.backends import AdapterOffReference, CallableReward
+from homerlhf.ppo.backends import AdapterOffReference, Backends, CallableReward
 from homerlhf.ppo.rollout import generate_rollout
-from homerlhf.ppo.trainer import PPOTrainer, seed_everything
+from homerlhf.ppo.trainer import RLTrainer, seed_everything
 from homerlhf.workers.rollout_engine import llamacpp_engine
 
 model_dir, run_dir, mode = sys.argv[1:4]
@@ -139,7 +142,7 @@ probe = generate_rollout(policy, prompts, cfg.rollout)
 target = Counter(probe.response_ids[probe.response_mask.bool()].tolist()).most_common(1)[0][0]
 reward = CallableReward(lambda p, r: sum(t == target for t in r) / len(r))
 engine = llamacpp_engine(cfg, policy, model_dir, Path(run_dir))
-trainer = PPOTrainer(cfg, policy, AdapterOffReference(policy), reward, prompts, run_dir, engine=engine)
+trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward, engine), prompts, run_dir)
 rows = trainer.train()
 engine.close()
 keys = ("score_mean", "kl_mean", "policy_version_lag_mean", "is_weight_mean", "kl_behaviour_old", "time_iteration_s")
