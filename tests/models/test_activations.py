@@ -95,7 +95,7 @@ def losses_and_grads(policy_model):
     for param in params:
         param.grad = None
     ids, mask = batch(policy_model)
-    policy_model.train()
+    policy_model.checkpoint_activations(True)
     logprobs, _ = policy_model.actor_logprobs(ids, mask, NEW)
     actor_loss = -(logprobs * torch.linspace(-1.0, 1.0, NEW)).mean()
     actor_loss.backward()  # each adapter's backward before the other's forward, as the update runs them
@@ -103,7 +103,7 @@ def losses_and_grads(policy_model):
     critic_loss = ((values - 0.5) ** 2).mean()
     critic_loss.backward()
     losses = torch.stack([actor_loss, critic_loss])
-    policy_model.eval()
+    policy_model.checkpoint_activations(False)
     return losses.detach(), [param.grad.clone() for param in params]
 
 
@@ -149,11 +149,11 @@ def test_the_offload_moves_the_bytes_the_planner_counts(policy, path, counted, t
         pytest.skip("this transformers has no activation_checkpointing_enable(every_n_layers, offload)")
     assert enable_checkpointing(base, every_n, True, native=native) == path
     ids, mask = batch(policy_model)
-    policy_model.train()
+    policy_model.checkpoint_activations(True)
     logprobs, _ = policy_model.actor_logprobs(ids, mask, NEW)
     packed = sum(counted.packed)
     logprobs.sum().backward()
-    policy_model.eval()
+    policy_model.checkpoint_activations(False)
     enable_checkpointing(base, 1, False)
     planned = offloaded_bytes(config(cfg.quant.upcast_non_quantized, "training.activation_offload=true",
                                      f"training.checkpoint_every_n_layers={every_n}"), resolve_shape(str(tiny_llama_dir)))

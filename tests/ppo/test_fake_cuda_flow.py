@@ -43,6 +43,7 @@ What cannot run this way, and is tested around:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ctypes
 import os
 from pathlib import Path
@@ -312,7 +313,9 @@ def test_experience_selection_and_the_losses_on_cuda(cuda_policy):
         exp, micro = _experience(cfg, policy, torch.Generator(device="cpu").manual_seed(0), whiten=False)
         assert exp.select(torch.tensor([2, 0])).device == CUDA  # a CPU index, moved by select
         losses = micro_batch_loss(policy, micro, 1.0, updater)
-        group = micro_batch_loss(policy, micro, 1.0, updater, GroupLoss(0.2, 0.05, "token_mean", 4))
+        # GRPO's loss reads one advantage per response (``compute_group_advantages`` gives it): the scores here
+        grouped = dataclasses.replace(micro, sequence_advantages=micro.scores.to(micro.old_logprobs.dtype))
+        group = micro_batch_loss(policy, grouped, 1.0, updater, GroupLoss(0.2, 0.05, "token_mean", 4))
     assert losses["policy_loss"].requires_grad and losses["value_loss"].requires_grad
     assert {v.device for v in [*losses.values(), *group.values()]} == {CUDA}
     assert {v.dtype for v in losses.values()} == {torch.float32}
