@@ -270,6 +270,17 @@ def token_lists(ids: Tensor, mask: Tensor) -> list[list[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
 
+def signal_inputs(exp: Experience) -> tuple[list[list[int]], list[list[int]], list[float], list[float]]:
+    """What the reward-hacking signals read of a batch (:meth:`homerlhf.ppo.signals.SignalMonitor.check`):
+    prompts and responses as token lists (a finished response without its end token), each response's
+    length with it, and the scores."""
+    responses = token_lists(exp.response_ids, exp.response_mask)
+    lengths = [float(len(r)) for r in responses]
+    ended = (~exp.truncated.bool()).tolist()
+    texts = [r[:-1] if end and r else r for r, end in zip(responses, ended)]
+    return token_lists(exp.prompt_ids, exp.prompt_mask), texts, lengths, exp.scores.tolist()
+
+
 def _clean(value: Any) -> Any:
     """Floats that JSON cannot hold (nan, inf) become null."""
     if isinstance(value, float) and not math.isfinite(value):

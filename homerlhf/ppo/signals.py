@@ -117,13 +117,14 @@ def ratio(value: Optional[float], baseline: Optional[float]) -> Optional[float]:
     return value / baseline
 
 
-def batch_signals(prompts: Sequence[Tokens], responses: Sequence[Tokens], scores: Sequence[float], n: int,
-                  components: Optional[Mapping[str, Sequence[Optional[float]]]] = None,
+def batch_signals(prompts: Sequence[Tokens], responses: Sequence[Tokens], lengths: Sequence[float],
+                  scores: Sequence[float], n: int, components: Optional[Mapping[str, Sequence[Optional[float]]]] = None,
                   weights: Optional[Mapping[str, float]] = None) -> dict[str, Optional[float]]:
     """The signals of one batch that need no other iteration: length correlation, repetition,
     distinct-n, prompt echo and, with several rewards, the largest share. ``responses``: token ids
-    (EOS included, as ``response_length_mean`` counts them); ``n``: the n-gram size."""
-    lengths = [float(len(r)) for r in responses]
+    without the end token (which the chat template also puts in the prompt); ``lengths``: in tokens,
+    the end token included (as ``response_length_mean`` counts them); ``n``: the n-gram size."""
+    lengths = [float(x) for x in lengths]
     out: dict[str, Optional[float]] = {
         "signal_length_corr": pearson(list(map(float, scores)), lengths),
         "signal_repetition": math.fsum(repeated_share(r, n) for r in responses) / len(responses) if responses else None,
@@ -216,7 +217,7 @@ def thresholds(audit_cfg) -> dict[str, float]:
 class SignalMonitor:
     """The signals of each iteration and their flags, across a run.
 
-    ``check(iteration, row, prompts, responses, scores, components)``: the ``signal_*`` additions to the
+    ``check(iteration, row, prompts, responses, lengths, scores, components)``: the ``signal_*`` additions to the
     iteration's metrics row (``row``: its ``response_length_mean``, ``entropy``, and
     ``group_zero_spread_fraction`` for GRPO/RLOO). The baselines (the first ``audit.baseline_iterations``
     iterations' mean length and entropy) and the flags' counts travel in the checkpoint.
@@ -231,9 +232,10 @@ class SignalMonitor:
         self.baseline_entropies: list[float] = []
 
     def check(self, iteration: int, row: Mapping[str, Any], prompts: Sequence[Tokens], responses: Sequence[Tokens],
-              scores: Sequence[float], components: Optional[Mapping[str, Sequence[Optional[float]]]] = None
-              ) -> dict[str, Any]:
-        out: dict[str, Any] = batch_signals(prompts, responses, scores, self.audit.ngram, components, self.weights)
+              lengths: Sequence[float], scores: Sequence[float],
+              components: Optional[Mapping[str, Sequence[Optional[float]]]] = None) -> dict[str, Any]:
+        out: dict[str, Any] = batch_signals(prompts, responses, lengths, scores, self.audit.ngram, components,
+                                            self.weights)
         length, entropy = row.get("response_length_mean"), row.get("entropy")
         if len(self.baseline_lengths) < self.audit.baseline_iterations:
             self.baseline_lengths.append(float(length))

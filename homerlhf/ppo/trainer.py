@@ -37,7 +37,7 @@ from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.loop import iteration
 from homerlhf.ppo.meters import Meters
 from homerlhf.ppo.metrics import (KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix,
-                                   sample_records, token_lists)
+                                   sample_records, signal_inputs)
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
 from homerlhf.ppo.rng import capture_rng_state
@@ -167,8 +167,7 @@ class RLTrainer:
             row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(component_metrics(components))
         row.update(self.kl_jump.check(row))
-        row.update(self.signals.check(self.iteration, row, token_lists(exp.prompt_ids, exp.prompt_mask),
-                                      token_lists(exp.response_ids, exp.response_mask), exp.scores.tolist(), components))
+        row.update(self.signals.check(self.iteration, row, *signal_inputs(exp), components))
         row.update(self.memory_metrics())
         self.record(row, exp)
         after = weights_fingerprint(self.policy.actor_parameters()) if self._weights_before is not None else None
