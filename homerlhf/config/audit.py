@@ -49,5 +49,5 @@ class GuardsConfig(Section):
     lora_unchanged: bool = Field(True, description="Trip when an update with optimizer steps left the actor's LoRA weights unchanged.")
     all_capped: bool = Field(True, description="Trip when every response token's importance weight was capped at rollout.is_cap.")
     empty_or_cut_iterations: Optional[int] = Field(
-        5, ge=1, description="Trip when every response was empty or cut at rollout.max_new_tokens this many iterations "
-        "in a row (null: off).")
+        5, ge=1, description="Trip when every response was empty this many iterations in a row; warn when every one "
+        "was cut at rollout.max_new_tokens or empty (null: off).")

@@ -41,11 +41,13 @@ class LoadReport:
     n_usable: int = 0
     n_bad: int = 0
     bad_examples: list[dict[str, Any]] = field(default_factory=list)  # {"row", "reason", "value"}
+    bad_reasons: dict[str, int] = field(default_factory=dict)  # every bad row counted under its reason
     n_truncated: int = 0
     n_dropped: int = 0  # over-long rows dropped (cfg.data.overlong == "drop")
 
     def add_bad(self, row: int, reason: str, value: Any) -> None:
         self.n_bad += 1
+        self.bad_reasons[reason] = self.bad_reasons.get(reason, 0) + 1
         if len(self.bad_examples) < MAX_BAD_EXAMPLES:
             text = value if isinstance(value, str) else json.dumps(value, default=str)
             self.bad_examples.append({"row": row, "reason": reason, "value": text[:160]})
@@ -55,6 +57,9 @@ class LoadReport:
             f"{self.source}: {self.format} ({self.kind}), {self.n_rows} rows, {self.n_usable} usable, "
             f"{self.n_bad} bad, {self.n_truncated} truncated, {self.n_dropped} dropped as too long"
         ]
+        if self.bad_reasons:
+            counts = sorted(self.bad_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+            lines.append("  bad rows by reason: " + ", ".join(f"{reason} {n}" for reason, n in counts))
         lines += [f"  row {b['row']}: {b['reason']}: {b['value']}" for b in self.bad_examples]
         return "\n".join(lines)
 

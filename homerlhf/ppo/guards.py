@@ -15,9 +15,9 @@ setting that stops it (``ppo.early_stop_kl``). It warns; it stops nothing.
 The no-op guards (:class:`NoOpGuards`, the ``guards`` settings): a run that looks fine and learns
 nothing. Every response scored alike (or every advantage 0) for N iterations in a row; an update that
 took optimizer steps yet left the actor's LoRA weights as they were; every importance weight capped;
-every response empty or cut at ``rollout.max_new_tokens`` for N iterations in a row. Each stops the
-run with one line naming the cause (:class:`NoOpError`, after the iteration's row is written), or
-only warns with ``guards.action: warn``. docs/audit.md.
+every response empty for N iterations in a row. Each stops the run with one line naming the cause (:class:`NoOpError`, after the iteration's row is written), or
+only warns with ``guards.action: warn``. Every response cut at ``rollout.max_new_tokens`` (or empty)
+for N iterations warns once: a cut answer is still scored. docs/audit.md.
 """
 
 from __future__ import annotations
@@ -190,11 +190,15 @@ def all_advantages_zero(exp) -> bool:
     return False
 
 
+def empty_responses(exp) -> torch.Tensor:
+    """Per response (B,): it holds no token but its end token (or none at all)."""
+    ended = ~exp.truncated.bool()
+    return exp.response_mask.sum(dim=1) <= ended.long()
+
+
 def empty_or_cut(exp) -> bool:
     """Every response of the batch was cut at the token cap, or holds no token but its end token."""
-    lengths = exp.response_mask.sum(dim=1)
-    ended = ~exp.truncated.bool()
-    return bool((exp.truncated.bool() | (lengths <= ended.long())).all())
+    return bool((exp.truncated.bool() | empty_responses(exp)).all())
 
 
 class NoOpGuards:
@@ -235,9 +239,14 @@ class NoOpGuards:
         self.empty_in_row = self.empty_in_row + 1 if cut else 0
         limit = self.guards.empty_or_cut_iterations
         if limit is not None and self.empty_in_row >= limit:
-            causes.append(f"every response was empty or cut at rollout.max_new_tokens ({self.cfg.rollout.max_new_tokens}) "
-                          f"{self.empty_in_row} iterations in a row: the reward scores no finished answer; raise "
-                          "rollout.max_new_tokens or check the chat template and stop tokens")
+            if bool(empty_responses(exp).all()):  # nothing to score: a stop
+                causes.append(f"every response was empty {self.empty_in_row} iterations in a row: the policy ends at once; "
+                              "check the chat template and stop tokens")
+            elif self.empty_in_row == limit and self.warn:  # cut answers are still scored: a warning, once a streak
+                log.warning("iteration %s: every response was empty or cut at rollout.max_new_tokens (%d) %d iterations "
+                            "in a row: the reward scores unfinished answers; raise rollout.max_new_tokens or check the "
+                            "chat template and stop tokens", row.get("iteration"), self.cfg.rollout.max_new_tokens,
+                            self.empty_in_row)
         if not causes:
             return
         line = f"iteration {row.get('iteration')}: training stopped: " + "; ".join(causes)

@@ -179,6 +179,17 @@ def test_prompt_chosen_rejected_text(tmp_path):
     assert reasons(report) == ["chosen == rejected", "missing rejected", "empty chosen"]
 
 
+def test_bad_rows_are_counted_per_reason_beyond_the_examples_shown(tmp_path):
+    """Every skipped row counts under its reason, also past the few examples the report shows."""
+    good = [{"prompt": f"Q{i}?", "chosen": "a fine answer", "rejected": "no"} for i in range(2)]
+    same = [{"prompt": f"S{i}?", "chosen": "yes", "rejected": "yes"} for i in range(7)]
+    blank = [{"prompt": f"B{i}?", "chosen": "ok", "rejected": " \n\t"} for i in range(3)]
+    records, report = load_preferences(write_jsonl(tmp_path / "mixed.jsonl", good + same + blank))
+    assert len(records) == 2 and report.n_bad == 10
+    assert report.bad_reasons == {"chosen == rejected": 7, "empty rejected": 3}
+    assert "bad rows by reason: chosen == rejected 7, empty rejected 3" in report.summary()
+
+
 def test_anthropic_hh_text_multi_turn(tmp_path):
     shared = "\n\nHuman: What is rain?\n\nAssistant: Water falling.\n\nHuman: Why does it fall?"
     src = write_jsonl(tmp_path / "hh.jsonl", [

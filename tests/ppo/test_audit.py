@@ -173,10 +173,19 @@ def test_all_capped_importance_weights_and_all_cut_responses_trip_their_guards(c
     with pytest.raises(NoOpError, match="importance weight was capped"):
         NoOpGuards(cfg).check({"iteration": 1, "is_capped_fraction": 1.0}, healthy)
     guards = NoOpGuards(cfg)
-    cut_or_empty = _Batch([1.0, 2.0], [16, 1], [True, False])
+    cut_or_empty = _Batch([1.0, 2.0], [16, 1], [True, False])  # a cut answer is still scored: a warning, no stop
     guards.check({"iteration": 1}, cut_or_empty)
-    with pytest.raises(NoOpError, match="empty or cut at rollout.max_new_tokens"):
-        guards.check({"iteration": 2}, cut_or_empty)
+    guards.check({"iteration": 2}, cut_or_empty)
+    assert "iteration 2: every response was empty or cut at rollout.max_new_tokens" in caplog.text
+    caplog.clear()
+    guards.check({"iteration": 3}, cut_or_empty)
+    assert "empty or cut" not in caplog.text  # once a streak
+    empty = _Batch([1.0, 1.0], [1, 0], [False, False])  # each reply its end token alone, or nothing
+    guards = NoOpGuards(load_config("cpu-tiny", overrides=["guards.empty_or_cut_iterations=2",
+                                                              "guards.flat_reward_iterations=9"]))
+    guards.check({"iteration": 1}, empty)
+    with pytest.raises(NoOpError, match="every response was empty 2 iterations in a row"):
+        guards.check({"iteration": 2}, empty)
     warn = NoOpGuards(load_config("cpu-tiny", overrides=["guards.action=warn", "guards.empty_or_cut_iterations=1"]))
-    warn.check({"iteration": 3}, cut_or_empty)  # warns, goes on
-    assert "no-op guard" in caplog.text and "empty or cut" in caplog.text
+    warn.check({"iteration": 3}, empty)  # warns, goes on
+    assert "no-op guard" in caplog.text and "every response was empty" in caplog.text
