@@ -1,0 +1,170 @@
+"""The monitor's *Sample history*: a slider over the attached run's iterations showing that iteration's
+samples with their scores, its best and worst ``k`` by reward, and one prompt's answers across the
+iterations (picked from a list). It follows a run while it grows: the monitor's timer reads
+``samples.jsonl`` again when the file changed, and a slider left at the newest iteration moves on to the
+next one; a slider moved back stays where it was put.
+
+The tables come from :mod:`homerlhf.app.sample_history`; this module reads the file and lays them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from homerlhf.app import monitor, runs
+from homerlhf.app import sample_history as sh
+
+K_DEFAULT = 3
+EMPTY = "No samples logged yet: each iteration's appear here as the run writes them (samples.jsonl)."
+WIDTHS = ["110px", "25%", "50%", "90px", "90px"]
+RANKED_WIDTHS = ["80px", "30%", "60%"]
+
+
+def read_history(run_dir: str) -> dict[int, list[dict]]:
+    return sh.by_iteration(monitor.read_jsonl(Path(run_dir) / runs.SAMPLES_FILE)) if run_dir else {}
+
+
+def file_stamp(run_dir: str) -> list:
+    """What says the samples file changed: the run, the file's size and modification time."""
+    if not run_dir:
+        return ["", 0, 0]
+    try:
+        stat = (Path(run_dir) / runs.SAMPLES_FILE).stat()
+    except OSError:
+        return [run_dir, 0, 0]
+    return [run_dir, stat.st_size, stat.st_mtime_ns]
+
+
+@dataclass
+class IterationView:
+    """One iteration's part of the panel: the iteration shown (None: no samples), the line over the tables,
+    its samples, its best and worst ``k``."""
+
+    iteration: Optional[int]
+    summary: str
+    samples: list
+    top: list
+    bottom: list
+
+
+def iteration_view(history: dict[int, list[dict]], wanted: Optional[float], k: Any) -> IterationView:
+    """The iteration nearest ``wanted`` (the newest when None) with its tables."""
+    shown = sh.nearest(list(history), wanted)
+    if shown is None:
+        return IterationView(None, EMPTY, [], [], [])
+    samples = history[shown]
+    top, bottom = sh.top_bottom(samples, _k(k))
+    return IterationView(shown, sh.summary(shown, samples, wanted), sh.iteration_rows(samples), top, bottom)
+
+
+def _k(k: Any) -> int:
+    try:
+        return max(1, int(k))
+    except (TypeError, ValueError):
+        return K_DEFAULT
+
+
+def slider_value(history: dict[int, list[dict]], wanted: Optional[float], last_seen: Optional[int]) -> Optional[int]:
+    """Where the slider goes when the file grew: on to the newest iteration when it stood at the newest one
+    seen before (or nowhere yet), else where the user left it."""
+    if not history:
+        return None
+    newest = max(history)
+    if wanted is None or last_seen is None or int(wanted) >= last_seen:
+        return newest
+    return int(wanted)
+
+
+def prompt_choice(history: dict[int, list[dict]], current: Optional[str]) -> tuple[list[str], Optional[str]]:
+    """The prompts to pick from and the one picked: the current pick while the run still has it, else the
+    prompt answered in the most iterations."""
+    choices = sh.prompts(history)
+    return choices, current if current in choices else (choices[0] if choices else None)
+
+
+def poll(run_dir: str, wanted, k, prompt, stamp) -> tuple:
+    """The timer's update of the panel (``outputs`` order, then the new stamp); nothing changes while the
+    samples file is as it was at the last poll (``stamp``)."""
+    import gradio as gr
+
+    now = file_stamp(run_dir)
+    if stamp and list(stamp[:3]) == now:
+        return (gr.update(),) * 7 + (stamp,)
+    same_run = bool(stamp) and stamp[0] == run_dir
+    history = read_history(run_dir)
+    last_seen = stamp[3] if same_run and len(stamp) > 3 else None
+    value = slider_value(history, wanted if same_run else None, last_seen)
+    view = iteration_view(history, value, k)
+    choices, picked = prompt_choice(history, prompt if same_run else None)
+    its = list(history) or [1]
+    slider = gr.update(minimum=its[0], maximum=max(its[-1], its[0] + 1), value=value or its[0],
+                       interactive=bool(history))
+    return (slider, view.summary, view.samples, view.top, view.bottom,
+            gr.update(choices=choices, value=picked), sh.across(history, picked) if picked else [],
+            [*now, max(history) if history else None])
+
+
+def show_iteration(run_dir: str, wanted, k) -> tuple:
+    """The slider (or ``k``) moved: the summary, samples, best and worst of the iteration it stands on."""
+    view = iteration_view(read_history(run_dir), wanted, k)
+    return view.summary, view.samples, view.top, view.bottom
+
+
+def show_prompt(run_dir: str, prompt) -> list:
+    return sh.across(read_history(run_dir), prompt) if prompt else []
+
+
+@dataclass
+class HistoryPanel:
+    iteration: Any
+    k: Any
+    summary: Any
+    samples: Any
+    top: Any
+    bottom: Any
+    prompt: Any
+    across: Any
+    stamp: Any  # gr.State: file_stamp at the last poll, and the newest iteration then
+
+    @property
+    def outputs(self) -> list:
+        return [self.iteration, self.summary, self.samples, self.top, self.bottom, self.prompt, self.across,
+                self.stamp]
+
+
+def layout() -> HistoryPanel:
+    import gradio as gr
+
+    with gr.Accordion("Sample history", open=True, elem_id="train-history"):
+        with gr.Row():
+            iteration = gr.Slider(1, 2, value=1, step=1, label="Iteration", scale=4, interactive=False,
+                                  elem_id="train-history-iteration",
+                                  info="Each iteration's samples, as the trainer kept them (samples.jsonl)")
+            k = gr.Number(K_DEFAULT, precision=0, minimum=1, maximum=50, label="Best and worst: how many", scale=1,
+                          elem_id="train-history-k")
+        summary = gr.Markdown(EMPTY, elem_id="train-history-summary")
+        samples = gr.Dataframe(headers=sh.COLUMNS, label="That iteration's samples", wrap=True, interactive=False,
+                               column_widths=WIDTHS, elem_id="train-history-samples")
+        with gr.Row():
+            top = gr.Dataframe(headers=sh.RANKED_COLUMNS, label="Best by reward", wrap=True, interactive=False,
+                               column_widths=RANKED_WIDTHS, elem_id="train-history-top")
+            bottom = gr.Dataframe(headers=sh.RANKED_COLUMNS, label="Worst by reward", wrap=True, interactive=False,
+                                  column_widths=RANKED_WIDTHS, elem_id="train-history-bottom")
+        prompt = gr.Dropdown([], label="One prompt's answers across iterations", elem_id="train-history-prompt")
+        across = gr.Dataframe(headers=sh.ACROSS_COLUMNS, label="Its answers, oldest first", wrap=True,
+                              interactive=False, column_widths=["100px", "70%", "90px", "90px"],
+                              elem_id="train-history-across")
+    return HistoryPanel(iteration, k, summary, samples, top, bottom, prompt, across, gr.State([]))
+
+
+def wire(panel: HistoryPanel, attached, timer) -> None:
+    """The panel follows the attached run (``attached``, a gr.State) at each ``timer`` tick and on attach."""
+    inputs = [attached, panel.iteration, panel.k, panel.prompt, panel.stamp]
+    timer.tick(poll, inputs, panel.outputs, show_progress="hidden")
+    attached.change(poll, inputs, panel.outputs, show_progress="hidden")
+    for event in (panel.iteration.change, panel.k.change):
+        event(show_iteration, [attached, panel.iteration, panel.k],
+              [panel.summary, panel.samples, panel.top, panel.bottom], show_progress="hidden")
+    panel.prompt.change(show_prompt, [attached, panel.prompt], panel.across, show_progress="hidden")
