@@ -270,6 +270,28 @@ def doctor() -> None:
     raise typer.Exit(run_doctor())
 
 
+@app.command()
+def audit(
+    run_dir: Path = typer.Argument(..., help="A run directory (finished, running or killed)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of the signals here."),
+) -> None:
+    """What the reward-hacking signals did over a run, the flags raised and samples that show them;
+    exit 1 when a flag is up, 0 when clean (docs/audit.md)."""
+    import json
+
+    from homerlhf.ppo.audit import audit_run
+
+    result = audit_run(run_dir)
+    typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else "\n".join(result.lines()))
+    if plot is not None:
+        written = result.plot(plot)
+        if not as_json:
+            typer.echo(f"plot: {written}")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 @app.command("app")
 def app_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),

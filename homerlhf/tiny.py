@@ -143,14 +143,16 @@ def _tokenizer(tokenizer_dir: Optional[str | Path]):
 
 def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
                     tokenizer_dir: Optional[str | Path] = None, head_scale: float = 1.0,
-                    rows: Optional[int] = None, **shape) -> Path:
+                    rows: Optional[int] = None, eos_probability: Optional[float] = None, **shape) -> Path:
     """Write tokenizer + randomly initialised tiny causal LM to ``out_dir``; returns the path.
     ``rows``: embedding and LM head rows (default the tokenizer's length; more: padded, as Qwen pads).
 
     With ``tokenizer_dir``, its tokenizer is used, and its ``generation_config.json``, if it holds
     one, becomes the model's (as a checkpoint ships it: eos list, sampling defaults).
     ``head_scale`` multiplies the LM head's weights: above 1 a peaked next-token distribution, like a
-    trained LM's (20 gives ~3 nats of entropy instead of ln 512).
+    trained LM's (20 gives ~3 nats of entropy instead of ln 512). ``eos_probability``: the end token's
+    row of the LM head set so that, averaged over the builtin corpus's positions, the model ends its
+    reply there with about this probability (:func:`set_eos_probability`): replies of varied lengths.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -165,6 +167,8 @@ def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
     if head_scale != 1.0:
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(head_scale)
+    if eos_probability is not None:
+        set_eos_probability(model, tokenizer, eos_probability)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     if tokenizer_dir is not None and (Path(tokenizer_dir) / "generation_config.json").is_file():
@@ -173,6 +177,39 @@ def build_causal_lm(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def set_eos_probability(model, tokenizer, target: float, new_tokens: int = 16) -> None:
+    """Set the LM head's end-token row to ``c * u``, ``u`` the unit mean of the final hidden states where
+    the model samples a reply (16 tokens sampled, the end token suppressed, after the builtin prompts in
+    the chat template), ``c`` bisected so the mean end-token probability over those positions is
+    ``target`` (within 1e-3): the end logit then follows each position's projection on ``u``."""
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": ex.prompt}], tokenize=False,
+                                             add_generation_prompt=True) for ex in builtin.all_examples()[:32]]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        sequences = model.generate(**batch, do_sample=True, max_new_tokens=new_tokens, suppress_tokens=[eos],
+                                   pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+        mask = torch.cat([batch["attention_mask"], torch.ones_like(sequences[:, batch["input_ids"].shape[1]:])], dim=1)
+        states = model.model(input_ids=sequences, attention_mask=mask).last_hidden_state
+        hidden = states[:, batch["input_ids"].shape[1] - 1:-1].reshape(-1, states.shape[-1])  # each reply token's
+        head = model.get_output_embeddings().weight
+        direction = hidden.mean(dim=0)
+        direction = direction / direction.norm()
+        logits = hidden @ head.T
+
+        def mean_probability(c: float) -> float:
+            logits[:, eos] = c * (hidden @ direction)
+            return float(logits.softmax(dim=-1)[:, eos].mean())
+
+        lo, hi = -1e3, 1e3
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mean_probability(mid) < target else (lo, mid)
+            if abs(mean_probability(mid) - target) < 1e-3:
+                break
+        head[eos] = mid * direction
 
 
 def build_sequence_classifier(out_dir: str | Path, arch: Arch = "llama", seed: int = 0,

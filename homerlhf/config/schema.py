@@ -18,6 +18,7 @@ from homerlhf.config.training import TrainingConfig
 from homerlhf.config.preference import DPOTrainConfig, KTOTrainConfig
 from homerlhf.config.distributed import DistributedConfig
 from homerlhf.config.group import GroupConfig, read_old_names
+from homerlhf.config.audit import AuditConfig, GuardsConfig
 
 
 # extra="forbid" (an unknown key is an error) and frozen (never mutated during a run): Section's.
@@ -233,7 +234,11 @@ class LoggingConfig(_Section):
     project: str = Field("homerlhf", description="Project (W&B, Trackio) or experiment (MLflow) the runs go to.")
     run_name: Optional[str] = Field(None, description="Run name in the trackers (default: the run dir's name "
                                     "and its start time).")
-    samples_per_iteration: int = Field(4, ge=0, description="Sample generations logged per iteration.")
+    samples_per_iteration: int = Field(4, ge=0, description="Sample generations logged per iteration (the batch's first).")
+    samples_top_bottom: int = Field(
+        2, ge=0, description="Also log each iteration's k best- and k worst-scored samples (rank top / bottom in samples.jsonl).")
+    samples_max_mb: float = Field(
+        100.0, gt=0, description="Stop writing samples.jsonl past this many MiB, with one warning (metrics go on).")
     progress: bool = Field(True, description="Show a progress bar.")
 
     @field_validator("report_to", mode="before")
@@ -281,6 +286,8 @@ class RunConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+    audit: AuditConfig = AuditConfig()
+    guards: GuardsConfig = GuardsConfig()
 
     @model_validator(mode="before")
     @classmethod

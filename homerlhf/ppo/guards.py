@@ -1,4 +1,4 @@
-"""The run's guards: the non-finite guard and the KL-jump flag.
+"""The run's guards: the non-finite guard, the KL-jump flag and the no-op guards.
 
 The non-finite guard: a NaN/inf loss or gradient skips that optimizer step; N in a row stop the run.
 One bad mini-batch (an overflow, a degenerate reward) should not poison the adapters or the
@@ -11,6 +11,13 @@ budget in one update, or whose update moved the policy past a bound, is flagged 
 (``kl_flag``, ``kl_jump``, ``kl_flag_reason``), hence in ``metrics.jsonl``, the trackers, the
 progress line and the app's monitor, and in one warning line naming the likely cause and the
 setting that stops it (``ppo.early_stop_kl``). It warns; it stops nothing.
+
+The no-op guards (:class:`NoOpGuards`, the ``guards`` settings): a run that looks fine and learns
+nothing. Every response scored alike (or every advantage 0) for N iterations in a row; an update that
+took optimizer steps yet left the actor's LoRA weights as they were; every importance weight capped;
+every response empty or cut at ``rollout.max_new_tokens`` for N iterations in a row. Each stops the
+run with one line naming the cause (:class:`NoOpError`, after the iteration's row is written), or
+only warns with ``guards.action: warn``. docs/audit.md.
 """
 
 from __future__ import annotations
@@ -158,3 +165,91 @@ class KLJump:
             if self.warn:
                 log.warning("%s", out["kl_flag_reason"])
         return out
+
+
+class NoOpError(UserError):
+    """A no-op guard tripped: the run stops (exit code 1)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
+
+
+def weights_fingerprint(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """Per tensor, the float64 sum and sum of squares of its values, on the CPU: equal before and after
+    an update only when the update left the weights as they were (or moved none past their rounding)."""
+    sums = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params]
+    return torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
+
+
+def all_advantages_zero(exp) -> bool:
+    """Every advantage of the batch is 0 (GRPO/RLOO: per response; PPO: per response token)."""
+    if exp.sequence_advantages is not None:
+        return bool((exp.sequence_advantages == 0).all())
+    if exp.advantages is not None:
+        return bool((exp.advantages * exp.response_mask == 0).all())
+    return False
+
+
+def empty_or_cut(exp) -> bool:
+    """Every response of the batch was cut at the token cap, or holds no token but its end token."""
+    lengths = exp.response_mask.sum(dim=1)
+    ended = ~exp.truncated.bool()
+    return bool((exp.truncated.bool() | (lengths <= ended.long())).all())
+
+
+class NoOpGuards:
+    """The no-op guards of one run (``guards``). ``check(row, exp, before, after)`` after each
+    iteration's row was written: ``row`` its metrics, ``exp`` its experience with advantages,
+    ``before`` / ``after`` the actor's :func:`weights_fingerprint` around the update. Raises
+    :class:`NoOpError` (or logs the line, with ``guards.action: warn``). The counts in a row travel
+    in the checkpoint."""
+
+    def __init__(self, cfg, warn: bool = True):
+        self.cfg = cfg
+        self.guards = cfg.guards
+        self.warn = warn
+        self.flat_in_row = 0
+        self.empty_in_row = 0
+
+    def check(self, row: Mapping[str, object], exp, before: Optional[torch.Tensor] = None,
+              after: Optional[torch.Tensor] = None) -> None:
+        causes = []
+        flat = (len(exp) > 1 and bool((exp.scores == exp.scores[0]).all())) or all_advantages_zero(exp)
+        self.flat_in_row = self.flat_in_row + 1 if flat else 0
+        if self.flat_in_row >= self.guards.flat_reward_iterations:
+            causes.append(f"the reward gave every response the same score ({float(exp.scores[0]):g}), or every advantage "
+                          f"was 0, {self.flat_in_row} iterations in a row: nothing to learn from; check the reward "
+                          "(a constant function, a saturated or broken reward model) or raise rollout.temperature")
+        steps = int(row.get("optimizer_steps", 0)) - int(row.get("nonfinite_skipped_steps", 0))
+        if (self.guards.lora_unchanged and not flat and steps > 0 and before is not None and after is not None
+                and torch.equal(before, after)):
+            causes.append(f"the update took {steps} optimizer steps and left the actor's LoRA weights unchanged: "
+                          f"check actor.lr ({self.cfg.actor.lr:g}), that the adapter is trainable and that its gradient "
+                          "reaches it")
+        capped = row.get("is_capped_fraction")
+        if self.guards.all_capped and isinstance(capped, float) and capped >= 1.0:
+            causes.append(f"every response token's importance weight was capped at rollout.is_cap "
+                          f"({self.cfg.rollout.is_cap}): the rollout engine samples from another policy than the "
+                          "trainer's; check the engine's adapter sync")
+        cut = empty_or_cut(exp)
+        self.empty_in_row = self.empty_in_row + 1 if cut else 0
+        limit = self.guards.empty_or_cut_iterations
+        if limit is not None and self.empty_in_row >= limit:
+            causes.append(f"every response was empty or cut at rollout.max_new_tokens ({self.cfg.rollout.max_new_tokens}) "
+                          f"{self.empty_in_row} iterations in a row: the reward scores no finished answer; raise "
+                          "rollout.max_new_tokens or check the chat template and stop tokens")
+        if not causes:
+            return
+        line = f"iteration {row.get('iteration')}: training stopped: " + "; ".join(causes)
+        if self.guards.action == "stop":
+            raise NoOpError(line + " (guards.action=warn only warns)")
+        if self.warn:
+            log.warning("%s", line.replace("training stopped: ", "no-op guard: ", 1))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"flat_in_row": self.flat_in_row, "empty_in_row": self.empty_in_row}
+
+    def load_state_dict(self, state: Optional[Mapping[str, int]]) -> None:
+        if state:
+            self.flat_in_row = int(state["flat_in_row"])
+            self.empty_in_row = int(state["empty_in_row"])

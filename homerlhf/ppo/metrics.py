@@ -8,6 +8,7 @@ order rows are written) and ``docs/ppo_details.md`` documents every name in it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
@@ -22,8 +23,11 @@ from homerlhf.ppo.experience import Experience, Rollout
 from homerlhf.ppo.importance import importance_metrics
 from homerlhf.ppo.math import K3_MAX, explained_variance, k3_kl, masked_mean
 from homerlhf.ppo.meters import Meters, StageTimes
+from homerlhf.ppo.signals import SIGNAL_DESCRIPTIONS
 from homerlhf.tracking.session import TrackerSession
 from homerlhf.tracking.settings import report_to
+
+log = logging.getLogger(__name__)
 
 METRIC_DESCRIPTIONS: dict[str, str] = {
     "iteration": "PPO iteration number, starting at 1.",
@@ -87,6 +91,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "predicted_mem_scoring_gib": "The memory planner's allocated GiB for scoring, to compare with peak_mem_scoring_gib.",
     "predicted_mem_update_gib": "The memory planner's allocated GiB for the update (at the micro-batch in use).",
     "peak_mem_kind": "What the peak_mem_* figures measure: cuda_max_allocated or cpu_rss.",
+    **SIGNAL_DESCRIPTIONS,  # the reward-hacking signals and their flags (homerlhf.ppo.signals, docs/audit.md)
 }
 # Metrics named after the run's rewards (``reward.name`` / ``reward.components``), logged when the
 # reward is a function or a weighted sum (``homerlhf.ppo.reward_functions.component_metrics``).
@@ -239,17 +244,41 @@ def iteration_metrics(iteration: int, rollout: Rollout, scores: Tensor, kl_coef:
     return {key: row[key] for key in METRIC_DESCRIPTIONS if key in row}
 
 
-def sample_records(exp: Experience, tokenizer, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` generations of ``exp`` as text, with their scores (``samples.jsonl``)."""
-    out = []
-    for i in range(min(n, len(exp))):
-        out.append({
-            "prompt": tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i].bool()], skip_special_tokens=False),
-            "response": tokenizer.decode(exp.response_ids[i][exp.response_mask[i].bool()], skip_special_tokens=True),
-            "score": float(exp.scores[i]),
-            "truncated": bool(exp.truncated[i]),
-        })
-    return out
+def sample_records(exp: Experience, tokenizer, n: int, k: int = 0) -> list[dict[str, Any]]:
+    """The iteration's samples for ``samples.jsonl``, as text with their scores: the first ``n``
+    generations of ``exp`` (``rank`` "first"), then the ``k`` best-scored (``rank`` "top", best first)
+    and the ``k`` worst (``rank`` "bottom", worst first). A sample can be in more than one of them."""
+    first = list(range(min(n, len(exp))))
+    order = sorted(range(len(exp)), key=lambda i: (-float(exp.scores[i]), i))  # best first; ties by position
+    top = order[:min(k, len(exp))]
+    bottom = sorted(range(len(exp)), key=lambda i: (float(exp.scores[i]), i))[:min(k, len(exp))]
+    return [{**_sample(exp, tokenizer, i), "rank": rank}
+            for rank, indices in (("first", first), ("top", top), ("bottom", bottom)) for i in indices]
+
+
+def _sample(exp: Experience, tokenizer, i: int) -> dict[str, Any]:
+    return {
+        "prompt": tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i].bool()], skip_special_tokens=False),
+        "response": tokenizer.decode(exp.response_ids[i][exp.response_mask[i].bool()], skip_special_tokens=True),
+        "score": float(exp.scores[i]),
+        "truncated": bool(exp.truncated[i]),
+    }
+
+
+def token_lists(ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """Each row's ids where ``mask`` is set, as Python lists (a batch's prompts or responses)."""
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
+def signal_inputs(exp: Experience) -> tuple[list[list[int]], list[list[int]], list[float], list[float]]:
+    """What the reward-hacking signals read of a batch (:meth:`homerlhf.ppo.signals.SignalMonitor.check`):
+    prompts and responses as token lists (a finished response without its end token), each response's
+    length with it, and the scores."""
+    responses = token_lists(exp.response_ids, exp.response_mask)
+    lengths = [float(len(r)) for r in responses]
+    ended = (~exp.truncated.bool()).tolist()
+    texts = [r[:-1] if end and r else r for r, end in zip(responses, ended)]
+    return token_lists(exp.prompt_ids, exp.prompt_mask), texts, lengths, exp.scores.tolist()
 
 
 def _clean(value: Any) -> Any:
@@ -270,6 +299,8 @@ class MetricsWriter:
         self.samples_path = self.run_dir / "samples.jsonl"
         names = report_to(cfg.logging) if cfg is not None else ()
         self.trackers = TrackerSession(names, self.run_dir, cfg) if names else None
+        self.samples_max_bytes = int(cfg.logging.samples_max_mb * 2**20) if cfg is not None else None
+        self.samples_full = False  # samples.jsonl reached logging.samples_max_mb: no more rows
 
     def log(self, row: dict[str, Any], samples: Iterable[dict[str, Any]] = ()) -> None:
         """Row and samples of one iteration: to the two logs, then to the trackers (the iteration as the step)."""
@@ -284,9 +315,21 @@ class MetricsWriter:
             self.trackers.log(int(row["iteration"]), row, samples, self._backlog)
 
     def log_samples(self, iteration: int, samples: Iterable[dict[str, Any]]) -> None:
+        """Append the iteration's samples, unless ``samples.jsonl`` would pass ``logging.samples_max_mb``:
+        then no more rows, and one warning (an iteration's rows are written whole or not at all)."""
+        lines = "".join(json.dumps({"iteration": iteration, **{k: _clean(v) for k, v in sample.items()}}) + "\n"
+                        for sample in samples)
+        if not lines or self.samples_full:
+            return
+        size = self.samples_path.stat().st_size if self.samples_path.exists() else 0
+        if self.samples_max_bytes is not None and size + len(lines.encode()) > self.samples_max_bytes:
+            self.samples_full = True
+            log.warning("samples.jsonl reached logging.samples_max_mb (%g MiB) at iteration %d: no more samples are "
+                        "written (metrics go on); raise logging.samples_max_mb to keep more",
+                        self.samples_max_bytes / 2**20, iteration)
+            return
         with self.samples_path.open("a") as fh:
-            for sample in samples:
-                fh.write(json.dumps({"iteration": iteration, **{k: _clean(v) for k, v in sample.items()}}) + "\n")
+            fh.write(lines)
 
     def _backlog(self, after: int) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
         """The logged iterations after ``after``, each with its samples: what a tracker that holds

@@ -32,17 +32,18 @@ from homerlhf.ppo.collect import Prompts, SyncRollouts, rollout_state
 from homerlhf.ppo.distributed import SINGLE, Ranks, gather_batch
 from homerlhf.ppo.engines import HFEngine
 from homerlhf.ppo.experience import Experience, Rollout
-from homerlhf.ppo.guards import KLJump
+from homerlhf.ppo.guards import KLJump, NoOpGuards, weights_fingerprint
 from homerlhf.ppo.kl import build_kl_controller
 from homerlhf.ppo.loop import iteration
 from homerlhf.ppo.meters import Meters
 from homerlhf.ppo.metrics import (KL_REF_START_WARN, MetricsWriter, iteration_metrics, kl_ref_start, progress_postfix,
-                                   sample_records)
+                                   sample_records, signal_inputs)
 from homerlhf.ppo.resuming import truncate_logs
 from homerlhf.ppo.reward_functions import RewardFunctionError, component_metrics
 from homerlhf.ppo.rng import capture_rng_state
 from homerlhf.ppo.rollout import check_prompt_lengths
 from homerlhf.ppo.running import RunningMoments
+from homerlhf.ppo.signals import SignalMonitor
 from homerlhf.ppo.stopping import StopRequested
 from homerlhf.ppo.update import Updater
 
@@ -83,6 +84,9 @@ class RLTrainer:
         self.shape = policy_shape(policy, cfg.model.name_or_path)
         self.rollout_state = rollout_state(cfg, self.shape)  # an auto generation chunk planned for this card
         self.kl_jump = KLJump(cfg, warn=ranks.is_main)  # flags an update that leaves the reference
+        self.signals = SignalMonitor(cfg, warn=ranks.is_main)  # the reward-hacking signals and their flags
+        self.noop = NoOpGuards(cfg, warn=ranks.is_main)  # stops a run that trains nothing
+        self._weights_before: Optional[torch.Tensor] = None
         self.stop = StopRequested()
         self.last_checkpoint: Optional[Path] = None
         self._iteration_start: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
@@ -137,6 +141,8 @@ class RLTrainer:
         self._redos_at_start = self._redos()
         self.iteration += 1
         self.meters.reset()
+        if self.cfg.guards.lora_unchanged:  # the actor's weights before the update, for the no-op guard
+            self._weights_before = weights_fingerprint(self.policy.actor_parameters())
         row = iteration(self)
         if row is None:
             self._drop_iteration()
@@ -161,8 +167,11 @@ class RLTrainer:
             row["kl_ref_start"] = self._kl_ref_start(exp)
         row.update(component_metrics(components))
         row.update(self.kl_jump.check(row))
+        row.update(self.signals.check(self.iteration, row, *signal_inputs(exp), components))
         row.update(self.memory_metrics())
         self.record(row, exp)
+        after = weights_fingerprint(self.policy.actor_parameters()) if self._weights_before is not None else None
+        self.noop.check(row, exp, self._weights_before, after)  # after the row is written: the audit sees it
         return row
 
     def _redos(self) -> tuple[int, int, int]:
@@ -203,7 +212,9 @@ class RLTrainer:
         """Keep the row; write it and the iteration's samples to the run dir and the trackers."""
         self.history.append(row)
         if self.writer is not None:
-            self.writer.log(row, sample_records(exp, self.policy.tokenizer, self.cfg.logging.samples_per_iteration))
+            logging_cfg = self.cfg.logging
+            self.writer.log(row, sample_records(exp, self.policy.tokenizer, logging_cfg.samples_per_iteration,
+                                                logging_cfg.samples_top_bottom))
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -217,6 +228,8 @@ class RLTrainer:
             "rollout_chunk_size": self.rollout_state.chunk_size,
             "rollout_generation_chunk": self.rollout_state.generation_chunk,
             "kl_previous": self.kl_jump.previous_kl,  # the KL-jump flag's last kl_mean: exact after a resume
+            "signals": self.signals.state_dict(),  # the signals' baselines and flag counts
+            "noop_guards": self.noop.state_dict(),
         }
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -271,6 +284,8 @@ class RLTrainer:
         self.rollout_state.chunk_size = int(counters.get("rollout_chunk_size", self.rollout_state.chunk_size))
         self.rollout_state.generation_chunk = counters.get("rollout_generation_chunk")  # None: one chunk for both
         self.kl_jump.previous_kl = counters.get("kl_previous")  # None in a checkpoint without the flag
+        self.signals.load_state_dict(counters.get("signals"))  # None in a checkpoint from before the signals
+        self.noop.load_state_dict(counters.get("noop_guards"))
         # load_state_dict brings back the saved learning rates; a resumed config may change them.
         for optimizer, section in ((self.updater.actor_opt, self.cfg.actor), (self.updater.critic_opt, self.cfg.critic)):
             for group in (optimizer.param_groups if optimizer is not None else []):

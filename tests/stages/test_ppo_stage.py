@@ -47,8 +47,13 @@ def test_run_ppo_writes_metrics_samples_config_and_checkpoint(tiny_llama_dir, ti
     assert rows[0]["kl_mean"] == pytest.approx(0.0, abs=1e-6)
 
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert [s["iteration"] for s in samples] == [1, 1, 2, 2]
+    # Per iteration: the first 2, the best 2 and the worst 2 (logging.samples_top_bottom's default).
+    assert [(s["iteration"], s["rank"]) for s in samples] == [(i, r) for i in (1, 2) for r in ["first"] * 2 + ["top"] * 2
+                                                              + ["bottom"] * 2]
     assert all(isinstance(s["response"], str) and isinstance(s["score"], float) for s in samples)
+    for i in (1, 2):
+        top, bottom = ([s["score"] for s in samples if (s["iteration"], s["rank"]) == (i, r)] for r in ("top", "bottom"))
+        assert top == sorted(top, reverse=True) and bottom == sorted(bottom) and min(top) >= max(bottom)
 
     saved = from_yaml_file(run_dir / "config.yaml")
     assert saved.output_dir == str(run_dir) and saved.reward.backend == "hf"
