@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from homerlhf.app import runs
+from homerlhf.app import feedback_runs, runs
 from homerlhf.errors import UserError
 
 AFTER_THE_FACT = ("These signals explain a hacked run after the fact better than they warn early: read the samples "
@@ -46,6 +46,8 @@ def verdict_markdown(run_dir: str) -> str:
 
     if not run_dir:
         return ""
+    if feedback_runs.is_preference_run(run_dir, runs.run_status(run_dir).argv):
+        return "**Audit:** for PPO, GRPO and RLOO runs: this is a DPO / KTO run, trained on pairs, not on samples."
     try:
         audit = audit_run(Path(run_dir))
     except UserError as exc:

@@ -48,3 +48,11 @@ def test_the_verdict_is_read_again_only_when_the_logs_changed(tmp_path):
     assert audit_panel.poll(str(tmp_path), stamp) == ({"__type__": "update"}, stamp)
     _write(tmp_path, [1.0, 1.0, 2.0, 2.0], [_sample(4, "longer answer", 1.0)])
     assert audit_panel.poll(str(tmp_path), stamp)[0].startswith("**Audit: 1 flag(s) raised** over 4 iteration(s)")
+
+
+def test_a_dpo_or_kto_run_is_not_audited_for_reward_hacking(tmp_path):
+    from homerlhf.app import feedback_runs
+
+    _write(tmp_path, [1.0, 2.0, 2.0], [])
+    (tmp_path / feedback_runs.RESULT_FILE).write_text("{}")  # what a feedback run writes when it ends
+    assert audit_panel.verdict_markdown(str(tmp_path)).startswith("**Audit:** for PPO, GRPO and RLOO runs: this is a DPO")
