@@ -312,9 +312,16 @@ _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 
 def latest_samples(rows: Sequence[dict], n: int = 8) -> list[list]:
-    """The last ``n`` logged samples as table rows: iteration, prompt, response, score."""
+    """The last ``n`` logged samples as table rows: iteration, prompt, response, score. A sample the run kept
+    twice (one of the first of its batch and also its best: ``rank``) is one row."""
+    seen, unique = set(), []
+    for row in rows:
+        key = (row.get("iteration"), row.get("prompt"), row.get("response"), row.get("score"))
+        if row.get("rank", "first") == "first" or key not in seen:
+            unique.append(row)
+        seen.add(key)
     out = []
-    for i, row in enumerate(rows[-n:]):
+    for i, row in enumerate(unique[-n:]):
         prompt = _SPECIAL.sub(" ", str(row.get("prompt", row.get("query", "")))).strip()
         response = row.get("response", row.get("completion", ""))
         score = _number(row.get("score", row.get("reward")))

@@ -212,6 +212,10 @@ def test_latest_samples_newest_first():
     rows = [{"iteration": 1, "prompt": "<|user|>p1<|end|><|assistant|>", "response": "r1", "score": 0.25},
             {"iteration": 2, "prompt": "p2", "response": "r2", "score": -1.0}]
     assert monitor.latest_samples(rows) == [[2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
+    # The best answer of iteration 2 is one of its first too: shown once; the worst, kept only as such, shown.
+    ranked = rows + [{**rows[1], "rank": "top"}, {"iteration": 2, "prompt": "p3", "response": "r3", "score": -2.0,
+                                                  "rank": "bottom"}]
+    assert monitor.latest_samples(ranked) == [[2, "p3", "r3", -2.0], [2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
 
 
 class _Health(BaseHTTPRequestHandler):
