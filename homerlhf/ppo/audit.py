@@ -154,15 +154,16 @@ def audit_config(run_dir: Path) -> AuditConfig:
 
 
 def examples(flag: Flag, iterations: list[int], samples: list[dict[str, Any]], k: int = EXAMPLES) -> list[dict]:
-    """Samples that show ``flag``, from its flagged iterations (the last first): the longest for length,
-    the best-scored otherwise (the top rows the run logged, else any)."""
+    """Distinct samples that show ``flag``, from its flagged iterations: the longest for length, the
+    latest for entropy, distinct-n and zero spread, else the best-scored (no row of the worst k)."""
     flagged = set(iterations)
     rows = [s for s in samples if s.get("iteration") in flagged]
     if flag.name in ("length_corr", "length_drift"):
         key = lambda s: (len(str(s.get("response", ""))), s.get("iteration", 0))  # noqa: E731
     elif flag.name in ("entropy", "distinct", "zero_spread"):
         key = lambda s: (s.get("iteration", 0), s.get("score") or 0.0)  # noqa: E731
-    else:
+    else:  # what the reward paid for: the best-scored, never the worst k
+        rows = [s for s in rows if s.get("rank") != "bottom"]
         key = lambda s: (s.get("score") if isinstance(s.get("score"), (int, float)) else float("-inf"),  # noqa: E731
                          s.get("iteration", 0))
     seen, out = set(), []

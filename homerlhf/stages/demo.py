@@ -78,6 +78,8 @@ def probe_accuracy(samples: list[dict[str, Any]]) -> dict[int, float]:
 
     hits: dict[int, list[bool]] = {}
     for row in samples:
+        if row.get("rank", "first") != "first":  # the best and worst k of each iteration would bias it
+            continue
         topic = builtin.topic_of(row["prompt"])
         if topic is not None:
             hits.setdefault(row["iteration"], []).append(builtin.score_reply(topic, row["response"]) > 0)

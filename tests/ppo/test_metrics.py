@@ -130,8 +130,9 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
     # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only,
     # loss_scale from an fp16 run's grad scaler, the group figures from GRPO / RLOO runs, the KL-jump
-    # flag from the trainer's homerlhf.ppo.guards.KLJump.
-    assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS if "_mem_" in key}
+    # flag from the trainer's homerlhf.ppo.guards.KLJump, the signals from its homerlhf.ppo.signals.SignalMonitor.
+    assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS
+                                                    if "_mem_" in key or key.startswith("signal_")}
                                                    | {"kl_ref_start", "loss_scale", "group_zero_spread_fraction",
                                                       "group_reward_std", "kl_jump", "kl_flag", "kl_flag_reason"})
     scaled = iteration_metrics(4, Rollout(_experience(), entropy), torch.zeros(2), 0.1,
