@@ -99,8 +99,9 @@ def poll(run_dir: str, wanted, k, prompt, stamp) -> tuple:
     view = iteration_view(history, value, k)
     choices, picked = prompt_choice(history, prompt if same_run else None)
     its = list(history) or [1]
+    # Gradio's slider needs its maximum above its minimum: with one iteration it is still, one past it.
     slider = gr.update(minimum=its[0], maximum=max(its[-1], its[0] + 1), value=value or its[0],
-                       interactive=bool(history))
+                       interactive=len(history) > 1)
     return (slider, view.summary, view.samples, view.top, view.bottom,
             gr.update(choices=choices, value=picked), sh.across(history, picked) if picked else [],
             [*now, max(history) if history else None])

@@ -74,11 +74,11 @@ def test_a_growing_file_reads_its_whole_lines_and_the_panel_redraws_only_on_chan
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]) + '{"iteration": 2, "prom')  # torn last line
     out = history_panel.poll(str(tmp_path), None, 3, None, [])
     slider, summary, samples, top, bottom, prompt, across, stamp = out
-    assert slider["value"] == 1 and summary.startswith("**Iteration 1** · 2 sample(s)")
+    assert slider["value"] == 1 and not slider["interactive"] and summary.startswith("**Iteration 1** · 2 sample(s)")
     assert [r[2] for r in samples] == ["a", "b"] and [r[2] for r in top] == ["a", "b"]
     assert prompt["choices"] == ["Hi", "Why?"] and prompt["value"] == "Hi" and across == [[1, "a", 0.5, ""]]
     assert history_panel.poll(str(tmp_path), 1, 3, "Hi", stamp)[1] == {"__type__": "update"}  # unchanged file
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))  # the run went on
     out = history_panel.poll(str(tmp_path), 1, 3, "Why?", stamp)
-    assert out[0]["value"] == 2 and out[0]["maximum"] == 2 and out[1].startswith("**Iteration 2** · 4 sample(s)")
+    assert out[0]["value"] == 2 and out[0]["maximum"] == 2 and out[0]["interactive"] and out[1].startswith("**Iteration 2** · 4 sample(s)")
     assert out[5]["value"] == "Why?" and [r[1] for r in out[6]] == ["b", "d", "d"]
