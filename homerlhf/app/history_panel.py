@@ -9,11 +9,12 @@ The tables come from :mod:`homerlhf.app.sample_history`; this module reads the f
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from homerlhf.app import monitor, runs
+from homerlhf.app import runs
 from homerlhf.app import sample_history as sh
 
 K_DEFAULT = 3
@@ -22,8 +23,52 @@ WIDTHS = ["110px", "25%", "50%", "90px", "90px"]
 RANKED_WIDTHS = ["80px", "30%", "60%"]
 
 
+# Per samples file: (bytes read, the last of them, the rows of those bytes). The file only grows while a
+# run writes, so each read parses only what was appended since the last one: a slider move or a poll does
+# not parse a large history again. A resume cuts it back to its checkpoint's size and writes on: the bytes
+# last read are no longer where they were, and it is read again from the start.
+_READ: dict[str, tuple[int, bytes, list[dict]]] = {}
+TAIL = 256
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """The rows of the run's ``samples.jsonl`` up to its last whole line (a line being written waits)."""
+    path = Path(run_dir) / runs.SAMPLES_FILE
+    try:
+        fh = path.open("rb")
+    except OSError:
+        _READ.pop(str(path), None)
+        return []
+    with fh:
+        done, tail, rows = _READ.get(str(path), (0, b"", []))
+        fh.seek(done - len(tail))
+        if fh.read(len(tail)) != tail:  # cut back and written again: from the start
+            done, tail, rows = 0, b"", []
+            fh.seek(0)
+        chunk = fh.read()
+    whole = chunk[:chunk.rfind(b"\n") + 1]
+    if whole:
+        rows = rows + _parse(whole)
+        done += len(whole)
+        tail = (tail + whole)[-TAIL:]
+    _READ[str(path)] = (done, tail, rows)
+    return rows
+
+
+def _parse(data: bytes) -> list[dict]:
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
 def read_history(run_dir: str) -> dict[int, list[dict]]:
-    return sh.by_iteration(monitor.read_jsonl(Path(run_dir) / runs.SAMPLES_FILE)) if run_dir else {}
+    return sh.by_iteration(read_rows(run_dir)) if run_dir else {}
 
 
 def file_stamp(run_dir: str) -> list:

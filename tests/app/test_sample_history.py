@@ -82,3 +82,18 @@ def test_a_growing_file_reads_its_whole_lines_and_the_panel_redraws_only_on_chan
     out = history_panel.poll(str(tmp_path), 1, 3, "Why?", stamp)
     assert out[0]["value"] == 2 and out[0]["maximum"] == 2 and out[0]["interactive"] and out[1].startswith("**Iteration 2** · 4 sample(s)")
     assert out[5]["value"] == "Why?" and [r[1] for r in out[6]] == ["b", "d", "d"]
+
+
+def test_the_file_is_read_on_from_where_the_last_read_stopped_and_again_after_a_resume_cut_it(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    lines = [json.dumps(r) + "\n" for r in ROWS]
+    path.write_text("".join(lines[:2]) + lines[2][:10])  # a line being written
+    assert [r["response"] for r in history_panel.read_rows(str(tmp_path))] == ["a", "b"]
+    path.write_text("".join(lines[:4]))
+    assert [r["response"] for r in history_panel.read_rows(str(tmp_path))] == ["a", "b", "c", "d"]
+    # A resume from iteration 1's checkpoint: cut back to its rows, then iteration 2 again, other answers.
+    redone = [json.dumps(_row(2, "Hi", f"new {i}", 1.0)) + "\n" for i in range(3)]
+    path.write_text("".join(lines[:2] + redone))
+    assert [r["response"] for r in history_panel.read_rows(str(tmp_path))] == ["a", "b", "new 0", "new 1", "new 2"]
+    path.unlink()
+    assert history_panel.read_rows(str(tmp_path)) == []
