@@ -18,6 +18,7 @@ from homerlhf.app import runs
 from homerlhf.app import sample_history as sh
 
 K_DEFAULT = 3
+MAX_PROMPTS = 200  # a long run's list of prompts: those answered most often, where answers can be compared
 EMPTY = "No samples logged yet: each iteration's appear here as the run writes them (samples.jsonl)."
 WIDTHS = ["110px", "25%", "50%", "90px", "90px"]
 RANKED_WIDTHS = ["80px", "30%", "60%"]
@@ -123,9 +124,9 @@ def slider_value(history: dict[int, list[dict]], wanted: Optional[float], last_s
 
 
 def prompt_choice(history: dict[int, list[dict]], current: Optional[str]) -> tuple[list[str], Optional[str]]:
-    """The prompts to pick from and the one picked: the current pick while the run still has it, else the
-    prompt answered in the most iterations."""
-    choices = sh.prompts(history)
+    """The prompts to pick from (the ``MAX_PROMPTS`` answered in the most iterations) and the one picked: the
+    current pick while the list still has it, else the prompt answered in the most iterations."""
+    choices = sh.prompts(history)[:MAX_PROMPTS]
     return choices, current if current in choices else (choices[0] if choices else None)
 
 

@@ -97,3 +97,12 @@ def test_the_file_is_read_on_from_where_the_last_read_stopped_and_again_after_a_
     assert [r["response"] for r in history_panel.read_rows(str(tmp_path))] == ["a", "b", "new 0", "new 1", "new 2"]
     path.unlink()
     assert history_panel.read_rows(str(tmp_path)) == []
+
+
+def test_the_prompt_list_keeps_those_answered_most_and_the_pick_while_listed():
+    history = {1: [{"prompt": f"p{i}"} for i in range(history_panel.MAX_PROMPTS + 5)], 2: [{"prompt": "p300"}],
+               3: [{"prompt": "p300"}]}
+    history[1].append({"prompt": "p300"})
+    choices, picked = history_panel.prompt_choice(history, "p2")
+    assert len(choices) == history_panel.MAX_PROMPTS and choices[0] == "p300" and picked == "p2"
+    assert history_panel.prompt_choice(history, "p204") == (choices, "p300")  # no longer listed: the first
