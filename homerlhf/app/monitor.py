@@ -29,7 +29,10 @@ PANELS: list[tuple[str, list[str]]] = [
     # kl_mean, and the k3 estimates (never below 0) where a run logs them: its first rollout's, GRPO's loss term.
     ("KL to the reference (nats)", [r"^(objective/)?kl([/_.]?(mean|seq|sequence))?$", r"^kl_ref_(start|loss)$"]),
     ("Policy and value loss", [r"^(loss/)?(policy|pg|actor)[/_.]?loss", r"^(loss/)?(value|vf|critic)[/_.]?loss"]),
-    ("Entropy (nats per token)", [r"entropy"]),
+    ("Entropy (nats per token)", [r"^(?!signal_).*entropy"]),
+    # What homerlhf audit reads (homerlhf.ppo.signals): ratios and shares near 0..1; their flags are in the
+    # audit verdict under the figure, not drawn.
+    ("Reward-hacking signals (audit)", [r"^signal_(?!flag)[a-z_]+$"]),
     ("KL penalty coefficient", [r"kl_coef"]),
     ("Clipped fraction", [r"clipfrac|clip_frac"]),
     ("Policy change per update", [r"approx_kl"]),
@@ -57,6 +60,10 @@ LABELS = {
     "policy_version_lag_mean": "updates behind, mean", "policy_version_lag_max": "updates behind, max",
     "group_zero_spread_fraction": "groups without signal", "group_reward_std": "reward std in a group",
     "kl_ref_start": "k3 per token, first rollout", "kl_ref_loss": "k3 per token, in the loss",
+    "signal_length_corr": "score-length correlation", "signal_length_drift": "length / first iterations'",
+    "signal_repetition": "repeated n-grams, share", "signal_distinct": "distinct n-grams, share",
+    "signal_prompt_echo": "prompt echo, share", "signal_reward_share_max": "largest reward's share",
+    "signal_entropy_ratio": "entropy / first iterations'",
     **{f"{kind}_mem_{phase}_gib": f"{phase} {word}" for kind, word in (("peak", "measured"), ("predicted", "planned"))
        for phase in ("generation", "scoring", "update")},
 }
@@ -305,9 +312,16 @@ _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 
 def latest_samples(rows: Sequence[dict], n: int = 8) -> list[list]:
-    """The last ``n`` logged samples as table rows: iteration, prompt, response, score."""
+    """The last ``n`` logged samples as table rows: iteration, prompt, response, score. A sample the run kept
+    twice (one of the first of its batch and also its best: ``rank``) is one row."""
+    seen, unique = set(), []
+    for row in rows:
+        key = (row.get("iteration"), row.get("prompt"), row.get("response"), row.get("score"))
+        if row.get("rank", "first") == "first" or key not in seen:
+            unique.append(row)
+        seen.add(key)
     out = []
-    for i, row in enumerate(rows[-n:]):
+    for i, row in enumerate(unique[-n:]):
         prompt = _SPECIAL.sub(" ", str(row.get("prompt", row.get("query", "")))).strip()
         response = row.get("response", row.get("completion", ""))
         score = _number(row.get("score", row.get("reward")))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from homerlhf.app import feedback_runs, monitor, runs
+from homerlhf.app import audit_panel, feedback_runs, history_panel, monitor, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
 from homerlhf.app.run_controls import on_resume, resume_argv, with_iterations  # noqa: F401 - the tab's API
@@ -74,6 +74,8 @@ class TrainPanel:
     state: Any  # gr.State: the attached run's state at the last poll ("running", "crashed", ...)
     timer: Any
     starts: Any  # gr.State: the Starts pressed on this page (see refresh)
+    history: Any = None  # the Sample history (history_panel.HistoryPanel)
+    audit: Any = None  # the audit verdict (audit_panel.layout)
 
     @property
     def monitor_outputs(self) -> list:
@@ -112,8 +114,10 @@ def _layout(runs_root: str) -> TrainPanel:
     plot = gr.Plot(label="Metrics", show_label=False, elem_id="train-plot")
     with gr.Accordion("Metric names", open=False):
         plot_caption = gr.Markdown(monitor.caption_markdown(), elem_id="train-plot-caption")
+    audit = audit_panel.layout()
     samples = gr.Dataframe(headers=["iteration", "prompt", "response", "score"], label="Latest samples",
                            wrap=True, interactive=False, column_widths=SAMPLE_WIDTHS, elem_id="train-samples")
+    history = history_panel.layout()
     workers = gr.Dataframe(headers=["role", "backend", "url", "status", "latency ms"], label="Workers",
                            interactive=False, elem_id="train-workers")
     with gr.Accordion("Training log (tail)", open=False):
@@ -122,7 +126,7 @@ def _layout(runs_root: str) -> TrainPanel:
                       runs_dd, refresh_btn, attach_btn,
                       message, status_md, progress_md, plot, plot_caption, samples, workers, log_box,
                       attached=gr.State(""), n_rows=gr.State(-1), state=gr.State(""), timer=gr.Timer(POLL_S),
-                      starts=gr.State(0))
+                      starts=gr.State(0), history=history, audit=audit)
 
 
 def describe_attached(run_dir: str) -> tuple:
@@ -367,6 +371,8 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
         handler.__annotations__["request"] = gr.Request
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
+    history_panel.wire(panel.history, panel.attached, panel.timer)
+    audit_panel.wire(panel.audit, panel.attached, panel.timer)
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
     panel.attached.change(describe_attached, panel.attached, [panel.plot_caption, panel.command], show_progress="hidden")
     run_dir_shared.change(follow_shared, [run_dir_shared, panel.attached, panel.starts],

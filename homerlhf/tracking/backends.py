@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -29,10 +30,11 @@ from typing import Any, Iterator, Optional
 
 from homerlhf.tracking import settings, wandb_log
 
-SAMPLE_COLUMNS = ("iteration", "prompt", "response", "score", "truncated")
+SAMPLE_COLUMNS = ("iteration", "prompt", "response", "score", "truncated", "rank")
 MARKER = "iteration"  # logged with every step, and last: the step is whole once it is there
 SAMPLES = "samples"  # in ``partial``: the step's sample table is there
 Partial = dict[int, set[str]]  # step -> the metric keys (and SAMPLES) held at that step
+SAMPLES_FILE = re.compile(r"samples_(\d+)\.json")  # MLflow: a step's sample table
 
 
 @dataclass
@@ -49,7 +51,9 @@ class RunInfo:
 
 
 def _sample_rows(step: int, samples: list[dict]) -> list[list]:
-    return [[step, s.get("prompt"), s.get("response"), s.get("score"), s.get("truncated")] for s in samples]
+    """A step's samples as table rows (``SAMPLE_COLUMNS``); a sample without a rank is one of the first."""
+    return [[step, s.get("prompt"), s.get("response"), s.get("score"), s.get("truncated"), s.get("rank", "first")]
+            for s in samples]
 
 
 def held_steps(keys_by_step: Partial) -> tuple[int, Partial]:
@@ -168,17 +172,41 @@ class WandbTracker:
                               reinit="create_new", settings=wandb.Settings(x_disable_meta=True, silent=True))
         self.last_step = wandb_log.last_step(info.run_dir / "wandb", run_id)
         self.partial: Partial = {}  # a step is one history record (the table in it), read back whole or not
+        self.table = self._new_table([])
+
+    def _new_table(self, rows: list[list]):
+        """The samples table that keeps every step's rows: an incremental one (each log adds the step's rows
+        to it, W&B shows them all) where this wandb has them, else a table of all rows so far. A resumed
+        run starts a new one: the rows of the steps before it stay in the tables logged then."""
+        if "INCREMENTAL" in _log_modes():
+            return self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows, log_mode="INCREMENTAL")
+        return self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
 
     def log(self, step: int, metrics: dict[str, float], samples: list[dict]) -> None:
         row: dict[str, Any] = dict(metrics)
         if samples:
-            row["samples"] = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=_sample_rows(step, samples))
+            rows = _sample_rows(step, samples)
+            if getattr(self.table, "log_mode", None) == "INCREMENTAL":
+                for sample in rows:
+                    self.table.add_data(*sample)
+            else:  # an immutable table: a new one, every row so far
+                self.table = self._new_table([*self.table.data, *rows])
+            row["samples"] = self.table
         self.run.log(row, step=step)
 
     def close(self) -> None:
         self.run.finish()
         if self._wandb.run is None:  # no run of the user's left: stop the wandb-core service process
             self._wandb.teardown()
+
+
+def _log_modes() -> tuple[str, ...]:
+    """The table log modes the installed wandb knows (none before it had ``log_mode``)."""
+    from typing import get_args
+
+    from wandb.sdk.data_types import table
+
+    return get_args(getattr(table, "LogMode", ()))
 
 
 class MlflowTracker:
@@ -219,13 +247,16 @@ class MlflowTracker:
         return last, partial
 
     def _table_steps(self) -> set[int]:
-        """The steps (``iteration`` column) of the rows in the run's sample table."""
-        if "samples.json" not in {f.path for f in self.client.list_artifacts(self.run_id)}:
-            return set()
-        with tempfile.TemporaryDirectory() as tmp:
-            table = json.loads(Path(self.client.download_artifacts(self.run_id, "samples.json", tmp)).read_text())
-        column = table["columns"].index("iteration")
-        return {int(row[column]) for row in table["data"]}
+        """The steps whose sample table the run holds: one ``samples_<step>.json`` each (and the rows of the
+        one ``samples.json`` where a run logged all steps in one table)."""
+        names = {f.path for f in self.client.list_artifacts(self.run_id)}
+        steps = {int(m.group(1)) for m in map(SAMPLES_FILE.fullmatch, names) if m}
+        if "samples.json" in names:
+            with tempfile.TemporaryDirectory() as tmp:
+                table = json.loads(Path(self.client.download_artifacts(self.run_id, "samples.json", tmp)).read_text())
+            column = table["columns"].index("iteration")
+            steps |= {int(row[column]) for row in table["data"]}
+        return steps
 
     def _existing(self, run_id: Optional[str]):
         from mlflow.exceptions import MlflowException
@@ -255,11 +286,11 @@ class MlflowTracker:
         if rest:
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in rest.items()],
                                   synchronous=True)
-        if samples:  # one table artifact, the rows of every step appended (read back first: no progress bar)
+        if samples:  # a table artifact per step (samples_<step>.json): each step's as it was, none rewritten
             rows = _sample_rows(step, samples)
             with scoped_env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
                 self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(SAMPLE_COLUMNS)},
-                                      "samples.json")
+                                      f"samples_{step}.json")
         if marker:
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in marker.items()],
                                   synchronous=True)

@@ -30,6 +30,10 @@ def test_every_trainer_metric_of_interest_lands_in_its_panel():
     assert panels["KL penalty coefficient"] == ["kl_coef"]  # its own panel: never on the KL's axes
     assert panels["Policy and value loss"] == ["policy_loss", "value_loss"]
     assert panels["Entropy (nats per token)"] == ["entropy"]
+    assert panels["Reward-hacking signals (audit)"] == [  # the flags are not drawn: the audit verdict says them
+        "signal_length_corr", "signal_length_drift", "signal_repetition", "signal_distinct", "signal_prompt_echo",
+        "signal_reward_share_max", "signal_entropy_ratio"]
+    assert not any(k.startswith("signal_flag") for keys in panels.values() for k in keys)
     assert panels["Groups (GRPO / RLOO)"] == ["group_zero_spread_fraction", "group_reward_std"]
     assert panels["Clipped fraction"] == ["policy_clipfrac", "value_clipfrac"]
     assert set(panels["Throughput (tokens/s)"]) == {"tokens_per_s_generation", "tokens_per_s_scoring",
@@ -208,6 +212,10 @@ def test_latest_samples_newest_first():
     rows = [{"iteration": 1, "prompt": "<|user|>p1<|end|><|assistant|>", "response": "r1", "score": 0.25},
             {"iteration": 2, "prompt": "p2", "response": "r2", "score": -1.0}]
     assert monitor.latest_samples(rows) == [[2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
+    # The best answer of iteration 2 is one of its first too: shown once; the worst, kept only as such, shown.
+    ranked = rows + [{**rows[1], "rank": "top"}, {"iteration": 2, "prompt": "p3", "response": "r3", "score": -2.0,
+                                                  "rank": "bottom"}]
+    assert monitor.latest_samples(ranked) == [[2, "p3", "r3", -2.0], [2, "p2", "r2", -1.0], [1, "p1", "r1", 0.25]]
 
 
 class _Health(BaseHTTPRequestHandler):

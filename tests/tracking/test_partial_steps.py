@@ -63,19 +63,15 @@ def _read_back(run_dir: Path, tracker: str) -> tuple[dict, dict[int, int]]:
     """``({key: {step: [values]}}, {step: sample tables or table rows})`` as the tracker holds them."""
     from collections import Counter
 
-    from tracker_readback import mlflow_values, tensorboard_values
+    from tracker_readback import mlflow_sample_rows, mlflow_values, tensorboard_values
 
     if tracker == "tensorboard":
         values = tensorboard_values(run_dir / "tensorboard")
         return values, {step: len(v) for step, v in values["samples/text_summary"].items()}
-    from mlflow import MlflowClient
-
     uri = (run_dir / "mlruns").resolve().as_uri()
     run_id = json.loads((run_dir / "tracking.json").read_text())["ids"]["mlflow"]
     values = mlflow_values(uri, run_id)
-    table_file = MlflowClient(tracking_uri=uri).download_artifacts(run_id, "samples.json", str(run_dir))
-    table = json.loads(Path(table_file).read_text())
-    return values, dict(Counter(row[table["columns"].index("iteration")] for row in table["data"]))
+    return values, dict(Counter(row["iteration"] for row in mlflow_sample_rows(uri, run_id, run_dir / "tables")))
 
 
 @pytest.mark.parametrize("done", range(WRITES_PER_STEP + 1))

@@ -33,7 +33,7 @@ import pytest
 
 from homerlhf.config import load_config
 
-from tracker_readback import WALL_TIME, all_values
+from tracker_readback import WALL_TIME, all_values, mlflow_sample_rows
 
 N = 4
 TRACKERS = ("tensorboard", "trackio", "wandb", "mlflow")
@@ -141,8 +141,7 @@ def test_the_run_config_is_each_trackers_parameters(straight, tmp_path):
     run = client.get_run(state["ids"]["mlflow"])
     assert run.data.params["ppo.iterations"] == str(N) and run.data.params["output_dir"] == str(out)
     assert run.data.params["run_name"] == state["run_name"] == run.info.run_name
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text())
-    iterations = [row[table["columns"].index("iteration")] for row in table["data"]]
+    iterations = [row["iteration"] for row in mlflow_sample_rows(client.tracking_uri, run.info.run_id, tmp_path)]
     assert sorted(iterations) == sorted(list(range(1, N + 1)) * 2)
     with sqlite3.connect(out / "trackio" / "homerlhf.db") as con:
         (config,), = con.execute("SELECT config FROM configs").fetchall()

@@ -70,6 +70,21 @@ def mlflow_values(uri: str, run_id: str) -> dict:
     return out
 
 
+def mlflow_sample_rows(uri: str, run_id: str, tmp: Path) -> list[dict]:
+    """The rows of every sample table of an MLflow run (one ``samples_<step>.json`` artifact per step), as dicts."""
+    from mlflow import MlflowClient
+
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    client = MlflowClient(tracking_uri=uri)
+    tmp.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for artifact in client.list_artifacts(run_id):
+        if artifact.path.startswith("samples_") and artifact.path.endswith(".json"):
+            table = json.loads(Path(client.download_artifacts(run_id, artifact.path, str(tmp))).read_text())
+            rows += [dict(zip(table["columns"], row)) for row in table["data"]]
+    return rows
+
+
 def all_values(run_dir: Path) -> dict:
     """tracker -> ``{key: {step: [values]}}`` for each tracker of the run at ``run_dir`` (default places)."""
     state = json.loads((run_dir / "tracking.json").read_text())
