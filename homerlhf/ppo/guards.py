@@ -1,23 +1,15 @@
 """The run's guards: the non-finite guard, the KL-jump flag and the no-op guards.
 
-The non-finite guard: a NaN/inf loss or gradient skips that optimizer step; N in a row stop the run.
-One bad mini-batch (an overflow, a degenerate reward) should not poison the adapters or the
-optimizer's moments, so the step is skipped and logged. A run that keeps producing them has
-diverged; it stops with a clear message and without writing a checkpoint, so the last good
-checkpoint is what ``--resume`` continues from.
-
-The KL-jump flag (:class:`KLJump`): an iteration whose KL to the reference rose past the run's whole
-budget in one update, or whose update moved the policy past a bound, is flagged in its metrics row
-(``kl_flag``, ``kl_jump``, ``kl_flag_reason``), hence in ``metrics.jsonl``, the trackers, the
-progress line and the app's monitor, and in one warning line naming the likely cause and the
-setting that stops it (``ppo.early_stop_kl``). It warns; it stops nothing.
-
-The no-op guards (:class:`NoOpGuards`, the ``guards`` settings): a run that looks fine and learns
-nothing. Every response scored alike (or every advantage 0) for N iterations in a row; an update that
-took optimizer steps yet left the actor's LoRA weights as they were; every importance weight capped;
-every response empty for N iterations in a row. Each stops the run with one line naming the cause (:class:`NoOpError`, after the iteration's row is written), or
-only warns with ``guards.action: warn``. Every response cut at ``rollout.max_new_tokens`` (or empty)
-for N iterations warns once: a cut answer is still scored. docs/audit.md.
+- Non-finite (:class:`NonFiniteGuard`): a NaN/inf loss or gradient skips that optimizer step; N in a
+  row stop the run without a checkpoint, so ``--resume`` continues from the last good one.
+- KL jump (:class:`KLJump`): an iteration whose KL to the reference rose past the run's budget in one
+  update is flagged in its metrics row (``kl_flag``, ``kl_jump``, ``kl_flag_reason``) and one warning
+  line naming ``ppo.early_stop_kl``. It warns; it stops nothing.
+- No-op (:class:`NoOpGuards`, ``guards:``): a run that learns nothing. A flat reward or all-zero
+  advantages N iterations in a row, an update that left the LoRA weights as they were, every
+  importance weight capped, every response empty N iterations in a row: each stops the run in one
+  line (or warns, ``guards.action: warn``). Every response cut at the token cap warns once.
+  docs/audit.md.
 """
 
 from __future__ import annotations
