@@ -16,16 +16,17 @@ PRESETS = {"4090", "3090", "4080", "4060ti-16g", "3060-12g", "t4-colab", "a100-8
 
 
 def source_files() -> set[str]:
-    """Every module and preset of the source tree, as paths from the repository root."""
+    """Every module, preset and reference run of the source tree, as paths from the repository root."""
     package = ROOT / "homerlhf"
-    found = {p for p in package.rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts}
+    found = {p for p in package.rglob("*") if p.suffix in (".py", ".yaml", ".json") and "__pycache__" not in p.parts}
     return {p.relative_to(ROOT).as_posix() for p in found}
 
 
 def test_the_wheel_and_the_sdist_hold_every_module_and_preset(installed_wheel):
     wanted = source_files()
     assert {f"homerlhf/presets/{name}.yaml" for name in PRESETS} <= wanted
-    assert {"homerlhf/check/main.py", "homerlhf/workers/gguf/registry.py", "homerlhf/presets/__init__.py"} <= wanted
+    assert {"homerlhf/check/main.py", "homerlhf/workers/gguf/registry.py", "homerlhf/presets/__init__.py",
+            "homerlhf/app/reference/demo_fast.json"} <= wanted
     in_wheel = set(zipfile.ZipFile(installed_wheel.wheel).namelist())
     assert sorted(wanted - in_wheel) == []
     with tarfile.open(installed_wheel.sdist) as sdist:
@@ -37,6 +38,9 @@ def test_the_installed_package_is_the_wheel_and_lists_every_preset(installed_whe
     where = installed_wheel.python("import homerlhf, homerlhf.presets; print(homerlhf.__file__)", cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(installed_wheel.venv)  # not the checkout (editable or path)
+    reference = installed_wheel.python(  # the monitor's reference run, read from the installed package's data
+        "from homerlhf.app import monitor_reference as m; print(m.load()['header']['iterations'])", cwd=tmp_path)
+    assert reference.returncode == 0 and int(reference.stdout) > 0, reference.stderr
     help_ = installed_wheel.run("--help", cwd=tmp_path)
     assert help_.returncode == 0 and "train" in help_.stdout and "demo" in help_.stdout, help_.stderr
     listed = installed_wheel.run("presets", cwd=tmp_path)

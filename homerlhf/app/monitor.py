@@ -174,8 +174,9 @@ def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def metric_panels(rows: Sequence[dict]) -> list[tuple[str, list, str]]:
-    """(title, lines, note) of each panel with data, in ``PANELS`` order; a line is (key, legend name, xs, ys)."""
+def metric_panels(rows: Sequence[dict], reference: Optional[dict] = None) -> list[tuple[str, list, str]]:
+    """(title, lines, note) of each panel with data, in ``PANELS`` order; a line is (key, legend name, xs, ys).
+    ``reference`` (:mod:`homerlhf.app.monitor_reference`): its lines too, in the panels of the keys it has."""
     from homerlhf.app.monitor_plot import lines_of
 
     kind = next((r.get("peak_mem_kind") for r in reversed(rows) if r.get("peak_mem_kind")), None)
@@ -187,15 +188,31 @@ def metric_panels(rows: Sequence[dict]) -> list[tuple[str, list, str]]:
         title = memory_title(title, kind)
         lines = lines_of(keys, rows, lambda key: panel_label(title, key, label_of(key)), series)
         if lines:
-            panels.append((title, lines, panel_note(title, [y for *_, ys in lines for y in ys])))
+            note = panel_note(title, [y for *_, ys in lines for y in ys])
+            panels.append((title, lines + _reference_lines(keys, reference, title), note))
     return panels
 
 
-def metrics_figure(rows: Sequence[dict]):
-    """The monitor's interactive figure (plotly): one panel per group in ``PANELS`` that has data."""
-    from homerlhf.app.monitor_plot import heading, panel_figure
+def _reference_lines(keys: Sequence[str], reference: Optional[dict], title: str) -> list:
+    """The reference run's lines of ``keys``: named for the reference alone, or with the metric when there are several."""
+    from homerlhf.app.monitor_plot import lines_of
+    from homerlhf.app.monitor_reference import NAME
 
-    return panel_figure(metric_panels(rows), heading(len(rows), "iteration"), "iteration")
+    if not reference:
+        return []
+    lines = lines_of(keys, reference["rows"], lambda key: f"{NAME}: {panel_label(title, key, label_of(key))}", series)
+    return [(key, NAME, xs, ys) for key, _, xs, ys in lines] if len(lines) == 1 else lines
+
+
+def metrics_figure(rows: Sequence[dict], reference: Optional[dict] = None):
+    """The monitor's interactive figure (plotly): one panel per group in ``PANELS`` that has data, with the lines
+    of ``reference`` (a healthy run of the same task) dashed grey in them and a note under the figure."""
+    from homerlhf.app.monitor_plot import heading, panel_figure
+    from homerlhf.app.monitor_reference import note
+
+    panels = metric_panels(rows, reference)
+    return panel_figure(panels, heading(len(rows), "iteration"), "iteration",
+                        note(reference) if reference and panels else "")
 
 
 def _says_something(keys: Sequence[str], rows: Sequence[dict]) -> bool:

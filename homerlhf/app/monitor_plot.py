@@ -13,6 +13,8 @@ import math
 import textwrap
 from typing import Callable, Sequence
 
+from homerlhf.app.monitor_reference import NAME as REFERENCE  # a line named so is a reference run's: dashed grey
+
 COLUMNS = 3
 TITLE_PX, PLOT_PX, AXIS_PX, ITEM_PX, GAP_PX = 30, 190, 42, 19, 18  # a row's bands, top to bottom
 MARGIN = {"l": 56, "r": 24, "t": 46, "b": 8}
@@ -20,6 +22,8 @@ X_GAP = 0.075  # between columns, a fraction of the width: room for the next pan
 DASHES = ["solid", "dash", "dashdot", "dot"]
 SYMBOLS = ["circle", "square", "triangle-up", "diamond", "triangle-down", "cross"]
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+REFERENCE_COLOR, REFERENCE_DASHES = "#8c8c8c", ["dash", "dot"]
+FOOT_CHARS = 180  # the note under the whole figure wraps at this width
 NOTE_CHARS = 58  # a note under a legend wraps at this width (a column at 1400 px)
 TITLE_CHARS = 44  # a panel title wraps at this width, so it stays over its own panel
 
@@ -38,14 +42,17 @@ def _legend_items(entry) -> int:
     return len(lines) + (len(textwrap.wrap(note, NOTE_CHARS)) if note else 0)
 
 
-def panel_figure(panels: list[tuple[str, list[tuple[str, str, list, list]], str]], heading: str, x_title: str):
-    """The figure of ``panels``: (title, lines, note) each, a line being (metric key, legend name, xs, ys)."""
+def panel_figure(panels: list[tuple[str, list[tuple[str, str, list, list]], str]], heading: str, x_title: str,
+                 foot: str = ""):
+    """The figure of ``panels``: (title, lines, note) each, a line being (metric key, legend name, xs, ys);
+    ``foot``: a note under the whole figure."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     rows = [panels[i:i + COLUMNS] for i in range(0, len(panels), COLUMNS)]
     bands = [TITLE_PX + PLOT_PX + AXIS_PX + max(_legend_items(p) for p in row) * ITEM_PX + GAP_PX for row in rows]
-    height = sum(bands) or PLOT_PX
+    foot_lines = textwrap.wrap(foot, FOOT_CHARS)
+    height = (sum(bands) or PLOT_PX) + len(foot_lines) * ITEM_PX
     width = (1 - X_GAP * (COLUMNS - 1)) / COLUMNS
     top = height
     layout = {}
@@ -61,6 +68,9 @@ def panel_figure(panels: list[tuple[str, list[tuple[str, str, list, list]], str]
         height=height + MARGIN["t"] + MARGIN["b"], margin=MARGIN, template="plotly_white", showlegend=True,
         title={"text": heading, "x": 0, "xanchor": "left", "font": {"size": 14}}, font={"size": 12},
         hovermode="closest", **layout)
+    if foot_lines:
+        fig.add_annotation(text="<br>".join(foot_lines), showarrow=False, x=0, y=0, xref="paper", yref="paper",
+                           xanchor="left", yanchor="bottom", align="left", font={"size": 11, "color": "#555"})
     if not panels:
         fig.add_annotation(text="nothing logged yet", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
@@ -92,13 +102,19 @@ def _panel(fig, layout: dict, n: int, x_domain, y_domain, title: str, lines, not
                       if note else {"text": ""}}
     fig.add_annotation(text="<br>".join(f"<b>{part}</b>" for part in textwrap.wrap(title, TITLE_CHARS)), x=(x_domain[0] + x_domain[1]) / 2, y=y_domain[1], xref="paper",
                        yref="paper", xanchor="center", yanchor="bottom", showarrow=False, font={"size": 13})
-    for i, (key, name, xs, ys) in enumerate(lines):
+    own = [line for line in lines if not line[1].startswith(REFERENCE)]
+    for i, (key, name, xs, ys) in enumerate(own):
         # Dashes and markers differ, so two metrics that agree (score and reward at KL 0) both show.
         fig.add_trace(go.Scatter(
             x=xs, y=ys, name=name, mode="lines+markers", xaxis=f"x{suffix}", yaxis=f"y{suffix}", legend=legend,
             line={"dash": DASHES[i % len(DASHES)], "color": COLORS[i % len(COLORS)], "width": 1.6},
             marker={"symbol": SYMBOLS[i % len(SYMBOLS)], "size": 6}, meta=key,
             hovertemplate=f"{name}<br>{x_title} %{{x}}: %{{y:.6~g}}<extra></extra>"))
+    for i, (key, name, xs, ys) in enumerate(line for line in lines if line[1].startswith(REFERENCE)):
+        fig.add_trace(go.Scatter(  # a reference run's: behind the run's own lines, no markers
+            x=xs, y=ys, name=name, mode="lines", xaxis=f"x{suffix}", yaxis=f"y{suffix}", legend=legend,
+            line={"dash": REFERENCE_DASHES[i % len(REFERENCE_DASHES)], "color": REFERENCE_COLOR, "width": 1.4},
+            meta=key, hovertemplate=f"{name}<br>{x_title} %{{x}}: %{{y:.6~g}}<extra></extra>"))
 
 
 def lines_of(keys: Sequence[str], rows: Sequence[dict], name: Callable[[str], str],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from homerlhf.app import audit_panel, feedback_runs, history_panel, monitor, runs
+from homerlhf.app import audit_panel, feedback_runs, history_panel, monitor, monitor_reference, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
 from homerlhf.app.run_controls import on_resume, resume_argv, with_iterations  # noqa: F401 - the tab's API
@@ -38,8 +38,10 @@ def poll(run_dir: str, last_n: int = -1) -> tuple:
     if status.state in ("stopped", "crashed", "finished"):
         prog.eta_s = None  # no time is left to estimate (a run started elsewhere may still be going)
     changed = len(rows) != last_n
-    draw = feedback_runs.preference_figure if preference else monitor.metrics_figure
-    figure = draw(rows) if changed else None
+    figure = None
+    if changed:  # beside a run of the demo's task, a healthy demo run's lines (monitor_reference)
+        figure = (feedback_runs.preference_figure(rows) if preference
+                  else monitor.metrics_figure(rows, monitor_reference.for_run(path)))
     samples = monitor.latest_samples(monitor.read_jsonl(path / runs.SAMPLES_FILE, last=50)) if changed else None
     line = prog.line().replace("iteration", "step", 1) if preference else prog.line()
     return (status_markdown(status), f"**Progress:** {line}", figure, samples,
