@@ -7,7 +7,8 @@
 
 The task: real questions, "What is the capital of Kenya?", with a reward a person can read: 1 when the
 answer names the country's capital (the city's name anywhere in it, any case), else 0
-(:func:`capital_reward`, the run's ``reward.backend: function``). 48 countries train, 16 others are
+(:func:`capital_reward`, the run's ``reward.backend: function``; 0.3 for an answer in the question's form
+with another city). 48 countries train, 16 others are
 held out; the held-out score is the same reward on ``--eval-samples`` sampled answers (temperature 1,
 the policy RL optimises, the same per-sample seeds for every checkpoint) per held-out country.
 
@@ -67,8 +68,15 @@ QUESTION = "What is the capital of {country}?"
 
 
 def capital_reward(response: str, row: dict) -> float:
-    """1 when the answer names the capital (anywhere, any case), else 0: the run's reward function."""
-    return 1.0 if row["answer"].lower() in response.lower() else 0.0
+    """The run's reward function: 1 when the answer names the capital (anywhere, any case); 0.3 when it
+    answers in the question's form ("the capital of Kenya is ...") with another city; else 0. The base
+    checkpoint rarely names a held-out capital in a few tokens, and GRPO learns nothing from groups that all
+    score 0: the partial credit gives the groups a spread a reader can still check by eye."""
+    text = response.lower()
+    if row["answer"].lower() in text:
+        return 1.0
+    country = row["prompt"].removeprefix(QUESTION.split("{")[0]).removesuffix("?").lower()
+    return 0.3 if f"capital of {country} is" in text else 0.0
 
 
 def split() -> tuple[list[dict], list[dict]]:
@@ -104,7 +112,7 @@ def cpu_overrides(args, model: str, data: Path) -> list[str]:
         f"rollout.generation_chunk={args.prompts}", "rollout.max_prompt_len=64",
         f"rollout.max_new_tokens={args.new_tokens}",
         f"ppo.iterations={args.iterations}", f"ppo.mini_batch_size={mini}", f"ppo.micro_batch_size={mini}",
-        "training.gradient_checkpointing=false", "training.checkpoint_every_n_layers=0",
+        "training.gradient_checkpointing=false", "training.checkpoint_every_n_layers=1",
         "training.activation_offload=false",
         f"checkpoint.every={args.eval_every}", "checkpoint.keep=1000",
         "logging.progress=false", "logging.samples_per_iteration=2", "logging.tensorboard=false",
@@ -196,7 +204,7 @@ def run_dpo(args, scale: float, seed: int, model: str, train_rows: list[dict], h
     lr = preset_cfg.dpo.lr * scale
     sets = ["card.name=CPU", "card.device=cpu", "card.gpu_gib=0", "quant.compute_dtype=fp32",
             f"dpo.lr={lr:g}", f"seed={seed}", "dpo.max_len=96", "data.eval_fraction=0.1",
-            "training.gradient_checkpointing=false", "training.checkpoint_every_n_layers=0",
+            "training.gradient_checkpointing=false", "training.checkpoint_every_n_layers=1",
             "training.activation_offload=false", *args.set]
     cmd = ["dpo", "--preset", args.preset, "--model", model, "--data", str(pairs), "--out", str(run_dir), "--overwrite"]
     cmd += [x for s in sets for x in ("--set", s)]

@@ -150,18 +150,19 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
 
 
 def chat_template_missing(name: str) -> Optional[str]:
-    """Where ``name``'s tokenizer was looked for when it carries no chat template (a local model dir with
-    tokenizer files, or a ``.gguf`` file); None when it has one, or nothing here tells (a hub id, a
-    builtin model, a dir without tokenizer files: their loading says more)."""
+    """Where ``name``'s tokenizer was looked in, when it carries no chat template (a local model dir with
+    tokenizer files, a run dir's ``model/``, or a ``.gguf`` file); None when it has one, or nothing here
+    tells (a hub id, a builtin model, a dir without tokenizer files: their loading says more)."""
     path = Path(name).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         from homerlhf.models.gguf_import import gguf_chat_template, gguf_header
 
-        return None if gguf_chat_template(gguf_header(path)) else f"{path} (tokenizer.chat_template)"
+        return None if gguf_chat_template(gguf_header(path)) else "no tokenizer.chat_template in the GGUF"
     if not path.is_dir():
         return None
+    inside = ""
     if not (path / TOKENIZER_FILES[0]).is_file() and (path / "model" / TOKENIZER_FILES[0]).is_file():
-        path = path / "model"  # a run dir: its model/
+        path, inside = path / "model", "in its model/: "  # a run dir: its model/
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
     if any((path / f).is_file() for f in TEMPLATE_FILES):
@@ -173,7 +174,7 @@ def chat_template_missing(name: str) -> Optional[str]:
                 return None
         except (ValueError, OSError):
             return None  # an unreadable tokenizer config: the tokenizer's loading says what is wrong
-    return str(path)
+    return inside + "no chat_template in tokenizer_config.json, no chat_template.jinja"
 
 
 def check_chat_template(name: str, key: str) -> None:
