@@ -168,7 +168,8 @@ class HeldOut:
                 batch = generate_rollout(self.policy, repeated, self.cfg.rollout, seeds=seeds)
         texts = [self.policy.tokenizer.decode(r, skip_special_tokens=True) for r in batch.response_lists()]
         rewards = [capital_reward(t, self.rows[i // self.samples]) for i, t in enumerate(texts)]
-        return {"score": sum(rewards) / len(rewards), "example": texts[0][:160]}
+        return {"score": sum(rewards) / len(rewards), "named": sum(r == 1.0 for r in rewards) / len(rewards),
+                "example": texts[0][:160]}
 
 
 def run_rl(args, algorithm: str, scale: float, seed: int, model: str, train: Path, held: HeldOut, base: dict) -> dict:
@@ -240,7 +241,8 @@ def print_run(result: dict) -> None:
               f"{m['kl_mean']:>7.3f} {m['entropy']:>7.3f} {m['response_length_mean']:>6.1f} "
               f"{'' if ev is None else format(ev, '.3f'):>8} {int(m.get('kl_flag', 0)):>4}", flush=True)
     for it, held in result["held_out"].items():
-        print(f"   held-out at {it}: {held['score']:.3f}   e.g. {held['example']!r}", flush=True)
+        named = f" ({held['named']:.3f} name the capital)" if "named" in held else ""
+        print(f"   held-out at {it}: {held['score']:.3f}{named}   e.g. {held['example']!r}", flush=True)
 
 
 def summary_rows(results: list[dict]) -> list[str]:
