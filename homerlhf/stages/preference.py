@@ -262,6 +262,7 @@ def run_preference(method: str, cfg, out: str | Path, data: Sequence[str] = (), 
     state, for an exact ``--resume``; ``MANIFEST.json``, written last), ``metrics.jsonl`` (TRL's figures
     per logging step) and ``preference_run.json`` (start, data reports, counts, held-out margins
     before/after, time, and the peak memory of training and of the held-out pass)."""
+    from homerlhf.stages.preflight import check_chat_template
     from homerlhf.tracking.settings import check_installed
 
     if method not in METHODS:
@@ -270,6 +271,7 @@ def run_preference(method: str, cfg, out: str | Path, data: Sequence[str] = (), 
     check_installed(cfg.logging)
     start, run_cfg = resolve_start(base or section.base or cfg.model.name_or_path)
     cfg = start_config(cfg, start, run_cfg)
+    check_chat_template(start.base, "the policy's base")  # the pairs are rendered with it, before any weight loads
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"run dir {out} is a file; choose another --out")

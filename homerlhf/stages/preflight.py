@@ -39,12 +39,23 @@ def _hub_cached_config(repo_id: str, revision: Optional[str]) -> Optional[Path]:
 
 
 def model_config(name: str, revision: Optional[str] = None) -> Optional[dict]:
-    """``config.json`` of a model name (a reward run dir: its ``model/``), or None when unknown offline."""
-    if name.startswith(BUILTIN):  # homerlhf.tiny models: Llama, or Qwen2 for tiny-qwen2
+    """``config.json`` of a model name (a reward run dir: its ``model/``; a ``.gguf`` file: from its header),
+    or None when unknown offline."""
+    if name.startswith(BUILTIN):
+        from homerlhf.models.registry import builtin_config
+
+        known = builtin_config(name)  # a registered model with its own config (builtin:gemma3-270m)
+        if known is not None:
+            return known
+        # homerlhf.tiny models: Llama, or Qwen2 for tiny-qwen2
         model_type = "qwen2" if name == f"{BUILTIN}tiny-qwen2" else "llama"
         archs = ["LlamaForSequenceClassification"] if name == f"{BUILTIN}demo-rm" else ["LlamaForCausalLM"]
         return {"model_type": model_type, "architectures": archs}
     path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        from homerlhf.models.gguf_import import gguf_config, gguf_header
+
+        return gguf_config(gguf_header(path))
     for candidate in (path / "config.json", path / "model" / "config.json"):
         if candidate.is_file():
             return json.loads(candidate.read_text())
@@ -114,6 +125,15 @@ def _check_policy(cfg: "RunConfig") -> Optional[dict]:
     from homerlhf.models.support import check_loadable
 
     name = cfg.model.name_or_path
+    if name.endswith(".gguf"):  # a GGUF model file: its header read, nothing imported yet
+        from homerlhf.models.gguf_import import check_causal_gguf
+
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError(f"model.name_or_path: GGUF file {name} does not exist (check the path)")
+        config = check_causal_gguf(path, f"model.name_or_path {name}", cfg.model.trust_remote_code)
+        check_chat_template(name, "model.name_or_path")
+        return config
     if not name.startswith(BUILTIN):
         resolve_model(name)  # a local path that does not exist: said now, not as an unknown model by the planner
     config = model_config(name, cfg.model.revision)
@@ -121,7 +141,51 @@ def _check_policy(cfg: "RunConfig") -> Optional[dict]:
         check_loadable(config, name, "causal-lm", cfg.model.trust_remote_code)
     else:
         check_available(name, "model.name_or_path", cfg.model.revision)
+    check_chat_template(name, "model.name_or_path")
     return config
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")  # beside tokenizer_config.json (transformers >= 4.43)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
+
+
+def chat_template_missing(name: str) -> Optional[str]:
+    """Where ``name``'s tokenizer was looked in, when it carries no chat template (a local model dir with
+    tokenizer files, a run dir's ``model/``, or a ``.gguf`` file); None when it has one, or nothing here
+    tells (a hub id, a builtin model, a dir without tokenizer files: their loading says more)."""
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        from homerlhf.models.gguf_import import gguf_chat_template, gguf_header
+
+        return None if gguf_chat_template(gguf_header(path)) else "no tokenizer.chat_template in the GGUF"
+    if not path.is_dir():
+        return None
+    inside = ""
+    if not (path / TOKENIZER_FILES[0]).is_file() and (path / "model" / TOKENIZER_FILES[0]).is_file():
+        path, inside = path / "model", "in its model/: "  # a run dir: its model/
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    if any((path / f).is_file() for f in TEMPLATE_FILES):
+        return None
+    config_file = path / TOKENIZER_FILES[0]
+    if config_file.is_file():
+        try:
+            if json.loads(config_file.read_text()).get("chat_template"):
+                return None
+        except (ValueError, OSError):
+            return None  # an unreadable tokenizer config: the tokenizer's loading says what is wrong
+    return inside + "no chat_template in tokenizer_config.json, no chat_template.jinja"
+
+
+def check_chat_template(name: str, key: str) -> None:
+    """The policy's tokenizer carries a chat template: RL and preference training render every prompt
+    with it, and the model answers in that turn format ever after."""
+    where = chat_template_missing(name)
+    if where is not None:
+        raise UserError(
+            f"{key}: {name}'s tokenizer has no chat template ({where}), so the prompts would reach it as plain "
+            "'Human: ... Assistant:' text; set one (a chat_template.jinja in the model dir, e.g. its family's "
+            "instruct template) or use a chat model (an -Instruct/-it checkpoint)")
 
 
 def _check_reference(cfg: "RunConfig", policy_config: Optional[dict], seq_len: int) -> None:
@@ -195,6 +259,50 @@ def check_run(cfg: "RunConfig") -> None:
     if cfg.rollout.engine == "llamacpp" and policy_config is not None:
         check_exportable(policy_config, cfg.model.name_or_path, "rollout", seq_len)
     check_reward_adapters(cfg)
+    check_memory(cfg)
+
+
+def host_ram_gib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().total / 1024**3
+
+
+def check_memory(cfg: "RunConfig", ram_gib: Optional[float] = None) -> None:
+    """The run fits this machine by the memory plan (:func:`homerlhf.memory.planner.plan`), else one line
+    naming what it needs and what to change. On a GPU preset: the plan's peak against the card, refused
+    only when it is over (a tight plan runs); the suggestion, when the planner has one, is the fix. On a
+    CPU preset: the trainer's peak plus the llama.cpp reference worker (the policy's own weights) against the
+    host's RAM (``ram_gib``, default this machine's); a reward worker's model may be of another size and is
+    not counted. A model whose config.json is not on this machine (a hub id to download) is not checked."""
+    from homerlhf.memory.planner import plan
+    from homerlhf.memory.render import shape_for
+
+    if model_config(cfg.model.name_or_path, cfg.model.revision) is None:
+        return
+    try:
+        shape = shape_for(cfg)
+    except UserError:
+        return
+    name = cfg.model.name_or_path
+    if cfg.card.device != "cpu" and cfg.card.gpu_gib > 0:
+        planned = plan(cfg, shape)
+        if planned.status != "over":
+            return
+        fix = " ".join(f"--set {a}" for a in planned.suggestion.set_args) if planned.suggestion is not None else ""
+        raise UserError(f"{name} does not fit {cfg.card.name} ({cfg.card.gpu_gib:g} GiB) by the memory plan: peak "
+                        f"{planned.peak_gib:.2f} GiB in {planned.peak.name}; "
+                        + (f"add {fix}, or " if fix else "") +
+                        "choose a smaller model or a larger card (`homerlhf plan` shows each component)")
+    ram = host_ram_gib() if ram_gib is None else float(ram_gib)
+    planned = plan(cfg, shape, gpu_gib=0, with_suggestion=False)
+    ref_gib = sum(c.bytes for c in planned.workers.get("ref", [])) / 1024**3
+    if planned.peak_gib + ref_gib > ram:
+        raise UserError(f"{name} does not fit this machine's memory by the plan: the trainer's peak "
+                        f"{planned.peak_gib:.2f} GiB ({planned.peak.name}) and the reference worker's "
+                        f"{ref_gib:.2f} GiB exceed the {ram:.1f} GiB of RAM; choose a smaller "
+                        "model, shorter rollout.max_new_tokens / rollout.chunk_size, or a GPU preset on a machine "
+                        "with a card (`homerlhf plan` shows each component)")
 
 
 def check_auto_choices(before: "RunConfig", after: "RunConfig") -> None:

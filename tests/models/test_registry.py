@@ -99,3 +99,35 @@ def test_a_hub_id_that_is_nowhere_is_refused_while_builtins_and_paths_never_ask(
         registry.check_available("org/model")
     monkeypatch.setattr(registry, "hub_unreachable", lambda: "")
     registry.check_available("org/model")  # the hub answers: the download decides
+
+
+def test_gemma3_270m_is_known_from_its_gguf_header_without_building_it():
+    """builtin:gemma3-270m's config and shape come from the package's GGUF header (Gemma-3-270M as
+    published: 18 layers of width 640, 4 query heads sharing one KV head of 256, a 262,144-token
+    vocabulary, tied embeddings); nothing is built into the cache to know them."""
+    pytest.importorskip(registry.GEMMA3_PACKAGE)
+    from homerlhf.memory.shapes import resolve_shape
+    from homerlhf.stages.preflight import model_config
+
+    config = model_config("builtin:gemma3-270m")
+    assert config["model_type"] == "gemma3_text" and config["architectures"] == ["Gemma3ForCausalLM"]
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["head_dim"], config["vocab_size"]) == (18, 640, 4, 1, 256, 262144)
+    assert config["tie_word_embeddings"] is True and config["sliding_window"] == 512
+    shape = resolve_shape("builtin:gemma3-270m")
+    assert (shape.model_type, shape.num_layers, shape.vocab_size) == ("gemma3_text", 18, 262144)
+    assert not [p for p in os.listdir(cache_dir("builtin")) if "gemma3" in p]
+
+
+def test_a_gguf_path_resolves_to_its_import(tmp_path, tiny_llama_dir):
+    """A ``.gguf`` model file resolves to an HF directory imported from it (once), which a missing one does not."""
+    from homerlhf.workers.gguf.tensors import checkpoint_tensors
+    from homerlhf.workers.gguf.writer import write_gguf
+
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_model(str(tmp_path / "none.gguf"))
+    gguf = write_gguf(tmp_path / "tiny.gguf", Path(tiny_llama_dir), checkpoint_tensors(Path(tiny_llama_dir)), "f32",
+                      role="policy", text_use=True)
+    resolved = Path(resolve_model(str(gguf)))
+    assert resolved.parent == cache_dir("gguf") and resolved.name.startswith("tiny-")
+    assert (resolved / "config.json").is_file() and resolve_model_dir(str(gguf)) == resolved

@@ -8,9 +8,9 @@ import homerlhf.stages  # noqa: F401 - what registers the demo models
 from homerlhf.models.registry import builtin_names, resolve_model
 
 
-def test_importing_the_stages_registers_the_demo_models_after_the_tiny_ones():
-    assert builtin_names() == ["builtin:tiny-llama", "builtin:tiny-qwen2", "builtin:demo-sft", "builtin:demo-rm",
-                               "builtin:reverse-sft"]
+def test_importing_the_stages_registers_the_demo_models_after_the_registrys_own():
+    assert builtin_names() == ["builtin:tiny-llama", "builtin:tiny-qwen2", "builtin:gemma3-270m", "builtin:demo-sft",
+                               "builtin:demo-rm", "builtin:reverse-sft"]
 
 
 @pytest.mark.slow

@@ -167,3 +167,76 @@ def test_a_model_that_is_nowhere_is_refused_at_once_when_the_hub_cannot_be_reach
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     monkeypatch.setattr(registry, "hub_unreachable", lambda: "")  # the hub answers: the download decides
     check_run(cfg_with(**{"model.name_or_path": "Qwen/Qwen2.5-7B", "ref.backend": "adapter_off"}))
+
+
+def _with_tokenizer(path, template: bool):
+    """The tiny tokenizer saved into a model dir, with its chat template or without one."""
+    from homerlhf.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    if not template:
+        tok.chat_template = None
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_policy_whose_tokenizer_has_no_chat_template_is_refused(dirs):
+    from homerlhf.stages.preflight import check_chat_template
+
+    gemma3 = {"model.name_or_path": dirs["gemma3"]}
+    check_run(cfg_with(**gemma3))  # no tokenizer files: nothing to tell from here
+    _with_tokenizer(dirs["gemma3"], template=False)
+    message = refusal(lambda: check_run(cfg_with(**gemma3)))
+    assert message.startswith(f"model.name_or_path: {dirs['gemma3']}'s tokenizer has no chat template")
+    assert "set one (a chat_template.jinja in the model dir" in message and "or use a chat model" in message
+    (dirs["gemma3"] / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # the fix it names
+    check_run(cfg_with(**gemma3))
+    _with_tokenizer(dirs["mistral-window"], template=True)
+    check_chat_template(str(dirs["mistral-window"]), "model.name_or_path")  # in tokenizer_config.json
+
+
+def test_a_gguf_policy_is_checked_from_its_header(tmp_path):
+    """A ``.gguf`` policy: a LoRA adapter's GGUF is no model, a GGUF without a chat template has none to
+    render prompts with; neither imports anything (the cache stays empty)."""
+    import os
+    from pathlib import Path
+
+    import gguf
+
+    def header_only_gguf(path, arch, kind="model"):
+        writer = gguf.GGUFWriter(str(path), arch)
+        writer.add_type(kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        writer.close()
+        return path
+
+    adapter = header_only_gguf(tmp_path / "lora.gguf", "llama", "adapter")
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": adapter})))
+    assert message.startswith(f"model.name_or_path {adapter}: this GGUF is a LoRA adapter")
+    assert message.endswith("not a causal language model; give the base model's .gguf or its HF directory")
+    bare = header_only_gguf(tmp_path / "bare.gguf", "llama")
+    message = refusal(lambda: check_run(cfg_with(**{"model.name_or_path": bare, "ref.backend": "adapter_off"})))
+    assert "tokenizer has no chat template (no tokenizer.chat_template in the GGUF)" in message
+    assert not (Path(os.environ["HOMERLHF_CACHE"]) / "gguf").exists() or not any(
+        (Path(os.environ["HOMERLHF_CACHE"]) / "gguf").glob("bare-*"))
+
+
+def test_a_model_too_big_for_the_machine_by_the_plan(tmp_path):
+    """A 4-bit 32B (config.json only) on a CPU preset against 16 GiB of RAM, and on the 4090's 24 GiB (where
+    no setting fits it: docs/memory.md): one line each with the plan's figures; the tiny models pass."""
+    from homerlhf.memory.shapes import builtin_shape
+    from homerlhf.stages.preflight import check_memory
+
+    shape = builtin_shape("Qwen/Qwen2.5-32B")
+    big = config_dir(tmp_path, "big", **shape.to_hf_config().to_dict())
+    cpu = cfg_with(**{"model.name_or_path": big, "ref.backend": "adapter_off"})
+    message = refusal(lambda: check_memory(cpu, ram_gib=16))
+    assert message.startswith(f"{big} does not fit this machine's memory by the plan: the trainer's peak ")
+    assert "exceed the 16.0 GiB of RAM; choose a smaller model" in message
+    check_memory(cfg_with(), ram_gib=16)  # the tiny demo models
+    gpu = load_config("4090", overrides=[f"model.name_or_path={big}", "data.prompts=x.jsonl"])
+    message = refusal(lambda: check_memory(gpu))
+    assert message.startswith(f"{big} does not fit RTX 4090 (24 GiB) by the memory plan: peak ")
+    assert message.endswith("choose a smaller model or a larger card (`homerlhf plan` shows each component)")
