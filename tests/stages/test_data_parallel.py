@@ -197,7 +197,8 @@ def test_two_processes_train_like_one_with_the_same_global_batch(runs):
         assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=2e-3)
         assert b["value_loss"] == pytest.approx(a["value_loss"], rel=5e-3)
     samples = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == N  # written once, by process 0
+    # written once, by process 0: one first sample an iteration (and its best and worst, rank top / bottom)
+    assert [row["iteration"] for row in samples if row["rank"] == "first"] == list(range(1, N + 1))
     assert not (two / "workers" / "ref.log.token").exists()  # the token file went with the worker
 
 

@@ -130,10 +130,12 @@ def _check_sample_tables(values: dict) -> None:
         assert {step: len(v) for step, v in values[tracker][key].items()} == {s: 1 for s in range(1, N + 1)}, tracker
 
 
-def test_the_run_config_is_each_trackers_parameters(straight, tmp_path):
+def test_the_run_config_is_each_trackers_parameters(straight, tmp_path, monkeypatch):
     import sqlite3
 
     from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the run's file store, read back (as the tracker wrote it)
 
     out, _, _ = straight
     state = json.loads((out / "tracking.json").read_text())
@@ -142,7 +144,9 @@ def test_the_run_config_is_each_trackers_parameters(straight, tmp_path):
     assert run.data.params["ppo.iterations"] == str(N) and run.data.params["output_dir"] == str(out)
     assert run.data.params["run_name"] == state["run_name"] == run.info.run_name
     iterations = [row["iteration"] for row in mlflow_sample_rows(client.tracking_uri, run.info.run_id, tmp_path)]
-    assert sorted(iterations) == sorted(list(range(1, N + 1)) * 2)
+    logged = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sum(row["rank"] == "first" for row in logged) == 2 * N  # samples_per_iteration, and the best and worst
+    assert sorted(iterations) == sorted(row["iteration"] for row in logged)  # every iteration's rows in MLflow
     with sqlite3.connect(out / "trackio" / "homerlhf.db") as con:
         (config,), = con.execute("SELECT config FROM configs").fetchall()
     assert json.loads(config)["reward.backend"] == "hf"
