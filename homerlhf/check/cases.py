@@ -329,10 +329,10 @@ def largest_case(preset: str, spec) -> Case:
     """The table's largest model that the planner says fits the preset's card at its settings as the
     PPO case runs them (one chunk of prompts), or with the settings the plan suggests when they keep
     the lengths, for one iteration (H200: 3 ms a layer a decode step; the update by FLOPs)."""
-    from homerlhf.memory.shapes import builtin_shape, table_names
+    from homerlhf.memory.shapes import BUILTIN_SHAPES, builtin_shape
 
     settings, fits = one_chunk(gpu_presets()[preset]), []
-    for name in table_names():
+    for name in BUILTIN_SHAPES:
         extra = fitting(case_config(preset, name, settings), name)
         if extra is not None:
             fits.append((builtin_shape(name).total_params, name, extra))

@@ -10,6 +10,7 @@ parameter count equals that of the transformers model built from :meth:`ModelSha
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -344,10 +345,6 @@ def _builtin_tiny(name: str) -> ModelShape:
     return replace(shape_from_config(model_config(arch, vocab_size=512).to_dict(), name, "builtin-tiny"))
 
 
-def table_names() -> list[str]:
-    return list(BUILTIN_SHAPES)
-
-
 def resolve_shape(name_or_path: str, revision: Optional[str] = None) -> ModelShape:
     """A shape from, in order: a local dir or ``config.json``, ``builtin:<tiny>``, the hub cache, the table."""
     path = Path(name_or_path).expanduser()
@@ -357,15 +354,11 @@ def resolve_shape(name_or_path: str, revision: Optional[str] = None) -> ModelSha
         return _read_config_json(path, name_or_path, "local")
     if path.is_file() and path.suffix == ".gguf":  # a GGUF model file: the shape its header names
         from homerlhf.models.gguf_import import gguf_config, gguf_header
-
         return shape_from_config(gguf_config(gguf_header(path)), name_or_path, "gguf")
-    if name_or_path.startswith(BUILTIN_PREFIX):
+    if name_or_path.startswith(BUILTIN_PREFIX):  # a registered model (builtin:gemma3-270m), else a tiny one
         from homerlhf.models.registry import builtin_config
-
-        known = builtin_config(name_or_path)  # a registered model that is no tiny one (builtin:gemma3-270m)
-        if known is not None:
-            return shape_from_config(known, name_or_path, "builtin")
-        return _builtin_tiny(name_or_path)
+        known = builtin_config(name_or_path)
+        return shape_from_config(known, name_or_path, "builtin") if known else _builtin_tiny(name_or_path)
     cached = _hub_cache_config(name_or_path, revision)
     if cached is not None:
         return _read_config_json(cached, name_or_path, "hub-cache")
@@ -383,8 +376,6 @@ def resolve_shape(name_or_path: str, revision: Optional[str] = None) -> ModelSha
 def policy_shape(policy, name: str) -> Optional[ModelShape]:
     """The loaded policy's shape, for the planner's prediction beside the measured peaks; None (and a
     warning) for a model the planner cannot count."""
-    import logging
-
     try:
         return shape_from_config(policy.model.config, name, "loaded")
     except UserError as exc:

