@@ -14,12 +14,13 @@ from homerlhf.tiny import TINY_EXPERTS, TINY_TOP_K, model_config
 TOKENS = 24
 
 
-def hf_experts(arch: str, dtype=torch.float32, seed: int = 0):
-    """Layer 0's transformers experts module of a tiny ``arch`` (hidden 128), its own eager forward."""
+def hf_experts(arch: str, dtype=torch.float32, seed: int = 0, hidden: int = 128):
+    """Layer 0's transformers experts module of a tiny ``arch`` (hidden 128: each expert's MLP 64 wide),
+    its own eager forward."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = model_config(arch, 512, hidden=128, layers=1)
+    config = model_config(arch, 512, hidden=hidden, layers=1)
     config._experts_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.model.layers[0].mlp.experts

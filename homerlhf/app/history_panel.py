@@ -199,7 +199,10 @@ def layout() -> HistoryPanel:
                                column_widths=RANKED_WIDTHS, elem_id="train-history-top")
             bottom = gr.Dataframe(headers=sh.RANKED_COLUMNS, label="Worst by reward", wrap=True, interactive=False,
                                   column_widths=RANKED_WIDTHS, elem_id="train-history-bottom")
-        prompt = gr.Dropdown([], label="One prompt's answers across iterations", elem_id="train-history-prompt")
+        # A custom value is let through: a poll already sent holds the pick a new run's (empty) list no longer
+        # has, and the answers of a prompt not in the list are simply none.
+        prompt = gr.Dropdown([], label="One prompt's answers across iterations", allow_custom_value=True,
+                             elem_id="train-history-prompt")
         across = gr.Dataframe(headers=sh.ACROSS_COLUMNS, label="Its answers, oldest first", wrap=True,
                               interactive=False, column_widths=["100px", "70%", "90px", "90px"],
                               elem_id="train-history-across")

@@ -164,11 +164,13 @@ def wire(blocks, settings, plan_load: tuple, train_loads: list[tuple], runs_root
     """The page's load events: the settings restored (the Plan tab's and ``kept``, name -> component: the
     Data tab's), then the plan drawn from them and, beside it, the Train tab's re-attach (``train_loads[0]``,
     the newest run attached when none runs), then the Start command. Every change of a setting is saved."""
+    from homerlhf.app.train_tab import MONITOR  # the re-attach draws the monitor: one at a time with its polls
+
     names = tuple(kept)
     chain = blocks.load(lambda: restore_settings(runs_root, names), None, [*settings_outputs(settings), *kept.values()])
     chain.then(*plan_load)
     reattach, inputs, outputs = train_loads[0]
-    attached = chain.then(lambda: attach_on_load(reattach(), runs_root), inputs, outputs)
+    attached = chain.then(lambda: attach_on_load(reattach(), runs_root), inputs, outputs, **MONITOR)
     for event in train_loads[1:]:  # the Start command: of the restored settings and the run dir box as attached
         attached.then(*event)
 

@@ -17,6 +17,11 @@ from homerlhf.app.train_status import (  # noqa: F401 (worker_table and the rest
 from homerlhf.errors import UserError
 
 POLL_S = 2.0
+# The events that draw the monitor run one at a time, in the order sent: a poll that read the run before a
+# Start either reaches the page before the Start clears it, or runs after it and draws nothing (refresh).
+# Handlers run in threads and each sends its result when done, so without this a poll that checked
+# before the Start could land after the cleared monitor (seen on a loaded 2-core CI runner).
+MONITOR = {"concurrency_id": "train-monitor", "concurrency_limit": 1}
 
 
 NO_RUN = "No run attached: start one or attach to a run directory."
@@ -87,6 +92,7 @@ class TrainPanel:
 
 COMMAND_LABEL = "What Start training runs: a new run of the Plan tab's settings"
 PAUSED = -2  # n_rows while a Start is under way: the timer leaves the cleared monitor alone
+STOPPING = "stopping"  # the state after Stop or Force stop until the run ends: their reply stays in the message
 SAMPLE_WIDTHS = ["120px", "30%", "50%", "100px"]  # iteration and score always in view (1400 px wide)
 
 
@@ -157,19 +163,23 @@ def show_command(preset, model, overrides, preset_model, run_dir, overwrite) -> 
 def refresh(run_dir, last_n, last_state="", starts=0, request=None):
     """The monitor's outputs for ``run_dir`` (``monitor_outputs``); the plot and samples stay as they
     are without a new row. When the run ends, the Start line goes (the status says how it ended) and
-    a crash shows its reason in a toast too. ``starts``: the Starts this page had pressed when the poll
+    a crash shows its reason in a toast too; after Stop or Force stop (``STOPPING``) their reply stays, also
+    once the run has ended. ``starts``: the Starts this page had pressed when the poll
     was sent; a poll sent or still running when another Start was pressed draws nothing (``request``:
     Gradio's, naming the page)."""
     import gradio as gr
 
-    keep = gr.update()
+    nothing = (gr.update(),) * 9  # the rows drawn and the state too: a Start may have set them meanwhile
     if last_n == PAUSED or (not run_dir and last_n != -1):
-        return (keep,) * 6 + (last_n, last_state, keep)
+        return nothing
     out = list(poll(run_dir, last_n))
     if request is not None and _starts_pressed(request) != starts:  # checked after the poll: a Start may come while it reads
-        return (keep,) * 6 + (last_n, last_state, keep)
+        return nothing
+    keep = gr.update()
     if run_dir and out[2] is None:
         out[2], out[3] = keep, keep
+    if last_state == STOPPING and out[7] == "running":
+        out[7] = STOPPING
     message = keep
     if last_state == "running" and out[7] != "running":
         message = ""
@@ -178,7 +188,7 @@ def refresh(run_dir, last_n, last_state="", starts=0, request=None):
     return (*out, message)
 
 
-# Starts and Attaches pressed per page (Gradio session): a poll sent before the last one, or still reading
+# Starts, Attaches and Stops pressed per page (Gradio session): a poll sent before the last one, or still reading
 # when it came, draws nothing (cancelling the timer's pending event does not stop one already sent).
 _STARTS: dict[str, int] = {}
 
@@ -315,6 +325,17 @@ def on_kill(run_dir) -> str:
     return runs.stop_run(run_dir, force=True)
 
 
+def stop_pressed(run_dir, request=None) -> tuple:
+    """Stop: the reply, the ``STOPPING`` state, and this page's count of watches up (a poll sent before it,
+    which still thinks the run is running, would take the reply away when it sees the run ended)."""
+    return on_stop(run_dir), STOPPING, new_watch(request)
+
+
+def kill_pressed(run_dir, request=None) -> tuple:
+    """Force stop, as :func:`stop_pressed`."""
+    return on_kill(run_dir), STOPPING, new_watch(request)
+
+
 def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: str, tick) -> None:
     """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
     (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
@@ -326,25 +347,26 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
 
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
     overrides_box = cmd_inputs[2]
-    panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
-                          cancels=[tick]).then(
+    panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], cancels=[tick],
+                          **MONITOR).then(
         start, [*cmd_inputs, panel.iterations],
         [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state, overrides_box]
-    ).then(refresh, monitor_inputs, panel.monitor_outputs).then(
+    ).then(refresh, monitor_inputs, panel.monitor_outputs, **MONITOR).then(
         lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
-    panel.resume_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], queue=False,
-                           cancels=[tick]).then(
+    panel.resume_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], cancels=[tick],
+                           **MONITOR).then(
         guarded(5, error_index=0, on_error={3: -1})(lambda run_dir: on_resume(run_dir, runs_root)), panel.attached,
         [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.state]
-    ).then(refresh, monitor_inputs, panel.monitor_outputs)
-    panel.stop_btn.click(guarded(1, error_index=0)(on_stop), panel.attached, panel.message)
-    panel.kill_btn.click(guarded(1, error_index=0)(on_kill), panel.attached, panel.message)
+    ).then(refresh, monitor_inputs, panel.monitor_outputs, **MONITOR)
+    for button, handler in ((panel.stop_btn, stop_pressed), (panel.kill_btn, kill_pressed)):
+        button.click(guarded(3, error_index=0)(handler), panel.attached, [panel.message, panel.state, panel.starts],
+                     **MONITOR)
 
     panel.refresh_btn.click(lambda run_dir: runs_list(run_dir, runs_root), panel.run_dir, panel.runs_dd)
-    panel.attach_btn.click(new_watch, None, panel.starts, queue=False, cancels=[tick]).then(
+    panel.attach_btn.click(new_watch, None, panel.starts, cancels=[tick], **MONITOR).then(
         guarded(6, error_index=0)(on_attach), [panel.runs_dd, panel.run_dir, panel.attached],
         [panel.message, panel.attached, run_dir_shared, panel.n_rows, panel.run_dir, panel.state]
-    ).then(redraw, monitor_inputs, panel.monitor_outputs)
+    ).then(redraw, monitor_inputs, panel.monitor_outputs, **MONITOR)
 
 
 def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_root: str = "runs") -> list[tuple]:
@@ -369,16 +391,17 @@ def build(preset, model, overrides, preset_model_state, run_dir_shared, runs_roo
 
     for event in (panel.iterations.submit, panel.iterations.blur):
         event(guarded(2, error_index=0)(typed), [panel.iterations, *settings_inputs], [panel.message, overrides])
-    for handler in (refresh, pause_monitor, follow_shared, new_watch, redraw):  # Gradio hands its request to a parameter annotated so
+    for handler in (refresh, pause_monitor, follow_shared, new_watch, redraw, stop_pressed, kill_pressed):  # Gradio hands its request to a parameter annotated so
         handler.__annotations__["request"] = gr.Request
     monitor_inputs = [panel.attached, panel.n_rows, panel.state, panel.starts]
-    tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden")
+    tick = panel.timer.tick(refresh, monitor_inputs, panel.monitor_outputs, show_progress="hidden", **MONITOR)
     history_panel.wire(panel.history, panel.attached, panel.timer)
     audit_panel.wire(panel.audit, panel.attached, panel.timer)
     _wire_runs(panel, cmd_inputs, run_dir_shared, runs_root, tick)
     panel.attached.change(describe_attached, panel.attached, [panel.plot_caption, panel.command], show_progress="hidden")
     run_dir_shared.change(follow_shared, [run_dir_shared, panel.attached, panel.starts],
-                          [panel.attached, panel.run_dir, *panel.monitor_outputs], show_progress="hidden")
+                          [panel.attached, panel.run_dir, *panel.monitor_outputs], show_progress="hidden",
+                          **MONITOR)
     def reattach():
         return on_page_load(runs_root)
 

@@ -142,11 +142,11 @@ def load_base(model_path: str, cfg: RunConfig):
         param.requires_grad_(False)
     if layout is not None:
         model.config.output_router_logits = False
-    _keep_cpu_4bit_differentiable(model)
+    keep_cpu_4bit_differentiable(model)
     return model
 
 
-def _keep_cpu_4bit_differentiable(model) -> None:
+def keep_cpu_4bit_differentiable(model) -> None:
     """Stop bitsandbytes from repacking CPU 4-bit weights for inference.
 
     On a CPU with AVX512-BF16, a ``Linear4bit`` forward in eval mode without grad repacks its weight

@@ -224,7 +224,7 @@ def load_backbone(source: str, cfg):
     or at the compute dtype as ``cfg.quant`` says, on the card's device, frozen."""
     from transformers import AutoModel
 
-    from homerlhf.models.base_loading import _keep_cpu_4bit_differentiable, compute_dtype, quantization_config
+    from homerlhf.models.base_loading import compute_dtype, keep_cpu_4bit_differentiable, quantization_config
 
     device = cfg.card.device
     try:
@@ -237,5 +237,5 @@ def load_backbone(source: str, cfg):
                         "(give a HF model dir, a reward run dir, a hub id or builtin:<name>)") from None
     for param in model.parameters():
         param.requires_grad_(False)
-    _keep_cpu_4bit_differentiable(model)
+    keep_cpu_4bit_differentiable(model)
     return model

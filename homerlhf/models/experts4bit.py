@@ -97,12 +97,17 @@ class Experts4bit(nn.Module):
 
     @torch.no_grad()
     def dequantize(self, name: str, experts: Tensor) -> Tensor:
-        """The weights ``name`` of ``experts`` (N,), (N, d1, d2) in the compute dtype."""
+        """The weights ``name`` of ``experts`` (N,), (N, d1, d2) in the compute dtype.
+
+        Dequantized as one flat run of 64-weight blocks, then reshaped: bitsandbytes' AVX-512 CPU kernel
+        reads a shape (..., d2) as rows of d2 that each start a block, which is wrong when d2 is not a
+        multiple of 64 (a down projection's (hidden, moe_intermediate) of 32, say)."""
         codes = getattr(self, name)[experts]
         absmax = self._absmax(name, experts).reshape(-1).contiguous()
         shape = (int(experts.numel()), *self.shapes[name][1:])
-        return torch.ops.bitsandbytes.dequantize_4bit.default(codes.reshape(-1, 1), absmax, BLOCK, self.quant_type,
-                                                              shape, self.compute_dtype)
+        flat = torch.ops.bitsandbytes.dequantize_4bit.default(codes.reshape(-1, 1), absmax, BLOCK, self.quant_type,
+                                                              (codes.numel() * 2,), self.compute_dtype)
+        return flat.reshape(shape)
 
     def chunk_experts(self) -> int:
         """Experts dequantized at once: as many as ``chunk_bytes`` holds, at least one."""

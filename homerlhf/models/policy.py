@@ -32,7 +32,7 @@ from homerlhf.models.static_decode import StaticDecoder
 
 # The base's loaders live below this module and critic_model's; re-exported here for their old importers.
 from homerlhf.models.base_loading import (  # noqa: F401
-    ACTOR, _DTYPES, _keep_cpu_4bit_differentiable, check_logits_path, compute_dtype, kernels_for, load_base,
+    ACTOR, _DTYPES, check_logits_path, compute_dtype, keep_cpu_4bit_differentiable, kernels_for, load_base,
     load_tokenizer, moe_layout, peft_lora_config, quantization_config,
 )
 

@@ -41,11 +41,13 @@ def possible_reward_backends(reward_model: Optional[str], policy_model: Optional
     to look at it (a run's start does; ``homerlhf plan`` does not, and counts all three)."""
     if not reward_model:
         return ["llamacpp"]  # a remote worker (reward.url) or nothing to load
+    if Path(reward_model).expanduser().suffix == ".gguf":  # a GGUF reward model: llama.cpp's alone
+        return ["llamacpp"] if Path(reward_model).expanduser().is_file() else list(ALL)
     path = _local(reward_model, build)
     if path is None:
         return _builtin_kinds(reward_model) or list(ALL)
     if path.is_file():
-        return ["llamacpp"] if path.suffix == ".gguf" else []
+        return []
     found = []
     gguf = (path / "manifest.json").is_file() or (path / "gguf" / "manifest.json").is_file()
     hf = (path / "config.json").is_file() or (path / "model" / "config.json").is_file()

@@ -106,6 +106,10 @@ def load_model(auto_cls, base: str, cfg, method: Method, **kwargs):
             model = auto_cls.from_pretrained(base, **load_kwargs)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load model '{base}': {str(exc).strip().splitlines()[0][:200]}") from None
+    if method == "qlora":  # a reference pass in eval mode must not leave the 4-bit layers without a backward
+        from homerlhf.models.base_loading import keep_cpu_4bit_differentiable
+
+        keep_cpu_4bit_differentiable(model)
     if method == "qlora" and cfg.quant.upcast_non_quantized:
         from peft import prepare_model_for_kbit_training
 

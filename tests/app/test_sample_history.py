@@ -106,3 +106,16 @@ def test_the_prompt_list_keeps_those_answered_most_and_the_pick_while_listed():
     choices, picked = history_panel.prompt_choice(history, "p2")
     assert len(choices) == history_panel.MAX_PROMPTS and choices[0] == "p300" and picked == "p2"
     assert history_panel.prompt_choice(history, "p204") == (choices, "p300")  # no longer listed: the first
+
+
+def test_a_poll_carrying_the_last_runs_prompt_is_taken_after_a_new_run_emptied_the_list(tmp_path):
+    """A Start attaches a run with no samples: a poll empties the prompt list, while a poll already sent
+    still carries the old run's pick. The dropdown takes it (no error toast), and its answers are none."""
+    import gradio as gr
+
+    with gr.Blocks():
+        panel = history_panel.layout()
+    panel.prompt.choices = []  # as the new run's poll left it
+    assert panel.prompt.preprocess("Why?") == "Why?"
+    out = history_panel.poll(str(tmp_path), None, 3, "Why?", [])
+    assert out[5]["choices"] == [] and out[5]["value"] is None and out[6] == []

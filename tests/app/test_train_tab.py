@@ -125,6 +125,22 @@ def test_a_poll_from_before_the_last_start_draws_nothing(tmp_path):
     assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].data
 
 
+def test_every_event_that_draws_the_monitor_runs_one_at_a_time_in_the_queue():
+    """The count check above holds only if a poll's result cannot overtake a Start's: a handler sends its
+    result when it is done, so a poll that checked just before a Start (or a Start answered outside the
+    queue) could draw the run before over the cleared monitor. Every event writing the status (polls,
+    Start, Resume, Attach, the run the other tabs moved to, the page's re-attach) is queued in one group
+    of one."""
+    from homerlhf.app.ui import build_app
+
+    blocks = build_app()
+    drawing = [fn for fn in blocks.fns.values() if any(getattr(o, "elem_id", None) == "train-status" for o in fn.outputs)]
+    kinds = {target[1] for fn in drawing for target in fn.targets}
+    assert {"tick", "click", "change", "then"} <= kinds and len(drawing) >= 8
+    for fn in drawing:
+        assert fn.queue and fn.concurrency_id == "train-monitor" and fn.concurrency_limit == 1, (fn.name, fn.targets)
+
+
 def test_an_attach_draws_the_run_whatever_a_poll_from_before_it_left(tmp_path):
     """A poll sent before an Attach (the timer's, for the run attached before) draws nothing over it, and
     the Attach's own draw does not depend on the rows count such a poll left in the page's state (seen
@@ -196,3 +212,26 @@ def test_start_on_a_gpu_preset_without_prompts_says_where_to_give_them(tmp_path)
     assert message.startswith(train_tab.NO_PROMPTS_HERE) and "--data" not in message
     assert ("needs a CUDA GPU" in message) == (not torch.cuda.is_available())
     assert not root.exists()
+
+
+def test_the_reply_to_force_stop_stays_when_the_run_has_ended(tmp_path):
+    """The poll takes the Start line away when a run ends; the reply to Stop or Force stop (state
+    ``STOPPING``) stays, also once the run has ended. A poll from before the press draws nothing, its
+    state included (it still thinks the run is running)."""
+    from types import SimpleNamespace
+
+    page = SimpleNamespace(session_hash="page-stop")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "score_mean": 0.5}) + "\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "launch.json").write_text(json.dumps({"pid": 1, "argv": [], "started_at": 1000.0,
+                                                              "stop_requested": 1010.0}))
+    (tmp_path / "app" / "exit.json").write_text(json.dumps({"returncode": -9, "ended_at": 1011.0}))
+    before = train_tab.new_watch(page)
+    message, state, starts = train_tab.kill_pressed(str(tmp_path), page)
+    assert state == train_tab.STOPPING and starts == before + 1 and "nothing to stop" in message  # it has ended
+    stale = train_tab.refresh(str(tmp_path), 1, "running", before, page)
+    assert all(out.get("__type__") == "update" and "value" not in out for out in stale)
+    *_, state, kept = train_tab.refresh(str(tmp_path), -1, train_tab.STOPPING, starts, page)
+    assert state == "stopped" and kept.get("__type__") == "update" and "value" not in kept
+    *_, cleared = train_tab.refresh(str(tmp_path), -1, "running", starts, page)  # ended without a Stop here
+    assert cleared == ""

@@ -64,7 +64,7 @@ def test_a_reward_run_is_a_critic_whose_first_values_are_its_scores(tiny_llama_d
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification
 
-    from homerlhf.models.policy import _keep_cpu_4bit_differentiable, quantization_config
+    from homerlhf.models.policy import keep_cpu_4bit_differentiable, quantization_config
     from homerlhf.tiny import build_sequence_classifier
 
     run = tmp_path / "rm-run"  # a reward run dir: the classifier in model/, as `homerlhf reward` writes it
@@ -75,7 +75,7 @@ def test_a_reward_run_is_a_critic_whose_first_values_are_its_scores(tiny_llama_d
     assert torch.equal(policy.value_head.linear.weight, score) and policy.value_head.linear.bias.item() == 0.0
     reference = AutoModelForSequenceClassification.from_pretrained(
         run / "model", quantization_config=quantization_config(cfg.quant, "cpu"), device_map="cpu", dtype=torch.float32)
-    _keep_cpu_4bit_differentiable(reference)  # the same 4-bit kernel as the policy's (no AVX512-BF16 repacking)
+    keep_cpu_4bit_differentiable(reference)  # the same 4-bit kernel as the policy's (no AVX512-BF16 repacking)
     with torch.no_grad():
         values = policy.critic_values(IDS, torch.ones_like(IDS), 3)  # V(prompt + response[:t]), t = 0, 1, 2
         # The classifier's pooled score of each of those prefixes (6, 7 and 8 tokens: their last position).

@@ -131,9 +131,12 @@ def test_a_policy_builds_after_something_set_tf32_through_the_new_api(tiny_llama
     from homerlhf.config import load_config
     from homerlhf.models.policy import PolicyModel, kernels_for
 
-    # As in a fresh process: no backend holds a precision of its own (an earlier test in this process may
-    # have set one, and the global setting then no longer reaches it), so the global one reaches them all.
-    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
+    # As in a fresh process: matmul precision "highest" (a library may have set "high", which a legacy
+    # read then agrees with) and no backend holding a precision of its own (an earlier test in this process
+    # may have set one, and the global setting then no longer reaches it), so the global one reaches them all.
+    torch.set_float32_matmul_precision("highest")
+    for backend in (torch.backends.cudnn, torch.backends.mkldnn,  # the backend levels, then their operations'
+                    torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
                     torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn):
         backend.fp32_precision = "none"
     torch.backends.fp32_precision = "tf32"

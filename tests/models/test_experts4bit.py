@@ -17,19 +17,31 @@ from moe_kit import dequantized_copy, hf_experts, quantized, routed, tolerance
 
 
 @pytest.mark.parametrize("double_quant", [True, False])
-def test_dequantized_experts_are_bitsandbytes_own_per_expert(double_quant):
-    """A chunk of routed experts, dequantized at once, equals bitsandbytes' dequantization of each
-    expert's own quantization, bit for bit (the same codes, absmax and double quant)."""
+@pytest.mark.parametrize("hidden", [128, 64])
+def test_dequantized_experts_are_each_experts_codes_times_its_absmax(double_quant, hidden):
+    """A chunk of routed experts, dequantized at once, equals each expert's own bitsandbytes quantization
+    read by hand, bit for bit: the flat weights in blocks of 64, two codes per byte (high nibble first),
+    each the NF4 table's value times its block's absmax (double quant: bitsandbytes' own dequantized
+    absmax plus the expert's offset). Hidden 64 makes each expert's MLP 32 wide, so ``down_proj``'s rows
+    (E, 64, 32) are not whole blocks: bitsandbytes' AVX-512 CPU kernel, given that shape, starts a block
+    at every row."""
     import bitsandbytes.functional as F
 
-    hf = hf_experts("qwen3_moe")
+    code = F.get_4bit_type("nf4", device="cpu")
+    hf = hf_experts("qwen3_moe", hidden=hidden)
     experts = quantized(hf, "qwen3_moe", double_quant=double_quant)
     ids = torch.tensor([6, 1, 3])
-    got = experts.dequantize("gate_up_proj", ids)
-    for row, e in enumerate(ids.tolist()):
-        packed, state = F.quantize_4bit(hf.gate_up_proj[e].detach().contiguous(), blocksize=64, quant_type="nf4",
-                                        compress_statistics=double_quant)
-        assert torch.equal(got[row], F.dequantize_4bit(packed, state))
+    assert experts.shapes["down_proj"][2] == hidden // 2
+    for name in experts.weight_names:
+        got = experts.dequantize(name, ids)
+        for row, e in enumerate(ids.tolist()):
+            packed, state = F.quantize_4bit(getattr(hf, name)[e].detach().contiguous(), blocksize=64,
+                                            quant_type="nf4", compress_statistics=double_quant)
+            absmax = (F.dequantize_blockwise(state.absmax, state.state2) + state.offset if double_quant
+                      else state.absmax)
+            nibbles = torch.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 15], dim=1).reshape(-1).long()
+            by_hand = (code[nibbles].reshape(-1, 64) * absmax.float()[:, None]).reshape(got.shape[1:])
+            assert torch.equal(got[row], by_hand), (name, e)
 
 
 def test_each_weight_is_within_nf4_rounding_of_the_original():

@@ -42,17 +42,17 @@ def _sequences(tokenizer) -> list[list[int]]:
 def _stand_alone_scores(base_dir, adapter_dir, sequences, pad_id) -> torch.Tensor:
     """The reward model on a 4-bit base of its own, as the reward stage loads it (``load_model``,
     qlora) with the 4-bit kernels the policy uses (no CPU bf16 repacking, see
-    ``homerlhf.models.policy._keep_cpu_4bit_differentiable``), scored by ``score_sequences``."""
+    ``homerlhf.models.policy.keep_cpu_4bit_differentiable``), scored by ``score_sequences``."""
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
 
-    from homerlhf.models.policy import _keep_cpu_4bit_differentiable
+    from homerlhf.models.policy import keep_cpu_4bit_differentiable
     from homerlhf.models.scores import score_sequences
     from homerlhf.stages.common import load_model
 
     cfg = load_config("cpu-tiny", overrides=[f"model.name_or_path={base_dir}"])
     model = load_model(AutoModelForSequenceClassification, str(base_dir), cfg, "qlora", num_labels=1)
-    _keep_cpu_4bit_differentiable(model)
+    keep_cpu_4bit_differentiable(model)
     model = PeftModel.from_pretrained(model, str(adapter_dir))
     return score_sequences(model, sequences, pad_id, batch_size=2)
 
