@@ -1,5 +1,6 @@
-"""The Train tab's controls besides Start and Stop: *Resume* (a stopped run continued from its last checkpoint,
-as its own process again) and the *Iterations* field (the run length, written into the Plan tab's overrides)."""
+"""The Train tab's controls besides Start: *Stop* and *Force stop*, *Resume* (a stopped run continued from its
+last checkpoint, as its own process again) and the *Iterations* field (the run length, written into the Plan
+tab's overrides)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def resume_argv(run_dir: str, argv: list[str]) -> list[str]:
         method = argv[0] if argv[:1] and argv[0] in ("dpo", "kto") else (feedback_runs.info_of(run_dir) or {}).get("method", "dpo")
         return [method, "--resume", str(run_dir)]
     return ["train", "--resume", str(run_dir)]
+
+
+def on_stop(run_dir) -> str:
+    """Ask the attached run to save a checkpoint and exit."""
+    if not run_dir:
+        raise UserError("no run attached")
+    return runs.stop_run(run_dir)
+
+
+def on_kill(run_dir) -> str:
+    """Stop the attached run at once."""
+    if not run_dir:
+        raise UserError("no run attached")
+    return runs.stop_run(run_dir, force=True)
 
 
 def on_resume(run_dir: str, runs_root: str = "runs") -> tuple:

@@ -10,7 +10,8 @@ from typing import Any
 from homerlhf.app import audit_panel, feedback_runs, history_panel, monitor, monitor_reference, runs
 from homerlhf.app.common import guarded, md_text, toast
 from homerlhf.app.plan_tab import run_overrides
-from homerlhf.app.run_controls import on_resume, resume_argv, with_iterations  # noqa: F401 - the tab's API
+from homerlhf.app.run_controls import (  # noqa: F401 - the tab's API
+    on_kill, on_resume, on_stop, resume_argv, with_iterations)
 from homerlhf.app.train_status import (  # noqa: F401 (worker_table and the rest: the tab's, re-exported)
     default_run_dir, holds_run, is_default_run_dir, status_markdown, total_iterations, worker_table,
 )
@@ -309,20 +310,6 @@ def follow_shared(shared, attached, starts=0, request=None) -> tuple:
     out = list(refresh(shared, -1, runs.run_status(shared).state, starts, request))
     out[-1] = f"Attached to `{shared}`."
     return (shared, shared, *out)
-
-
-def on_stop(run_dir) -> str:
-    """Ask the attached run to save a checkpoint and exit."""
-    if not run_dir:
-        raise UserError("no run attached")
-    return runs.stop_run(run_dir)
-
-
-def on_kill(run_dir) -> str:
-    """Stop the attached run at once."""
-    if not run_dir:
-        raise UserError("no run attached")
-    return runs.stop_run(run_dir, force=True)
 
 
 def stop_pressed(run_dir, request=None) -> tuple:
