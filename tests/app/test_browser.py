@@ -241,7 +241,8 @@ def check_export(page, run_dir: Path):
     page.locator("#export-gguf").get_by_label("q4_k_m").uncheck()
     page.locator("#export-gguf").get_by_label("q8_0").check()
     page.locator("#export-start").click()
-    page.locator("#export-result .progress-text, #export-result .eta-bar").first.wait_for(state="attached", timeout=60_000)
+    # The bar shows once the export reports its first step (after its checks): as long as the export may take.
+    page.locator("#export-result .progress-text, #export-result .eta-bar").first.wait_for(state="attached", timeout=240_000)
     text = wait_text(page, "export-result", r"Exported|Error", timeout_s=240)
     assert "Exported" in text, text
     assert "the trained policy up to rounding" in text and f"{run_dir.name}-q8_0.gguf" in text
