@@ -21,7 +21,7 @@ POLL_S = 2.0
 # The events that draw the monitor run one at a time, in the order sent: a poll that read the run before a
 # Start either reaches the page before the Start clears it, or runs after it and draws nothing (refresh).
 # Handlers run in threads and each sends its result when done, so without this a poll that checked
-# before the Start could land after the cleared monitor (seen on a loaded 2-core CI runner).
+# before the Start could land after the cleared monitor.
 MONITOR = {"concurrency_id": "train-monitor", "concurrency_limit": 1}
 
 

@@ -47,7 +47,7 @@ def _lora_model(model_dir: str, device: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     from homerlhf.config.schema import QuantConfig
-    from homerlhf.models.policy import keep_cpu_4bit_differentiable, quantization_config
+    from homerlhf.models.base_loading import keep_cpu_4bit_differentiable, quantization_config
 
     quant = QuantConfig(load_in_4bit=True, quant_type="nf4", double_quant=True,
                         compute_dtype={torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])

@@ -52,12 +52,12 @@ def load_trained_policy(base_dir: Path, adapter_dir: Path, quant: "QuantConfig",
     computing as the run's policy computes (no bitsandbytes repacking into its bf16 CPU kernel)."""
     from peft import PeftModel
 
-    from homerlhf.models.policy import keep_cpu_4bit_differentiable
+    from homerlhf.models.base_loading import keep_cpu_4bit_differentiable
 
     if quant.load_in_4bit:
         base = load_nf4_model(base_dir, quant, device)
         tensors = nf4_tensors(base_dir, quant, device, model=base)  # before peft wraps the 4-bit modules
-        keep_cpu_4bit_differentiable(base)  # as models.policy.load_base: else an AVX512-BF16 CPU computes in bf16
+        keep_cpu_4bit_differentiable(base)  # as base_loading.load_base: else an AVX512-BF16 CPU computes in bf16
     else:  # the actor trained on the checkpoint's own weights
         from transformers import AutoModelForCausalLM
 
