@@ -7,8 +7,8 @@
 
 The task: real questions, "What is the capital of Kenya?", with a reward a person can read: 1 when the
 answer names the country's capital (the city's name anywhere in it, any case), else 0
-(:func:`capital_reward`, the run's ``reward.backend: function``; 0.3 for an answer in the question's form
-with another city). 48 countries train, 16 others are
+(``reward.function: builtin:capitals``, :mod:`homerlhf.data.builtin_capitals`; 0.3 for an answer in the
+question's form with another city). 48 countries train, 16 others are
 held out; the held-out score is the same reward on ``--eval-samples`` sampled answers (temperature 1,
 the policy RL optimises, the same per-sample seeds for every checkpoint) per held-out country.
 
@@ -42,62 +42,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HERE = Path(__file__).resolve()
+sys.path.insert(0, str(ROOT))
 
-# (country, capital): capitals that are a single unambiguous city name. The last 16 are held out.
-CAPITALS = [
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spain", "Madrid"),
-    ("Egypt", "Cairo"), ("Russia", "Moscow"), ("China", "Beijing"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
-    ("Ireland", "Dublin"), ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"),
-    ("Denmark", "Copenhagen"), ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Poland", "Warsaw"),
-    ("Czechia", "Prague"), ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Peru", "Lima"),
-    ("Chile", "Santiago"), ("Argentina", "Buenos Aires"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"),
-    ("Cuba", "Havana"), ("Mexico", "Mexico City"), ("Canada", "Ottawa"), ("Thailand", "Bangkok"),
-    ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"), ("Philippines", "Manila"), ("South Korea", "Seoul"),
-    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"), ("Jordan", "Amman"),
-    ("Saudi Arabia", "Riyadh"), ("Kenya", "Nairobi"), ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"),
-    ("Ghana", "Accra"), ("Morocco", "Rabat"), ("Algeria", "Algiers"), ("Tunisia", "Tunis"), ("Senegal", "Dakar"),
-    # held out
-    ("United Kingdom", "London"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"), ("Bulgaria", "Sofia"),
-    ("Serbia", "Belgrade"), ("Croatia", "Zagreb"), ("Iceland", "Reykjavik"), ("Turkey", "Ankara"),
-    ("India", "New Delhi"), ("Pakistan", "Islamabad"), ("Afghanistan", "Kabul"), ("Nepal", "Kathmandu"),
-    ("Uganda", "Kampala"), ("Sudan", "Khartoum"), ("Ecuador", "Quito"), ("Uruguay", "Montevideo"),
-]
-N_HELD_OUT = 16
-QUESTION = "What is the capital of {country}?"
-
-
-def capital_reward(response: str, row: dict) -> float:
-    """The run's reward function: 1 when the answer names the capital (anywhere, any case); 0.3 when it
-    answers in the question's form ("the capital of Kenya is ...") with another city; else 0. The base
-    checkpoint rarely names a held-out capital in a few tokens, and GRPO learns nothing from groups that all
-    score 0: the partial credit gives the groups a spread a reader can still check by eye."""
-    text = response.lower()
-    if row["answer"].lower() in text:
-        return 1.0
-    country = row["prompt"].removeprefix(QUESTION.split("{")[0]).removesuffix("?").lower()
-    return 0.3 if f"capital of {country} is" in text else 0.0
-
-
-def split() -> tuple[list[dict], list[dict]]:
-    rows = [{"prompt": QUESTION.format(country=c), "answer": a} for c, a in CAPITALS]
-    return rows[:-N_HELD_OUT], rows[-N_HELD_OUT:]
+from homerlhf.data.builtin_capitals import N_HELD_OUT, preference_records, prompt_records  # noqa: E402
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def dpo_pairs(rows: list[dict]) -> list[dict]:
-    """Chosen: the right capital in a sentence; rejected: the next country's capital in the same sentence."""
-    out = []
-    for i, row in enumerate(rows):
-        wrong = rows[(i + 7) % len(rows)]["answer"]
-        country = row["prompt"].removeprefix("What is the capital of ").removesuffix("?")
-        out.append({"prompt": row["prompt"], "chosen": f"The capital of {country} is {row['answer']}.",
-                    "rejected": f"The capital of {country} is {wrong}."})
-    return out
 
 
 def cpu_overrides(args, model: str, data: Path) -> list[str]:
@@ -106,7 +58,7 @@ def cpu_overrides(args, model: str, data: Path) -> list[str]:
     return [
         "card.name=CPU", "card.device=cpu", "card.gpu_gib=0", "quant.compute_dtype=fp32",
         f"model.name_or_path={model}", f"data.prompts={data}",
-        "reward.backend=function", f"reward.function={HERE}:capital_reward",
+        "reward.backend=function", "reward.function=builtin:capitals",
         "ref.backend=adapter_off", "rollout.engine=hf",
         f"rollout.batch_size={args.prompts}", f"rollout.chunk_size={args.prompts}",
         f"rollout.generation_chunk={args.prompts}", "rollout.max_prompt_len=64",
@@ -137,39 +89,26 @@ class HeldOut:
 
     def __init__(self, model: str, preset: str, args):
         from homerlhf.config import load_config
-        from homerlhf.models.policy import PolicyModel
-        from homerlhf.models.registry import resolve_model
-        from homerlhf.stages.ppo import load_prompt_rows
+        from homerlhf.stages.held_out_score import HeldOutScore
 
-        _, held = split()
-        self.data = write_jsonl(Path(args.out) / "held_out.jsonl", held)
-        overrides = cpu_overrides(args, model, self.data) + ["algorithm=grpo", "group.size=2", *args.set]
-        self.cfg = load_config(preset, overrides=overrides)
-        self.policy = PolicyModel.from_config(self.cfg, resolve_model(model))
-        self.prompts, self.rows = load_prompt_rows(self.cfg, self.policy.tokenizer)
-        self.samples = args.eval_samples
+        data = write_jsonl(Path(args.out) / "held_out.jsonl", prompt_records(held_out=True))
+        overrides = cpu_overrides(args, model, data) + ["algorithm=grpo", "group.size=2", *args.set]
+        self.scorer = HeldOutScore(load_config(preset, overrides=overrides), str(data), "builtin:capitals",
+                                   samples=args.eval_samples)
 
-    def score(self, adapter_dir: Path | None, seed: int) -> dict:
-        import torch
-        from peft.utils import set_peft_model_state_dict
-        from safetensors.torch import load_file
+    def score(self, checkpoint: Path | None, seed: int) -> dict:
+        result = self.scorer.score(checkpoint, seed)
+        return {"score": result["score"], "named": result["full"], "example": result["answers"][0]["response"][:160]}
 
-        from homerlhf.ppo.rollout import generate_rollout
 
-        repeated = [p for p in self.prompts for _ in range(self.samples)]
-        seeds = [seed * 1_000_003 + i for i in range(len(repeated))]
-        with torch.no_grad():
-            if adapter_dir is None:
-                with self.policy.model.disable_adapter():
-                    batch = generate_rollout(self.policy, repeated, self.cfg.rollout, seeds=seeds)
-            else:
-                weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
-                set_peft_model_state_dict(self.policy.peft_model_of("actor"), weights, adapter_name="actor")
-                batch = generate_rollout(self.policy, repeated, self.cfg.rollout, seeds=seeds)
-        texts = [self.policy.tokenizer.decode(r, skip_special_tokens=True) for r in batch.response_lists()]
-        rewards = [capital_reward(t, self.rows[i // self.samples]) for i, t in enumerate(texts)]
-        return {"score": sum(rewards) / len(rewards), "named": sum(r == 1.0 for r in rewards) / len(rewards),
-                "example": texts[0][:160]}
+def shipped_actor_lr(cfg, model: str) -> float:
+    """The preset's ``actor.lr`` for ``model``: its number, or what ``auto`` takes for the model's size."""
+    if cfg.actor.lr != "auto":
+        return cfg.actor.lr
+    from homerlhf.config.learning_rates import auto_actor_lr
+    from homerlhf.memory.shapes import resolve_shape
+
+    return auto_actor_lr(resolve_shape(model).total_params)
 
 
 def run_rl(args, algorithm: str, scale: float, seed: int, model: str, train: Path, held: HeldOut, base: dict) -> dict:
@@ -178,7 +117,7 @@ def run_rl(args, algorithm: str, scale: float, seed: int, model: str, train: Pat
     name = f"{algorithm}-lr{scale:g}x-seed{seed}"
     run_dir = Path(args.out) / name
     preset_cfg = load_config(args.preset)
-    lr = preset_cfg.actor.lr * scale
+    lr = shipped_actor_lr(preset_cfg, model) * scale
     sets = cpu_overrides(args, model, train) + [f"algorithm={algorithm}", f"actor.lr={lr:g}", f"seed={seed}"]
     if algorithm != "ppo":
         sets.append(f"group.size={args.group}")
@@ -190,7 +129,7 @@ def run_rl(args, algorithm: str, scale: float, seed: int, model: str, train: Pat
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = {0: base}
     for ckpt in sorted((run_dir / "checkpoints").glob("iter_*")):
-        evals[int(ckpt.name.split("_")[1])] = held.score(ckpt / "actor", seed)
+        evals[int(ckpt.name.split("_")[1])] = held.score(ckpt, seed)
     return {"name": name, "algorithm": algorithm, "lr_scale": scale, "actor_lr": lr, "seed": seed,
             "seconds": seconds, "metrics": metrics, "held_out": evals, "settings": learning_block(preset_cfg, algorithm, args)}
 
@@ -200,7 +139,7 @@ def run_dpo(args, scale: float, seed: int, model: str, train_rows: list[dict], h
 
     name = f"dpo-lr{scale:g}x-seed{seed}"
     run_dir = Path(args.out) / name
-    pairs = write_jsonl(Path(args.out) / "dpo_pairs.jsonl", dpo_pairs(train_rows))
+    pairs = write_jsonl(Path(args.out) / "dpo_pairs.jsonl", preference_records())
     preset_cfg = load_config(args.preset)
     lr = preset_cfg.dpo.lr * scale
     sets = ["card.name=CPU", "card.device=cpu", "card.gpu_gib=0", "quant.compute_dtype=fp32",
@@ -214,7 +153,7 @@ def run_dpo(args, scale: float, seed: int, model: str, train_rows: list[dict], h
     ckpts = sorted((run_dir / "checkpoints").glob("iter_*"))
     evals = {0: base}
     if ckpts:
-        evals[summary.get("steps", len(ckpts))] = held.score(ckpts[-1] / "actor", seed)
+        evals[summary.get("steps", len(ckpts))] = held.score(ckpts[-1], seed)
     return {"name": name, "algorithm": "dpo", "lr_scale": scale, "actor_lr": lr, "seed": seed, "seconds": seconds,
             "metrics": [], "held_out": evals, "summary": summary,
             "settings": f"dpo.lr {lr:g}, beta {preset_cfg.dpo.beta:g}, batch {preset_cfg.dpo.batch_size}x{preset_cfg.dpo.grad_accum}, "
@@ -262,6 +201,35 @@ def summary_rows(results: list[dict]) -> list[str]:
     return lines
 
 
+def spread_rows(results: list[dict]) -> list[str]:
+    """Per algorithm and learning rate, over its seeds: the held-out gain's mean and sample standard
+    deviation, the share of held-out answers naming the capital before and after, and the final KL."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["algorithm"], r["actor_lr"]), []).append(r)
+    lines = ["| algorithm | actor lr | seeds | held-out gain, mean +- sd (each seed) | naming the capital, before -> after "
+             "(mean) | KL end, mean (max) | KL flags |", "|---|---|---|---|---|---|---|"]
+    for (algorithm, lr), runs in groups.items():
+        gains, named0, named1, kls, flags = [], [], [], [], 0
+        for r in runs:
+            its = sorted(r["held_out"])
+            first, last = r["held_out"][its[0]], r["held_out"][its[-1]]
+            gains.append(last["score"] - first["score"])
+            named0.append(first.get("named", 0.0))
+            named1.append(last.get("named", 0.0))
+            if r["metrics"]:
+                kls.append(r["metrics"][-1]["kl_mean"])
+                flags += sum(int(m.get("kl_flag", 0)) for m in r["metrics"])
+        sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        kl = f"{statistics.mean(kls):.2f} ({max(kls):.2f})" if kls else "-"
+        lines.append(f"| {algorithm} | {lr:g} | {len(runs)} | {statistics.mean(gains):+.3f} +- {sd:.3f} "
+                     f"({', '.join(f'{g:+.3f}' for g in gains)}) | {statistics.mean(named0):.3f} -> "
+                     f"{statistics.mean(named1):.3f} | {kl} | {flags} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin:gemma3-270m")
@@ -278,11 +246,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--out", default="runs/real_learning")
     ap.add_argument("--set", action="append", default=[], help="another override for every run")
+    ap.add_argument("--report", metavar="RESULTS_JSON", nargs="+",
+                    help="print the tables of earlier runs' results.json files (together) and stop")
     args = ap.parse_args()
+    if args.report:
+        results = [r for path in args.report for r in json.loads(Path(path).read_text())]
+        for r in results:  # JSON keys are strings
+            r["held_out"] = {int(k): v for k, v in r["held_out"].items()}
+        print("\n".join(summary_rows(results)) + "\n\n" + "\n".join(spread_rows(results)))
+        return
 
     import torch
 
-    sys.path.insert(0, str(ROOT))
     torch.set_num_threads(args.threads)
     from homerlhf.models.registry import resolve_model
     import homerlhf.stages  # noqa: F401  (registers the builtin models)
@@ -290,7 +265,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args.model)
-    train_rows, _ = split()
+    train_rows = prompt_records()
     train = write_jsonl(out / "train.jsonl", train_rows)
     print(f"model {args.model} ({model}); {len(train_rows)} training prompts, {N_HELD_OUT} held out; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
@@ -311,6 +286,7 @@ def main() -> None:
                 results.append(result)
                 (out / "results.json").write_text(json.dumps(results, indent=1))
     print("\n" + "\n".join(summary_rows(results)))
+    print("\n" + "\n".join(spread_rows(results)))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,10 @@ def plan(
         result.notes.append(assumed_note(cfg.reward.model))
     if note := named_backend_note(cfg.reward.backend, cfg.reward.model, rewards):
         result.notes.append(note)
+    if cfg.actor.lr == "auto":  # learning settings that differ per model size: the plan says what it takes
+        from homerlhf.config.learning_rates import auto_lr_line
+
+        result.notes.append(auto_lr_line(shape.total_params))
     if plot is not None:
         save_plan_figure(result, plot)
     if as_json:

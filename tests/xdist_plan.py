@@ -18,7 +18,7 @@ import os
 
 from xdist.scheduler import LoadScopeScheduling
 
-FIRST = ("tests/stages/test_demo.py", "tests/stages/test_demo_verifiable.py")
+FIRST = ("tests/stages/test_demo.py", "tests/stages/test_demo_verifiable.py", "tests/notebooks/test_notebooks.py")
 GROUPS = {path: "gpu_session_smoke" for path in (  # tests/conftest.py:gpu_session_smoke, about 55 s
     "tests/scripts/test_gpu_session.py", "tests/benchmarks/test_gpu_generation.py",
     "tests/check/test_main.py", "tests/memory/test_check_report.py")}

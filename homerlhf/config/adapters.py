@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, field_validator, model_validator
 
 from homerlhf.config.section import Section
 
@@ -26,7 +26,22 @@ class LoraConfig(Section):
 
 class ActorConfig(Section):
     lora: LoraConfig = LoraConfig()
-    lr: float = Field(1e-5, gt=0, description="Actor learning rate.")
+    lr: Union[Literal["auto"], PositiveFloat] = Field(
+        1e-5, description="Actor learning rate; auto: by the policy's size when the run starts "
+        "(homerlhf.config.learning_rates, docs/learning.md).")
+
+    @field_validator("lr", mode="before")
+    @classmethod
+    def _lr_number_or_auto(cls, value):
+        if value == "auto":
+            return value
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not number > 0 or number == float("inf"):
+            raise ValueError(f"actor.lr must be a number > 0 or 'auto'; got {value!r}")
+        return number
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
         "adamw", description="Actor optimizer; the 8-bit ones are bitsandbytes'."
     )

@@ -26,7 +26,9 @@ MAX_HALF_WIDTH = 0.15  # the widest 95% interval a reported held-out accuracy ma
 MIN_HELDOUT = math.ceil((Z95 * 0.5 / MAX_HALF_WIDTH) ** 2)  # 43 pairs: 1.96 * 0.5 / sqrt(43) = 0.149
 
 # A builtin held-out set -> the training set of the task it measures.
-BUILTIN_HELDOUT = {"builtin:demo-pairs-heldout": "builtin:demo-pairs", "builtin:reverse-heldout": "builtin:reverse"}
+BUILTIN_HELDOUT = {"builtin:demo-pairs-heldout": "builtin:demo-pairs", "builtin:reverse-heldout": "builtin:reverse",
+                   "builtin:capitals-heldout": "builtin:capitals",
+                   "builtin:capitals-pairs-heldout": "builtin:capitals-pairs"}
 
 
 def half_width(n: int) -> float:

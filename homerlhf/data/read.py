@@ -9,7 +9,10 @@ read with the ``datasets`` library;
 - ``builtin:demo-pairs``  its preference pairs on training prompts (for the reward model);
 - ``builtin:demo-pairs-heldout``  pairs on held-out prompts never seen in training;
 - ``builtin:reverse``, ``builtin:reverse-heldout``, ``builtin:reverse-sft``: the verifiable
-  digit-reversal task of :mod:`homerlhf.data.builtin_reverse` (prompts with their ``answer``; SFT records).
+  digit-reversal task of :mod:`homerlhf.data.builtin_reverse` (prompts with their ``answer``; SFT records);
+- ``builtin:capitals``, ``builtin:capitals-heldout``, ``builtin:capitals-sft``, ``builtin:capitals-pairs``,
+  ``builtin:capitals-pairs-heldout``: the capitals task of :mod:`homerlhf.data.builtin_capitals`, for a
+  pretrained checkpoint.
 
 A JSON file whose bad rows Arrow cannot type is read row by row instead: those rows come back as
 ``{"__bad__": reason}`` for the loader to count.
@@ -26,7 +29,8 @@ from homerlhf.errors import UserError
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 BUILTIN = ("builtin:demo", "builtin:demo-sft", "builtin:demo-pairs", "builtin:demo-pairs-heldout",
-           "builtin:reverse", "builtin:reverse-heldout", "builtin:reverse-sft")
+           "builtin:reverse", "builtin:reverse-heldout", "builtin:reverse-sft", "builtin:capitals",
+           "builtin:capitals-heldout", "builtin:capitals-sft", "builtin:capitals-pairs", "builtin:capitals-pairs-heldout")
 
 
 def read_rows(source: str, split: str = "train", max_rows: Optional[int] = None) -> list[dict[str, Any]]:
@@ -63,6 +67,16 @@ def _builtin_rows(source: str) -> list[dict[str, Any]]:
                         "builtin:reverse-heldout": lambda: builtin_reverse.prompt_records(held_out=True)}
         if source in reverse_sets:
             return reverse_sets[source]()
+    if source.startswith("builtin:capitals"):
+        from homerlhf.data import builtin_capitals as capitals
+
+        capital_sets = {"builtin:capitals": capitals.prompt_records,
+                        "builtin:capitals-heldout": lambda: capitals.prompt_records(held_out=True),
+                        "builtin:capitals-sft": capitals.sft_records,
+                        "builtin:capitals-pairs": capitals.preference_records,
+                        "builtin:capitals-pairs-heldout": lambda: capitals.preference_records(held_out=True)}
+        if source in capital_sets:
+            return capital_sets[source]()
     raise UserError(f"unknown builtin dataset '{source}'; choose one of: {', '.join(BUILTIN)}")
 
 

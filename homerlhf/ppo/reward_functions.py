@@ -35,6 +35,7 @@ SAMPLE_ARGS = ("prompt", "response", "prompt_ids", "response_ids", "row")
 BUILTIN_FUNCTIONS = {  # name -> (file in homerlhf/data, function)
     "builtin:reverse": ("builtin_reverse.py", "reward"),
     "builtin:reverse-positions": ("builtin_reverse.py", "position_reward"),
+    "builtin:capitals": ("builtin_capitals.py", "reward"),
 }
 
 

@@ -2,7 +2,8 @@
 (``ref.backend`` / ``reward.backend: auto``), what samples the rollouts (``rollout.engine: auto``),
 how many prompts are generated at once (``rollout.generation_chunk: auto``), and which layers the update
 checkpoints and where their inputs wait (``training.checkpoint_every_n_layers`` / ``activation_offload:
-auto``: :mod:`homerlhf.memory.checkpointing`, within the chosen placement).
+auto``: :mod:`homerlhf.memory.checkpointing`, within the chosen placement); and the actor's learning rate
+(``actor.lr: auto``: by the policy's size, :mod:`homerlhf.config.learning_rates`).
 
 The choice is the fastest placement that fits the card (:func:`homerlhf.memory.placement.choose`), by the
 throughputs at hand: this machine's ``homerlhf bench`` figures from the cache, else the documented
@@ -25,8 +26,18 @@ SAY_PREFIX = "[homerlhf] "
 
 
 def has_auto(cfg: RunConfig) -> bool:
-    settings = (cfg.ref.backend, cfg.reward.backend, cfg.rollout.engine, cfg.rollout.generation_chunk)
+    settings = (cfg.ref.backend, cfg.reward.backend, cfg.rollout.engine, cfg.rollout.generation_chunk, cfg.actor.lr)
     return "auto" in settings or cfg.training.has_auto
+
+
+def resolve_actor_lr(cfg: RunConfig, shape: ModelShape, say: Callable[[str], None] = print) -> RunConfig:
+    """``actor.lr: auto`` -> the rate for the policy's size (:mod:`homerlhf.config.learning_rates`), said."""
+    if cfg.actor.lr != "auto":
+        return cfg
+    from homerlhf.config.learning_rates import auto_actor_lr, auto_lr_line
+
+    say(SAY_PREFIX + auto_lr_line(shape.total_params))
+    return cfg.model_copy(update={"actor": cfg.actor.model_copy(update={"lr": auto_actor_lr(shape.total_params)})})
 
 
 # Policy architectures whose LoRA the llamacpp engine swaps in exactly, as tested (the engine's
@@ -123,6 +134,9 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
     from homerlhf.models.reward_kinds import possible_reward_backends
 
     shape = shape or shape_for(cfg)
+    cfg = resolve_actor_lr(cfg, shape, say)
+    if not has_auto(cfg):
+        return cfg
     planned = cfg
     if reward_given:  # e.g. CallableReward: nothing on a worker, nothing on the GPU
         planned = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"backend": "function"})})
@@ -148,6 +162,8 @@ def resolve_auto(cfg: RunConfig, *, shape: Optional[ModelShape] = None, rates: O
 def _keep_saved(cfg: RunConfig, saved: RunConfig) -> RunConfig:
     """The checkpoint's resolved values for ``cfg``'s ``auto`` settings."""
     update, rollout = {}, {}
+    if cfg.actor.lr == "auto":
+        update["actor"] = cfg.actor.model_copy(update={"lr": saved.actor.lr})
     if cfg.ref.backend == "auto":
         update["ref"] = cfg.ref.model_copy(update={"backend": saved.ref.backend})
     if cfg.reward.backend == "auto":

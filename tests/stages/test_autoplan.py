@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from homerlhf.config import from_yaml_file, load_config
+from homerlhf.config.learning_rates import auto_actor_lr, auto_lr_line
 from homerlhf.memory.render import shape_for
 from homerlhf.memory.timing import Throughputs
 from homerlhf.stages.autoplan import has_auto, resolve_auto
@@ -39,6 +40,18 @@ def test_the_choice_is_printed_and_resolved(monkeypatch):
     assert (gguf_only.ref.backend, gguf_only.reward.backend) == ("llamacpp", "llamacpp")
     named = load_config("cpu-tiny", None, SMALL)
     assert resolve_auto(named, rates=RATES, say=said.append) is named  # nothing auto: as it is
+
+
+def test_actor_lr_auto_alone_takes_the_rate_for_the_size_and_a_resumed_run_keeps_its_rate():
+    """No placement is chosen for a config whose only auto is the learning rate; a resumed run keeps the
+    rate its checkpoint trained with, whatever the rule says now."""
+    said = []
+    cfg = resolve_auto(load_config("cpu-tiny", None, SMALL + ["actor.lr=auto"]), rates=RATES, say=said.append)
+    size = shape_for(cfg).total_params
+    assert cfg.actor.lr == auto_actor_lr(size) == 1e-4 and said == [f"[homerlhf] {auto_lr_line(size)}"]
+    saved = load_config("cpu-tiny", None, SMALL + ["actor.lr=3e-5"])
+    assert resolve_auto(load_config("cpu-tiny", None, SMALL + ["actor.lr=auto"]), saved=saved, rates=RATES,
+                        say=pytest.fail).actor.lr == 3e-5
 
 
 def test_a_resumed_run_keeps_its_choice_and_a_ready_reward_is_left_alone(monkeypatch):
@@ -143,6 +156,9 @@ def test_a_run_start_that_sees_cuda_measures_nothing_and_says_the_defaults_decid
         assert not measured
         assert not has_auto(resolved) and isinstance(resolved.rollout.generation_chunk, int)
         said = capsys.readouterr().out.splitlines()
+        # actor.lr auto first: the rate for the model's size (tests/config/test_learning_rates.py: the rule)
+        size = shape_for(cfg).total_params
+        assert said.pop(0) == f"[homerlhf] {auto_lr_line(size)}" and resolved.actor.lr == auto_actor_lr(size)
         assert said[0].startswith(f"[homerlhf] placement auto: ref {resolved.ref.backend}, "
                                   f"reward {resolved.reward.backend}")
         assert "GPU: H200 figures scaled to the" in said[0]  # the GPU's default rates, as the plan labels them
