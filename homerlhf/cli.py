@@ -82,6 +82,7 @@ def plan(
     phase from `homerlhf bench` figures (or defaults, or a check report) and the fastest placement (offline)."""
     import json
 
+    from homerlhf.config.learning_rates import auto_lr_line
     from homerlhf.memory.check_report import calibrated_plan, read_report
     from homerlhf.memory.critic_compare import critic_sides
     from homerlhf.memory.render import print_plan, save_plan_figure, shape_for
@@ -112,14 +113,9 @@ def plan(
     result.critic = critic_sides(cfg, shape, rates, gpu_gib, rewards)  # critic.model: both placements
     if result.timing is not None and result.timing.best.time.placement.reward == "adapter" and assumed_note(cfg.reward.model):
         result.notes.append(assumed_note(cfg.reward.model))
-    if note := named_backend_note(cfg.reward.backend, cfg.reward.model, rewards):
-        result.notes.append(note)
-    if cfg.actor.lr == "auto":  # learning settings that differ per model size: the plan says what it takes
-        from homerlhf.config.learning_rates import auto_lr_line
-
-        result.notes.append(auto_lr_line(shape.total_params))
-    if plot is not None:
-        save_plan_figure(result, plot)
+    result.notes += [n for n in [named_backend_note(cfg.reward.backend, cfg.reward.model, rewards)] if n]
+    result.notes += [auto_lr_line(shape.total_params)] if cfg.actor.lr == "auto" else []  # the rate for this size
+    save_plan_figure(result, plot) if plot is not None else None
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -8,11 +8,8 @@ read with the ``datasets`` library;
 - ``builtin:demo-sft``    its prompt/completion records (for SFT);
 - ``builtin:demo-pairs``  its preference pairs on training prompts (for the reward model);
 - ``builtin:demo-pairs-heldout``  pairs on held-out prompts never seen in training;
-- ``builtin:reverse``, ``builtin:reverse-heldout``, ``builtin:reverse-sft``: the verifiable
-  digit-reversal task of :mod:`homerlhf.data.builtin_reverse` (prompts with their ``answer``; SFT records);
-- ``builtin:capitals``, ``builtin:capitals-heldout``, ``builtin:capitals-sft``, ``builtin:capitals-pairs``,
-  ``builtin:capitals-pairs-heldout``: the capitals task of :mod:`homerlhf.data.builtin_capitals`, for a
-  pretrained checkpoint.
+- ``builtin:reverse*``: the digit-reversal task of :mod:`homerlhf.data.builtin_reverse`;
+- ``builtin:capitals*``: the capitals task of :mod:`homerlhf.data.builtin_capitals` (a pretrained model's).
 
 A JSON file whose bad rows Arrow cannot type is read row by row instead: those rows come back as
 ``{"__bad__": reason}`` for the loader to count.

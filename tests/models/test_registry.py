@@ -101,11 +101,12 @@ def test_a_hub_id_that_is_nowhere_is_refused_while_builtins_and_paths_never_ask(
     registry.check_available("org/model")  # the hub answers: the download decides
 
 
-def test_gemma3_270m_is_known_from_its_gguf_header_without_building_it():
+def test_gemma3_270m_is_known_from_its_gguf_header_without_building_it(tmp_path, monkeypatch):
     """builtin:gemma3-270m's config and shape come from the package's GGUF header (Gemma-3-270M as
     published: 18 layers of width 640, 4 query heads sharing one KV head of 256, a 262,144-token
     vocabulary, tied embeddings); nothing is built into the cache to know them."""
     pytest.importorskip(registry.GEMMA3_PACKAGE)
+    monkeypatch.setenv("HOMERLHF_CACHE", str(tmp_path))  # an empty cache: the suite's may hold a notebook's build
     from homerlhf.memory.shapes import resolve_shape
     from homerlhf.stages.preflight import model_config
 
