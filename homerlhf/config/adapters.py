@@ -57,6 +57,9 @@ class CriticConfig(Section):
         False, description="One adapter for actor and critic (cheaper; the losses share weights)."
     )
     value_head_init_std: float = Field(0.0, ge=0, description="Std of the value head's init (0: zeros).")
+    warmup_iterations: int = Field(
+        0, ge=0, description="PPO: iterations at the start that train the critic alone (the actor keeps its "
+        "weights), so the first advantages come from fitted values (VC-PPO's value pretraining). 0: none.")
     model: Optional[str] = Field(
         None, description="The critic's own base: a smaller causal LM with the policy's tokenizer, or a reward model "
         "(its score head starts the value head). None: the policy's base (docs/memory.md).")
@@ -66,4 +69,8 @@ class CriticConfig(Section):
         if self.model is not None and self.shared_adapter:
             raise ValueError(f"critic.model ({self.model}) gives the critic a base of its own, and critic.shared_adapter "
                              "puts it in the actor's adapter; set critic.shared_adapter=false or unset critic.model")
+        if self.warmup_iterations and self.shared_adapter:
+            raise ValueError(f"critic.warmup_iterations ({self.warmup_iterations}) trains the critic alone, and "
+                             "critic.shared_adapter puts it in the actor's adapter; set critic.shared_adapter=false "
+                             "or critic.warmup_iterations=0")
         return self

@@ -339,6 +339,9 @@ class RunConfig(_Section):
         group, out = self.group.size, []
         if self.algorithm != "ppo" and group < 2:
             out.append(f"algorithm {self.algorithm} needs group.size >= 2 (samples per prompt), got {group}")
+        if self.algorithm != "ppo" and self.critic.warmup_iterations:
+            out.append(f"critic.warmup_iterations warms up PPO's critic, and algorithm {self.algorithm} trains none; "
+                       "set critic.warmup_iterations=0 or algorithm=ppo")
         if self.algorithm != "ppo" and self.critic.model:
             out.append(f"critic.model is the base of PPO's critic, and algorithm {self.algorithm} trains none; "
                        "unset critic.model or set algorithm=ppo")

@@ -217,8 +217,8 @@ class NoOpGuards:
                           f"was 0, {self.flat_in_row} iterations in a row: nothing to learn from; check the reward "
                           "(a constant function, a saturated or broken reward model) or raise rollout.temperature")
         steps = int(row.get("optimizer_steps", 0)) - int(row.get("nonfinite_skipped_steps", 0))
-        if (self.guards.lora_unchanged and not flat and steps > 0 and before is not None and after is not None
-                and torch.equal(before, after)):
+        if (self.guards.lora_unchanged and not flat and steps > 0 and not row.get("critic_warmup")
+                and before is not None and after is not None and torch.equal(before, after)):
             causes.append(f"the update took {steps} optimizer steps and left the actor's LoRA weights unchanged: "
                           f"check actor.lr ({self.cfg.actor.lr:g}), that the adapter is trainable and that its gradient "
                           "reaches it")

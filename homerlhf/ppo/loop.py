@@ -12,9 +12,11 @@ docs/ppo_details.md explains each detail of the algorithm and measures it.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Callable, Optional, Protocol
 
+import torch
 from torch import Tensor
 
 from homerlhf.config.schema import RunConfig
@@ -63,9 +65,11 @@ def iteration(run: Run) -> Optional[dict[str, Any]]:
     with run.meters.stage("advantages", memory=False):
         scores = normalized_scores(rollout.exp.scores, cfg.ppo, run.score_moments, run.reduce)
         exp = advantages(rollout.exp, scores, kl_coef, cfg, run.reduce)
-    # 3. Update: epochs over shuffled mini-batches, one optimizer step each.
+    # 3. Update: epochs over shuffled mini-batches, one optimizer step each; in PPO's first
+    #    critic.warmup_iterations, the critic's alone (the actor keeps its weights).
+    critic_only = cfg.has_critic and run.iteration <= cfg.critic.warmup_iterations
     with run.meters.stage("update"):
-        stats = update(policy, exp, run.updater, group_loss(cfg, kl_coef))
+        stats = update(policy, exp, run.updater, group_loss(cfg, kl_coef), critic_only)
     # 4. KL controller: the next iteration's coefficient, from this batch's KL to the reference.
     run.kl_controller.update(mean_over_ranks(sequence_kl(exp), run.reduce), len(exp) * run.ranks.world)
     # 5. Log: the metrics row of the whole batch (every rank's), written with its samples.
@@ -93,33 +97,39 @@ def group_loss(cfg: RunConfig, kl_coef: float) -> Optional[GroupLoss]:
                      cfg.rollout.max_new_tokens)
 
 
-def update(policy, exp: Experience, updater: Updater, group: Optional[GroupLoss] = None) -> dict[str, float]:
+def update(policy, exp: Experience, updater: Updater, group: Optional[GroupLoss] = None,
+           critic_only: bool = False) -> dict[str, float]:
     """``ppo.epochs`` passes of shuffled mini-batches over ``exp``, one optimizer step each
     (:meth:`Updater.step`: micro-batches, clipping, guards), stopped once a step's ``approx_kl`` passes
-    ``ppo.early_stop_kl``. ``group``: GRPO / RLOO's loss; None for PPO's. Returns the update's stats."""
+    ``ppo.early_stop_kl``. ``group``: GRPO / RLOO's loss; None for PPO's. ``critic_only`` (PPO's critic
+    warm-up): the value loss alone steps; the actor's terms are measured, not trained. Returns the stats."""
     ppo = updater.cfg.ppo
-    loss = partial(micro_batch_loss, policy, updater=updater, group=group)  # (micro, share) -> its loss terms
+    loss = partial(micro_batch_loss, policy, updater=updater, group=group, critic_only=critic_only)
     per_row = group is not None and group.per_row  # a mean over rows: micro-batches weigh by their rows
     steps: list[dict[str, float]] = []
     early_stopped = False
     policy.checkpoint_activations(True)
     for _ in range(ppo.epochs):
         for minibatch, rows in updater.minibatches(exp):
-            steps.append(updater.step(minibatch, rows, loss, per_row))
+            steps.append(updater.step(minibatch, rows, loss, per_row, critic_only))
             early_stopped = ppo.early_stop_kl is not None and steps[-1]["approx_kl"] > ppo.early_stop_kl
             if early_stopped:
                 break
         if early_stopped:
             break
     policy.checkpoint_activations(False)
-    return updater.summary(steps, early_stopped)
+    stats = updater.summary(steps, early_stopped)
+    if updater.critic_opt is not None:
+        stats["critic_warmup"] = int(critic_only)
+    return stats
 
 
 def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
-                     group: Optional[GroupLoss] = None) -> dict[str, Tensor]:
+                     group: Optional[GroupLoss] = None, critic_only: bool = False) -> dict[str, Tensor]:
     """Forward one micro-batch and backward its loss weighted by ``share`` (its part of the mini-batch);
     returns the loss terms (0-d tensors). The ratio is against ``old_logprobs``; each token's term is
-    weighted by its importance weight (1 when the trainer's own module sampled)."""
+    weighted by its importance weight (1 when the trainer's own module sampled). ``critic_only``: the
+    actor's forward runs without a graph and only the value loss is backpropagated."""
     input_ids, attention_mask = micro.sequences()
     mask, width, backward = micro.response_mask, micro.response_len, updater.backward
     if group is not None:  # GRPO / RLOO: the actor alone, one advantage per response
@@ -140,11 +150,13 @@ def micro_batch_loss(policy, micro: Experience, share, updater: Updater,
         vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
         backward((pg[0] + ppo.vf_coef * vf[0]) * share)
     else:  # PPO, two adapters: actor then critic, each backward at once (one graph alive at a time)
-        logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
-        pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask,
-                                  ppo.clip_range)
-        pg = (with_router_aux(policy, pg[0]), *pg[1:])
-        backward(pg[0] * share)
+        with torch.no_grad() if critic_only else nullcontext():
+            logprobs, entropy = policy.actor_logprobs(input_ids, attention_mask, width)
+            pg = weighted_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.is_weights, mask,
+                                      ppo.clip_range)
+            pg = (with_router_aux(policy, pg[0]), *pg[1:])
+        if not critic_only:
+            backward(pg[0] * share)
         values = policy.critic_values(input_ids, attention_mask, width)
         vf = value_loss(values, micro.values, micro.returns, mask, ppo.clip_range_value)
         backward(vf[0] * share)

@@ -59,6 +59,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "grad_norm_actor": "Actor gradient norm before clipping, averaged over steps.",
     "grad_norm_critic": "Critic (LoRA + value head) gradient norm before clipping, averaged over steps.",
     "optimizer_steps": "Optimizer steps taken this iteration.",
+    "critic_warmup": "PPO: 1 in the first critic.warmup_iterations, whose steps trained the critic alone (the actor kept its weights); else 0.",
     "nonfinite_skipped_steps": "Optimizer steps skipped this iteration because a loss or gradient norm was NaN/inf.",
     "loss_scale": "fp16 compute only: the grad scaler's loss scale after the iteration's last step (halved at each overflow).",
     "early_stopped": "1 if the epochs stopped early because approx_kl exceeded ppo.early_stop_kl.",
@@ -196,7 +197,7 @@ UPDATE_METRICS = ("policy_loss", "value_loss", "policy_clipfrac", "value_clipfra
                   "grad_norm_critic", "kl_ref_loss", "kl_clamped_frac_loss", "optimizer_steps",
                   "nonfinite_skipped_steps", "early_stopped", "micro_batch_size", "oom_retries", "rollout_chunk_size",
                   "oom_retries_generation", "oom_retries_scoring")
-OPTIONAL_UPDATE_METRICS = ("loss_scale",)  # fp16 compute only
+OPTIONAL_UPDATE_METRICS = ("loss_scale", "critic_warmup")  # fp16 compute only; PPO only
 
 
 def time_metrics(times: StageTimes, exp: Experience, optimizer_steps: int, mini_batch_size: int,

@@ -116,25 +116,29 @@ class Updater:
         for owned, rows in owned_minibatch_rows(len(exp) * self.ranks.world, lo, lo + len(exp), size, self.generator):
             yield exp.select(owned).trimmed(), rows
 
-    def step(self, minibatch: Experience, global_rows: int, micro_loss: MicroLoss, per_row: bool = False) -> dict[str, float]:
+    def step(self, minibatch: Experience, global_rows: int, micro_loss: MicroLoss, per_row: bool = False,
+             critic_only: bool = False) -> dict[str, float]:
         """One optimizer step on ``minibatch``: ``micro_loss`` over its micro-batches (``per_row``: shares
         of rows, else of response tokens), redone with halved micro-batches after an OOM
         (``training.dynamic_micro_batch``), then the gradients summed over the ranks, unscaled and
-        clipped. A non-finite loss or gradient norm (or an fp16 overflow) skips the step (``skipped``)."""
+        clipped. A non-finite loss or gradient norm (or an fp16 overflow) skips the step (``skipped``).
+        ``critic_only``: the critic's optimizer alone steps (the actor's has no gradient to take)."""
         stats = self.accumulate(minibatch, global_rows, micro_loss, per_row)
+        optimizers = (self.critic_opt,) if critic_only else self.optimizers
         if self.ranks.distributed:
-            stats = _summed_over_ranks(self.ranks, self.optimizers, host_floats(stats))
-        for optimizer in self.optimizers:
+            stats = _summed_over_ranks(self.ranks, optimizers, host_floats(stats))
+        for optimizer in optimizers:
             self.scaler.unscale_(optimizer)  # clipping and the guard see the true gradients
         max_norm = self.cfg.ppo.max_grad_norm
-        stats["grad_norm_actor"] = self.accelerator.clip_grad_norm_(_params(self.actor_opt), max_norm)
+        if not critic_only:
+            stats["grad_norm_actor"] = self.accelerator.clip_grad_norm_(_params(self.actor_opt), max_norm)
         if self.critic_opt is not None:
             stats["grad_norm_critic"] = self.accelerator.clip_grad_norm_(_params(self.critic_opt), max_norm)
         stats = host_floats(stats)  # the mini-batch's one wait for the device
         checked = {k: stats[k] for k in ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic")
                    if k in stats}
         skip = _scale_overflow(self.scaler, stats) or (self.guard is not None and not self.guard.check(checked))
-        for optimizer in self.optimizers:
+        for optimizer in optimizers:
             if skip:
                 optimizer.zero_grad(set_to_none=True)
             else:

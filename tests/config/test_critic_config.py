@@ -1,4 +1,5 @@
-"""``critic.model`` in the config: one line where it cannot work, and a key a resume must keep."""
+"""``critic.model`` and ``critic.warmup_iterations`` in the config: one line where they cannot work, and a key
+a resume must keep."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from homerlhf.errors import UserError
      "adapter; set critic.shared_adapter=false or unset critic.model"),
     (["critic.model=some/critic", "algorithm=grpo", "group.size=2"],
      "algorithm grpo trains none; unset critic.model or set algorithm=ppo"),
+    (["critic.warmup_iterations=2", "critic.shared_adapter=true"],
+     "critic.warmup_iterations (2) trains the critic alone, and critic.shared_adapter puts it in the actor's adapter; "
+     "set critic.shared_adapter=false or critic.warmup_iterations=0"),
+    (["critic.warmup_iterations=2", "algorithm=rloo", "group.size=2"],
+     "critic.warmup_iterations warms up PPO's critic, and algorithm rloo trains none; set critic.warmup_iterations=0 "
+     "or algorithm=ppo"),
+    (["critic.warmup_iterations=-1"], "critic.warmup_iterations"),
 ])
 def test_a_critic_model_where_it_cannot_work_is_one_line(overrides, fragment):
     with pytest.raises(UserError) as err:

@@ -129,12 +129,12 @@ def test_iteration_row_holds_every_part_in_the_documented_order():
     assert 3.0 <= row["time_iteration_s"] < 60.0
     assert list(row) == [key for key in METRIC_DESCRIPTIONS if key in row]
     # Memory figures come from the trainer's meter, kl_ref_start from its first iteration only,
-    # loss_scale from an fp16 run's grad scaler, the group figures from GRPO / RLOO runs, the KL-jump
+    # loss_scale from an fp16 run's grad scaler, critic_warmup from a PPO update, the group figures from GRPO / RLOO runs, the KL-jump
     # flag from the trainer's homerlhf.ppo.guards.KLJump, the signals from its homerlhf.ppo.signals.SignalMonitor.
     assert set(METRIC_DESCRIPTIONS) - set(row) == ({key for key in METRIC_DESCRIPTIONS
                                                     if "_mem_" in key or key.startswith("signal_")}
-                                                   | {"kl_ref_start", "loss_scale", "group_zero_spread_fraction",
+                                                   | {"kl_ref_start", "loss_scale", "critic_warmup", "group_zero_spread_fraction",
                                                       "group_reward_std", "kl_jump", "kl_flag", "kl_flag_reason"})
     scaled = iteration_metrics(4, Rollout(_experience(), entropy), torch.zeros(2), 0.1,
-                               {**update, "loss_scale": 1024.0}, _meters(), _cfg())
-    assert scaled["loss_scale"] == 1024.0 and list(scaled) == [key for key in METRIC_DESCRIPTIONS if key in scaled]
+                               {**update, "loss_scale": 1024.0, "critic_warmup": 1}, _meters(), _cfg())
+    assert scaled["loss_scale"] == 1024.0 and scaled["critic_warmup"] == 1 and list(scaled) == [key for key in METRIC_DESCRIPTIONS if key in scaled]

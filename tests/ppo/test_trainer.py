@@ -65,6 +65,29 @@ def test_kl_ref_start_warns_in_one_line_above_1e_3(caplog):
     assert "kl_ref_start = 2.42e-03" in record.getMessage() and "\n" not in record.getMessage()
 
 
+# -- critic warm-up ----------------------------------------------------------------------------
+def test_critic_warmup_trains_the_critic_alone_then_both(tiny_llama_dir, ppo_cfg, prompt_ids):
+    cfg = ppo_cfg("critic.warmup_iterations=1", "rollout.batch_size=4", "rollout.chunk_size=4",
+                  "rollout.max_new_tokens=4", "ppo.mini_batch_size=2", "ppo.micro_batch_size=1", "ppo.epochs=1",
+                  "actor.lr=1e-2", "critic.lr=1e-2", "ppo.iterations=2")
+    seed_everything(0)
+    policy = PolicyModel.from_config(cfg, str(tiny_llama_dir))
+    actor = lambda: [p.detach().clone() for p in policy.actor_parameters()]  # noqa: E731
+    critic = lambda: [p.detach().clone() for p in policy.critic_parameters()]  # noqa: E731
+    reward = CallableReward(lambda p, r: float(len(r)))
+    trainer = RLTrainer(cfg, policy, Backends(AdapterOffReference(policy), reward), prompt_ids(policy.tokenizer, 4))
+    actor0, critic0 = actor(), critic()
+    first = trainer.step()  # the warm-up: two critic steps, the actor's weights bit for bit as they were
+    actor1, critic1 = actor(), critic()
+    assert first["critic_warmup"] == 1 and first["optimizer_steps"] == 2 and "grad_norm_actor" not in first
+    assert all(torch.equal(a, b) for a, b in zip(actor0, actor1))
+    assert max(float((a - b).abs().max()) for a, b in zip(critic0, critic1)) > 0
+    assert first["approx_kl"] == pytest.approx(0.0, abs=1e-6)  # measured under the unchanged actor
+    second = trainer.step()  # then both learn
+    assert second["critic_warmup"] == 0 and second["grad_norm_actor"] > 0
+    assert max(float((a - b).abs().max()) for a, b in zip(actor1, actor())) > 0
+
+
 # -- learning ----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_ppo_learns_to_say_the_target_token(peaked_policy_dir, ppo_cfg, prompt_ids):
