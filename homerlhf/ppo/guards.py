@@ -118,14 +118,15 @@ def stopping_setting(ppo) -> str:
 
 
 class KLJump:
-    """Flags an iteration that left its reference in one update.
+    """Flags an iteration that left its reference in one update, or crossed the run's KL budget.
 
     ``check(row)`` (a metrics row, in iteration order) returns the row's additions: ``kl_jump``, its
     ``kl_mean`` minus the previous row's (from the second row on), ``kl_flag`` (1 when ``kl_jump``
     exceeds ``ppo.target_kl``, the run's KL budget, or ``approx_kl`` exceeds ``ppo.early_stop_kl``, or
-    :data:`APPROX_KL_BOUND` when that is unset) and, when flagged, ``kl_flag_reason``: the line it
-    also logs as a warning (when ``warn``). ``previous_kl`` travels in the checkpoint (the trainer's
-    ``kl_previous``), so a resumed run's rows are the straight run's.
+    :data:`APPROX_KL_BOUND` when that is unset, or ``kl_mean`` crossed ``ppo.target_kl`` by small
+    updates: once a crossing, from at or under it to above) and, when flagged, ``kl_flag_reason``: the
+    line it also logs as a warning (when ``warn``). ``previous_kl`` travels in the checkpoint (the
+    trainer's ``kl_previous``), so a resumed run's rows are the straight run's.
     """
 
     def __init__(self, cfg, warn: bool = True):
@@ -148,12 +149,22 @@ class KLJump:
         if _finite(approx) and approx > bound:
             reasons.append(f"the update moved the policy {approx:.3f} nats/token (approx_kl) from the one that "
                            f"sampled, past {bound:g}")
+        remedy = stopping_setting(ppo)
+        crept = (not reasons and self.previous_kl is not None and _finite(kl)
+                 and self.previous_kl <= ppo.target_kl < kl)
+        if crept:  # no one update too large: the KL penalty did not hold the policy near its reference
+            coef = row.get("kl_coef")
+            reasons.append(f"KL to the reference reached {kl:.2f} nats per response ({self.previous_kl:.2f} the "
+                           f"iteration before), past the run's budget ppo.target_kl={ppo.target_kl:g}, by updates "
+                           "each under it")
+            remedy = ("raise ppo.kl_coef" + (f" (this iteration's {coef:.3g})" if _finite(coef) else "")
+                      + " or lower actor.lr")
         if _finite(kl):
             self.previous_kl = float(kl)
         out["kl_flag"] = int(bool(reasons))
         if reasons:
             out["kl_flag_reason"] = (f"iteration {row.get('iteration')}: the policy is leaving its reference: "
-                                     f"{'; '.join(reasons)}; {likely_cause(self.cfg, row)}; {stopping_setting(ppo)}")
+                                     f"{'; '.join(reasons)}; {likely_cause(self.cfg, row)}; {remedy}")
             if self.warn:
                 log.warning("%s", out["kl_flag_reason"])
         return out

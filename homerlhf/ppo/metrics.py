@@ -41,7 +41,7 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "kl_clamped_frac": f"k3 runs only: fraction of the rollout's response tokens whose k3 KL to the reference was capped at {K3_MAX:g} nats (log-ratio beyond about -11 or +2.6).",
     "kl_ref_start": "First iteration only: mean per-token k3 KL(actor || reference) of the rollout, before any update (~0 when the reference holds the actor's starting weights).",
     "kl_jump": "From the second iteration of a run on (a resume continues it): kl_mean minus the previous iteration's, nats per response: how far one update moved the policy from the reference.",
-    "kl_flag": "1 if the iteration left its reference in one update: kl_jump above ppo.target_kl (the run's KL budget), or approx_kl above ppo.early_stop_kl (0.1 when unset); else 0.",
+    "kl_flag": "1 if the iteration left its reference in one update: kl_jump above ppo.target_kl (the run's KL budget), or approx_kl above ppo.early_stop_kl (0.1 when unset); or if kl_mean crossed ppo.target_kl by smaller updates (once a crossing); else 0.",
     "kl_flag_reason": "Flagged iterations only (a string, not sent to trackers): what jumped, the likely cause and the setting that stops it; also logged as a warning.",
     "entropy": "Mean per-token entropy of the actor's next-token distribution at rollout, in nats.",
     "group_zero_spread_fraction": "GRPO/RLOO: fraction of prompt groups whose sequence rewards are all equal (no signal).",

@@ -123,6 +123,29 @@ def test_kl_jump_flags_the_issues_update_by_hand(caplog):
     assert jump.check({"iteration": 4, "kl_mean": 19.25, "approx_kl": 0.1}) == {"kl_jump": 2.0, "kl_flag": 0}
 
 
+def test_a_kl_that_creeps_past_the_budget_is_flagged_once_a_crossing(caplog):
+    from homerlhf.ppo.guards import KLJump
+
+    # target_kl 2: 1.5 -> 2.0 is at the budget, not past it; 2.0 -> 2.6 crosses it by a 0.6-nat update.
+    jump = KLJump(_kl_cfg("ppo.early_stop_kl=0.1", "ppo.epochs=1", "ppo.score_norm=true"))
+    assert jump.check({"iteration": 1, "kl_mean": 1.5, "approx_kl": 0.01}) == {"kl_flag": 0}
+    assert jump.check({"iteration": 2, "kl_mean": 2.0, "approx_kl": 0.01})["kl_flag"] == 0
+    with caplog.at_level("WARNING", logger="homerlhf.ppo.guards"):
+        out = jump.check({"iteration": 3, "kl_mean": 2.6, "approx_kl": 0.02, "kl_coef": 0.0512})
+    assert out["kl_flag"] == 1 and out["kl_jump"] == pytest.approx(0.6, abs=1e-12)
+    assert out["kl_flag_reason"] == (
+        "iteration 3: the policy is leaving its reference: KL to the reference reached 2.60 nats per response "
+        "(2.00 the iteration before), past the run's budget ppo.target_kl=2, by updates each under it; likely "
+        "cause: actor.lr 0.0005 too high for this model; raise ppo.kl_coef (this iteration's 0.0512) or lower "
+        "actor.lr")
+    assert [r.getMessage() for r in caplog.records] == [out["kl_flag_reason"]]
+    # Above the budget it stays unflagged (once a crossing); back under it and over again is a new crossing.
+    assert jump.check({"iteration": 4, "kl_mean": 3.1, "approx_kl": 0.02})["kl_flag"] == 0
+    assert jump.check({"iteration": 5, "kl_mean": 1.9, "approx_kl": 0.02})["kl_flag"] == 0
+    assert jump.check({"iteration": 6, "kl_mean": 2.2, "approx_kl": 0.02})["kl_flag_reason"].endswith(
+        "raise ppo.kl_coef or lower actor.lr")
+
+
 def test_kl_jump_with_early_stop_set_and_the_gpu_presets_settings():
     from homerlhf.ppo.guards import KLJump
 
