@@ -101,7 +101,9 @@ class HeldOut:
         from homerlhf.stages.held_out_score import HeldOutScore
 
         data = write_jsonl(Path(args.out) / "held_out.jsonl", prompt_records(held_out=True))
-        overrides = cpu_overrides(args, model, data) + ["algorithm=grpo", "group.size=2", *args.set]
+        # the actor alone samples: no critic loaded (algorithm grpo), and no critic.* setting of --set
+        sets = [s for s in args.set if not s.startswith("critic.")]
+        overrides = cpu_overrides(args, model, data) + ["algorithm=grpo", "group.size=2", *sets]
         self.scorer = HeldOutScore(load_config(preset, overrides=overrides), str(data), "builtin:capitals",
                                    samples=args.eval_samples)
 
