@@ -76,21 +76,19 @@ def cpu_overrides(args, model: str, data: Path) -> list[str]:
     ]
 
 
-def homerlhf(args_list: list[str], log: Path, threads: int) -> float:
-    """``homerlhf ARGS`` in its own process (this checkout's package), output to ``log``; seconds taken."""
+def homerlhf(args_list: list[str], log: Path, threads: int) -> tuple[float, str | None]:
+    """``homerlhf ARGS`` in its own process (this checkout's package), output to ``log``: the seconds taken,
+    and None, or why it stopped (its exit code and last line) when it failed: the run stays in the tables."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     started = time.perf_counter()
     with log.open("w") as fh:
         done = subprocess.run([sys.executable, "-c", "from homerlhf.cli import main; main()", *args_list],
                               stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+    seconds = time.perf_counter() - started
     if done.returncode:
         tail = [line for line in log.read_text().splitlines() if line.strip()][-1:] or [""]
-        raise RunFailed(f"exit {done.returncode}: {tail[0][:300]} ({log})")
-    return time.perf_counter() - started
-
-
-class RunFailed(Exception):
-    """A run's command stopped with an error: the run is kept in the tables with the reason."""
+        return seconds, f"exit {done.returncode}: {tail[0][:300]} ({log})"
+    return seconds, None
 
 
 class HeldOut:
@@ -136,12 +134,7 @@ def run_rl(args, algorithm: str, scale: float, seed: int, model: str, train: Pat
     cmd = ["train", "--preset", args.preset, "--out", str(run_dir), "--overwrite"]
     cmd += [x for s in sets for x in ("--set", s)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    started, failed = time.perf_counter(), None
-    try:
-        homerlhf(cmd, Path(args.out) / f"{name}.log", args.threads)
-    except RunFailed as exc:  # kept: its metrics and checkpoints so far, and why it stopped
-        failed = str(exc)
-    seconds = time.perf_counter() - started
+    seconds, failed = homerlhf(cmd, Path(args.out) / f"{name}.log", args.threads)  # a failed run keeps what it wrote
     log_file = run_dir / "metrics.jsonl"
     metrics = ([json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
                if log_file.is_file() else [])
@@ -167,12 +160,7 @@ def run_dpo(args, scale: float, seed: int, model: str, train_rows: list[dict], h
             "training.activation_offload=false", *args.set]
     cmd = ["dpo", "--preset", args.preset, "--model", model, "--data", str(pairs), "--out", str(run_dir), "--overwrite"]
     cmd += [x for s in sets for x in ("--set", s)]
-    started, failed = time.perf_counter(), None
-    try:
-        homerlhf(cmd, Path(args.out) / f"{name}.log", args.threads)
-    except RunFailed as exc:
-        failed = str(exc)
-    seconds = time.perf_counter() - started
+    seconds, failed = homerlhf(cmd, Path(args.out) / f"{name}.log", args.threads)
     summary_file = run_dir / "preference_run.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     ckpts = sorted((run_dir / "checkpoints").glob("iter_*"))
