@@ -19,9 +19,10 @@ from homerlhf.errors import UserError
 
 POLL_S = 2.0
 # The events that draw the monitor run one at a time, in the order sent: a poll that read the run before a
-# Start either reaches the page before the Start clears it, or runs after it and draws nothing (refresh).
-# Handlers run in threads and each sends its result when done, so without this a poll that checked
-# before the Start could land after the cleared monitor.
+# Start is sent before the Start clears it, or runs after it and draws nothing (refresh). Handlers run in
+# threads and each sends its result when done, so without this a poll that checked before the Start could
+# be sent after the cleared monitor. The page still applies each result as its own task, so Start's own
+# reply (on_start), sent last, writes the status line of the run it started.
 MONITOR = {"concurrency_id": "train-monitor", "concurrency_limit": 1}
 
 
@@ -222,8 +223,10 @@ NO_PROMPTS_HERE = ("no prompts to train on: load yours in the Data tab (a file, 
 
 def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
     """Start ``homerlhf train`` as its own process: (message, attached, shared run dir, run dir box,
-    rows drawn, state). A default ``runs/app-<time>`` that already holds a run gives way to a fresh
-    one; a directory the user typed is never replaced."""
+    rows drawn, state, status line). A default ``runs/app-<time>`` that already holds a run gives way to
+    a fresh one; a directory the user typed is never replaced. The status line names the run started: the
+    page applies each event's result as it arrives, so a poll of the run before, sent just before Start
+    cleared the monitor, can still land after the clearing; this reply, sent after both, draws over it."""
     from homerlhf.config import NO_PROMPTS, check_train, load_config
     from homerlhf.stages.preflight import check_run
 
@@ -242,7 +245,8 @@ def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_ro
     if holds_run(path) and not overwrite:
         raise UserError(f"{path} already holds a run; tick 'Overwrite', pick another dir, or Attach to it")
     status = runs.start_run(path, runs.train_argv(preset, path, None, items, overwrite))
-    return f"Started: {md_text(status.message())}", str(path), str(path), str(path), -1, "running"
+    return (f"Started: {md_text(status.message())}", str(path), str(path), str(path), -1, "running",
+            status_markdown(status))
 
 
 def runs_list(run_dir: str, runs_root: str):
@@ -327,7 +331,7 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     """Start, stop, list and attach; each start or attach redraws the monitor. A Start cancels a poll
     (``tick``) not yet run, which would draw the run before it over the cleared monitor."""
 
-    @guarded(7, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
+    @guarded(8, error_index=0, on_error={4: -1})  # a failed Start redraws the run that was attached
     def start(preset, model, overrides, preset_model, run_dir, overwrite, iterations):
         overrides = with_iterations(iterations, preset, model, overrides, preset_model)  # the field as shown
         return (*on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root), overrides)
@@ -337,7 +341,8 @@ def _wire_runs(panel: TrainPanel, cmd_inputs: list, run_dir_shared, runs_root: s
     panel.start_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], cancels=[tick],
                           **MONITOR).then(
         start, [*cmd_inputs, panel.iterations],
-        [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state, overrides_box]
+        [panel.message, panel.attached, run_dir_shared, panel.run_dir, panel.n_rows, panel.state, panel.status_md,
+         overrides_box], **MONITOR
     ).then(refresh, monitor_inputs, panel.monitor_outputs, **MONITOR).then(
         lambda run_dir: runs_list(run_dir, runs_root), panel.attached, panel.runs_dd)
     panel.resume_btn.click(pause_monitor, None, [*panel.monitor_outputs, panel.starts], cancels=[tick],

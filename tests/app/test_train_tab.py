@@ -125,12 +125,34 @@ def test_a_poll_from_before_the_last_start_draws_nothing(tmp_path):
     assert train_tab.refresh(str(tmp_path), -1, "running", 0, other)[2].data
 
 
+def test_the_start_reply_writes_the_status_line_of_the_run_it_started(tmp_path):
+    """The page applies each event's result as it comes, so a poll of the run before, sent just before
+    Start cleared the monitor, can land after the clearing (seen once in CI under load: "Started" above the
+    run before's "finished"). Start's reply, sent after both, carries the new run's status line."""
+    from pathlib import Path
+
+    root = tmp_path / "runs"
+    before = root / "app-20261201-120000"
+    before.mkdir(parents=True)
+    (before / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "score_mean": 0.5}) + "\n")
+    reply = train_tab.on_start("cpu-tiny", "builtin:tiny-llama", "ref.backend=adapter_off\nreward.backend=function\n"
+                               "reward.function=builtin:reverse", "builtin:demo-sft", str(before), False, str(root))
+    message, attached, shared, box, n_rows, state, status = reply
+    try:
+        assert message.startswith("Started") and attached == shared == box != str(before)
+        assert (n_rows, state) == (-1, "running")
+        assert status.startswith(f"**Run:** `{attached}` — running") and str(before) not in status
+    finally:
+        runs.stop_run(Path(attached), force=True)
+        runs.wait_for(Path(attached), 30)
+
+
 def test_every_event_that_draws_the_monitor_runs_one_at_a_time_in_the_queue():
     """The count check above holds only if a poll's result cannot overtake a Start's: a handler sends its
     result when it is done, so a poll that checked just before a Start (or a Start answered outside the
     queue) could draw the run before over the cleared monitor. Every event writing the status (polls,
-    Start, Resume, Attach, the run the other tabs moved to, the page's re-attach) is queued in one group
-    of one."""
+    Start's clearing and its reply, Resume, Attach, the run the other tabs moved to, the page's re-attach)
+    is queued in one group of one."""
     from homerlhf.app.ui import build_app
 
     blocks = build_app()
