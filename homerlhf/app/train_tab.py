@@ -223,10 +223,8 @@ NO_PROMPTS_HERE = ("no prompts to train on: load yours in the Data tab (a file, 
 
 def on_start(preset, model, overrides, preset_model, run_dir, overwrite, runs_root: str = "runs") -> tuple:
     """Start ``homerlhf train`` as its own process: (message, attached, shared run dir, run dir box,
-    rows drawn, state, status line). A default ``runs/app-<time>`` that already holds a run gives way to
-    a fresh one; a directory the user typed is never replaced. The status line names the run started: the
-    page applies each event's result as it arrives, so a poll of the run before, sent just before Start
-    cleared the monitor, can still land after the clearing; this reply, sent after both, draws over it."""
+    rows drawn, state, status line of the run started: see ``MONITOR``). A default ``runs/app-<time>``
+    that already holds a run gives way to a fresh one; a directory the user typed is never replaced."""
     from homerlhf.config import NO_PROMPTS, check_train, load_config
     from homerlhf.stages.preflight import check_run
 

@@ -179,11 +179,10 @@ def second_start_crashes_whole(page, runs_root, run_dir, reward_dir, empty_model
     open_tab(page, "Plan")
     fill(page, "plan-overrides", cheap_overrides(reward_dir, model="acme/not-here"))
     open_tab(page, "Train")
-    started = time.monotonic()
-    page.locator("#train-start").click()
+    page.locator("#train-start").click()  # refused without the download's retries: tests/stages/test_preflight.py
     wait_text(page, "train-message", r"Error: model\.name_or_path: 'acme/not-here' is neither a local model "
                                      r"directory nor in the hub cache, and the hub cannot be reached")
-    assert time.monotonic() - started < 10 and len(list(runs_root.glob("app-*"))) == 1  # nothing started
+    assert len(list(runs_root.glob("app-*"))) == 1  # nothing started
     wait_text(page, "train-status", re.escape(str(run_dir)) + " — finished")  # a failed Start: the run before
     open_tab(page, "Plan")
     fill(page, "plan-overrides", cheap_overrides(reward_dir, model=str(empty_model)))
